@@ -1,0 +1,200 @@
+/*
+ * ckpt process image format (docs/IMAGE.md).
+ *
+ * One file per process: a 4 KiB header, then a stream of records, each a
+ * struct ckpt_record followed by its payload, ended by CKPT_REC_END.  Page
+ * data of a memory region sits page-aligned inside its record so restart
+ * can read() it straight into the mapped region.  The whole file's XXH3-64
+ * is kept in the checkpoint's manifest.yaml; the header has its own.
+ *
+ * Python reads the block between the cffi markers with cffi, so keep it to
+ * plain fixed-size types there.
+ */
+#ifndef CKPT_IMAGE_H
+#define CKPT_IMAGE_H
+
+#include <stdint.h>
+
+/* cffi:begin */
+#define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
+#define CKPT_IMAGE_VERSION 1
+#define CKPT_ARCH_X86_64 62			/* ELF e_machine */
+#define CKPT_HEADER_SIZE 4096
+#define CKPT_PAGE_SIZE 4096
+
+/* Address range the shim keeps PROT_NONE in every process, never saved:
+ * ckpt-restart is linked inside it so it never collides with an image.
+ * Its start is below 2 GiB (a static non-PIE binary must be) and above
+ * all but the last 16 MiB of the MAP_32BIT window; 2 GiB, because the
+ * kernel places ckpt-restart's brk up to 1 GiB after its end. */
+#define CKPT_RESERVE_START 0x7f000000
+#define CKPT_RESERVE_SIZE 0x80000000
+
+struct ckpt_image_header {
+	uint64_t magic;
+	uint32_t format_version;
+	uint32_t arch;
+	uint32_t page_size;
+	uint32_t header_size;
+	char engine_version[32];
+	char hostname[64];
+	int32_t pid;			/* as seen inside the process */
+	int32_t nthreads;
+	uint64_t restart_info;		/* address of the shim's ckpt_restart_info */
+	uint64_t reserve_start;
+	uint64_t reserve_end;
+	int64_t time_ns;		/* CLOCK_REALTIME at write */
+	uint64_t header_xxh;		/* XXH3-64 of this struct, this field 0 */
+};
+
+enum ckpt_record_type {
+	CKPT_REC_PROCESS = 1,
+	CKPT_REC_THREAD = 2,
+	CKPT_REC_VMA = 3,
+	CKPT_REC_FD = 4,
+	CKPT_REC_PLUGIN = 5,
+	CKPT_REC_END = 6
+};
+
+struct ckpt_record {
+	uint32_t type;
+	uint32_t pad;
+	uint64_t size;			/* payload bytes after this struct */
+};
+
+enum ckpt_vma_kind {
+	CKPT_VMA_ANON = 1,		/* private anonymous: saved pages */
+	CKPT_VMA_FILE = 2,		/* private file: remapped, dirty pages saved */
+	CKPT_VMA_SHARED_FILE = 3,	/* shared file mapping: remapped, no data */
+	CKPT_VMA_SHARED_ANON = 4,	/* shared anonymous: saved pages */
+	CKPT_VMA_HEAP = 5,		/* [heap]: anonymous, saved pages */
+	CKPT_VMA_STACK = 6,		/* [stack]: anonymous, grows down */
+	CKPT_VMA_VDSO = 7,		/* [vvar] [vvar_vclock] [vdso]: moved, no data */
+	CKPT_VMA_DELETED_FILE = 8	/* private map of an unlinked file: all pages saved */
+};
+
+struct ckpt_vma {
+	uint64_t start;
+	uint64_t end;
+	uint64_t pgoff;			/* file offset of a file mapping */
+	uint32_t prot;			/* PROT_* */
+	uint32_t shared;		/* 1 = MAP_SHARED */
+	uint32_t kind;			/* enum ckpt_vma_kind */
+	uint32_t path_len;		/* bytes of path after this struct */
+	uint64_t nruns;			/* struct ckpt_run after the path */
+	uint64_t data_offset;		/* file offset of the first saved page */
+	uint64_t data_size;
+	uint64_t file_size;		/* identity of a mapped file */
+	int64_t file_mtime_ns;
+};
+
+/* A run of saved pages; pages outside every run are zero (anonymous) or
+ * come from the mapped file. */
+struct ckpt_run {
+	uint64_t offset;		/* bytes from vma start */
+	uint64_t npages;
+};
+
+struct ckpt_regs {			/* callee-saved state of a parked thread */
+	uint64_t rbx, rbp, r12, r13, r14, r15, rsp, rip;
+};
+
+#define CKPT_THREAD_LEADER 1
+#define CKPT_THREAD_CHECKPOINTER 2
+
+struct ckpt_thread {
+	int32_t tid;
+	uint32_t flags;
+	uint64_t fs_base;
+	uint64_t clear_child_tid;	/* PR_GET_TID_ADDRESS */
+	uint64_t rseq_addr;
+	uint32_t rseq_len;
+	uint32_t rseq_sig;
+	uint64_t sigmask;		/* blocked while parked */
+	uint64_t robust_list;		/* get_robust_list */
+	uint64_t robust_len;
+	struct ckpt_regs regs;
+};
+
+struct ckpt_ksigaction {		/* the kernel's struct sigaction */
+	uint64_t handler;
+	uint64_t flags;
+	uint64_t restorer;
+	uint64_t mask;
+};
+
+struct ckpt_itimer {
+	int64_t interval_sec, interval_usec;
+	int64_t value_sec, value_usec;
+};
+
+struct ckpt_rlim {
+	uint64_t cur, max;
+};
+
+#define CKPT_NSIG 65
+#define CKPT_NRLIMITS 16
+#define CKPT_AUXV_WORDS 64
+#define CKPT_PATH_MAX 4096
+
+struct ckpt_process {
+	uint32_t umask;
+	int32_t pgid;
+	int32_t sid;
+	int32_t ppid;
+	uint64_t start_code, end_code, start_data, end_data;
+	uint64_t start_brk, brk, start_stack;
+	uint64_t arg_start, arg_end, env_start, env_end;
+	uint64_t auxv[CKPT_AUXV_WORDS];
+	uint32_t auxv_words;
+	uint32_t pad;
+	struct ckpt_ksigaction sigactions[CKPT_NSIG];
+	struct ckpt_itimer itimers[3];
+	struct ckpt_rlim rlimits[CKPT_NRLIMITS];
+	char cwd[CKPT_PATH_MAX];
+	char exe[CKPT_PATH_MAX];
+};
+
+enum ckpt_fd_kind {
+	CKPT_FD_FILE = 1,		/* regular file: reopened at offset */
+	CKPT_FD_DELETED_FILE = 2,	/* unlinked regular file: contents saved */
+	CKPT_FD_DEVICE = 3,		/* /dev/null and other char devices: reopened */
+	CKPT_FD_TTY = 4,		/* terminal: the restarter's terminal */
+	CKPT_FD_PIPE_READ = 5,		/* pipe inside the process: contents saved */
+	CKPT_FD_PIPE_WRITE = 6,
+	CKPT_FD_INHERIT = 7,		/* stdio to outside the job: restarter's */
+	CKPT_FD_EXTERNAL = 8,		/* unsupported: /dev/null at restart */
+	CKPT_FD_DIRECTORY = 9
+};
+
+struct ckpt_fd {
+	int32_t fd;
+	uint32_t kind;
+	int32_t flags;			/* F_GETFL */
+	int32_t fd_flags;		/* F_GETFD */
+	int64_t offset;
+	uint32_t mode;
+	uint32_t path_len;		/* bytes of path after this struct */
+	uint64_t data_size;		/* bytes of data after the path */
+	uint64_t pipe_id;		/* inode: pairs the two ends of a pipe */
+	int32_t stdio_fd;		/* CKPT_FD_INHERIT: which restarter fd */
+	int32_t pad;
+};
+
+struct ckpt_plugin_blob {
+	char name[32];
+	uint64_t size;			/* bytes of plugin data after this struct */
+};
+
+/* Lives in the shim; ckpt-restart fills it after restoring memory. */
+struct ckpt_restart_info {
+	uint32_t generation;		/* incremented on every restart */
+	uint32_t pad;
+	char coord_path[108];
+	char job_id[64];
+};
+/* cffi:end */
+
+#define CKPT_RESERVE_END ((uint64_t)CKPT_RESERVE_START + CKPT_RESERVE_SIZE)
+
+#endif

@@ -1,0 +1,45 @@
+/*
+ * Plugin hooks of the shim.  A plugin (built in, like the fd plugin, or a
+ * separate LD_PRELOAD library such as plugins/ib) registers one hook table;
+ * the checkpoint thread calls every plugin's hook for each phase named in
+ * ckpt_protocol.h, in registration order (reverse order for RESUME).
+ *
+ * Hooks run in the checkpoint thread while every other thread of the
+ * process is parked: they must not take locks the application may hold
+ * (no malloc, no stdio).  A hook returns 0 or a positive errno, and may
+ * set a one-line message with ckpt_hook_fail().
+ */
+#ifndef CKPT_PLUGIN_H
+#define CKPT_PLUGIN_H
+
+#include <stddef.h>
+#include "ckpt_protocol.h"
+
+struct ckpt_hook_ctx {
+	enum ckpt_phase phase;
+	unsigned seq;			/* checkpoint number */
+	int restarted;			/* 1 in the restart phases */
+	int aborted;			/* RESUME after a failed checkpoint */
+};
+
+struct ckpt_plugin {
+	const char *name;
+	int (*hook)(const struct ckpt_hook_ctx *ctx, void *arg);
+	void *arg;
+};
+
+/* Register a plugin; returns 0 or ENOSPC.  Call from a constructor. */
+int ckpt_plugin_register(const struct ckpt_plugin *plugin);
+
+/* Name service of the coordinator, for exchanging new real ids on restart.
+ * Keys and values are printable and contain no spaces. */
+int ckpt_kv_put(const char *key, const char *value);
+int ckpt_kv_get(const char *key, char *value, size_t size);	/* ENOENT if absent */
+
+/* Report a one-line problem to the coordinator (printed to the user). */
+void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Reason for the failure a hook is about to return. */
+void ckpt_hook_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

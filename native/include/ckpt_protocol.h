@@ -1,0 +1,38 @@
+/*
+ * ckpt coordinator protocol: the one place where checkpoint and restart
+ * phases are named.  Both the shim (C) and the coordinator (Python, via
+ * cffi reading the block between the cffi markers) use this file.
+ *
+ * Transport: a Unix stream socket (path in $CKPT_COORD), one text line
+ * per message, fields separated by single spaces, '\n' terminated.
+ * See docs/PROTOCOL.md for the message grammar.
+ */
+#ifndef CKPT_PROTOCOL_H
+#define CKPT_PROTOCOL_H
+
+/* cffi:begin */
+enum ckpt_phase {
+	/* checkpoint, in this order */
+	CKPT_PHASE_SUSPEND = 0,	/* park every user thread */
+	CKPT_PHASE_DRAIN = 1,	/* plugins empty in-flight data */
+	CKPT_PHASE_WRITE = 2,	/* write and fsync the image */
+	CKPT_PHASE_RESUME = 3,	/* refill drained data, unpark threads */
+	/* restart, in this order (RESUME ends it too) */
+	CKPT_PHASE_REBUILD = 4,	/* recreate real resources, PUT new ids */
+	CKPT_PHASE_REFILL = 5,	/* GET peers' ids, refill drained data */
+	CKPT_PHASE_COUNT = 6
+};
+
+#define CKPT_PROTOCOL_VERSION 1
+#define CKPT_LINE_MAX 4096
+/* cffi:end */
+
+static inline const char *ckpt_phase_name(enum ckpt_phase p)
+{
+	static const char *const names[CKPT_PHASE_COUNT] = {
+		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL",
+	};
+	return (unsigned)p < CKPT_PHASE_COUNT ? names[p] : "?";
+}
+
+#endif

@@ -1,0 +1,215 @@
+/*
+ * Rebuilding the fd table of the image, before the point of no return (so
+ * glibc is still usable).  New files are opened at whatever number the
+ * kernel gives, moved above every number of the image, and only then
+ * dup2()ed into place: no restored fd can clobber another.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "restart.h"
+
+#define HIGH_FD (MAX_FDS + 32)
+
+static int stdio_fds[3] = { -1, -1, -1 };	/* the restarter's own stdio */
+static int image_fd = -1;
+
+static int move_high(int fd, const char *what)
+{
+	int high;
+
+	if (fd < 0)
+		die("cannot restore fd for %s: %s", what, strerror(errno));
+	high = fcntl(fd, F_DUPFD_CLOEXEC, HIGH_FD);
+	if (high < 0)
+		die("cannot restore fd for %s: %s", what, strerror(errno));
+	close(fd);
+	return high;
+}
+
+static void keep_stdio(void)
+{
+	for (int i = 0; i < 3; i++)
+		stdio_fds[i] = fcntl(i, F_DUPFD_CLOEXEC, HIGH_FD);
+	set_error_fd(stdio_fds[2] >= 0 ? stdio_fds[2] : 2);
+}
+
+static int is_kept(int fd)
+{
+	return fd == image_fd || fd == stdio_fds[0] || fd == stdio_fds[1] ||
+	       fd == stdio_fds[2];
+}
+
+static void close_others(void)
+{
+	for (int fd = 0; fd < HIGH_FD + 16; fd++)
+		if (!is_kept(fd))
+			close(fd);
+	syscall(SYS_close_range, HIGH_FD + 16, ~0U, 0);
+}
+
+static void write_all(int fd, const char *p, size_t len, const char *what)
+{
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			die("cannot refill %s: %s", what, strerror(errno));
+		p += n;
+		len -= n;
+	}
+}
+
+/* An unlinked file: recreate it with its contents, open it, unlink it. */
+static int open_deleted(const struct loaded_fd *lf)
+{
+	char tmp[CKPT_PATH_MAX + 32], dir[CKPT_PATH_MAX];
+	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
+	int fd, wfd;
+
+	snprintf(dir, sizeof(dir), "%s", lf->path);
+	snprintf(tmp, sizeof(tmp), "%s", lf->path);
+	wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
+	if (wfd < 0) {			/* the name is taken again: use another */
+		snprintf(tmp, sizeof(tmp), "%s/.ckpt-restored-%d-%d", dirname(dir),
+			 getpid(), lf->f.fd);
+		wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
+	}
+	if (wfd < 0)
+		die("cannot recreate deleted file %s: %s", lf->path, strerror(errno));
+	write_all(wfd, lf->data, lf->f.data_size, lf->path);
+	fd = open(tmp, flags | O_CLOEXEC);
+	unlink(tmp);
+	close(wfd);
+	return fd;
+}
+
+static int open_path(const struct loaded_fd *lf)
+{
+	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
+	int fd = open(lf->path, flags | O_CLOEXEC);
+
+	if (fd < 0)
+		die("cannot reopen fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
+	return fd;
+}
+
+static int restarter_stdio(int which)
+{
+	int src = stdio_fds[which >= 0 && which <= 2 ? which : 2];
+
+	if (src < 0)
+		return open("/dev/null", O_RDWR | O_CLOEXEC);
+	return fcntl(src, F_DUPFD_CLOEXEC, 0);
+}
+
+struct pipe_ends {
+	uint64_t id;
+	int end[2];			/* read, write; above HIGH_FD */
+};
+
+/* The pipe a record belongs to, created (and refilled) when first met. */
+static struct pipe_ends *get_pipe(struct image *img, struct pipe_ends *pipes,
+				  unsigned *npipes, const struct loaded_fd *lf)
+{
+	struct pipe_ends *pe;
+	int p[2];
+
+	for (unsigned i = 0; i < *npipes; i++)
+		if (pipes[i].id == lf->f.pipe_id)
+			return &pipes[i];
+	if (pipe2(p, O_CLOEXEC))
+		die("cannot recreate pipe: %s", strerror(errno));
+	pe = &pipes[(*npipes)++];
+	pe->id = lf->f.pipe_id;
+	pe->end[0] = move_high(p[0], "pipe");
+	pe->end[1] = move_high(p[1], "pipe");
+	if (lf->f.offset > 0)		/* the saved pipe capacity */
+		fcntl(pe->end[1], F_SETPIPE_SZ, (int)lf->f.offset);
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct loaded_fd *o = &img->fds[i];
+
+		if (o->f.kind == CKPT_FD_PIPE_READ && o->f.pipe_id == pe->id && o->f.data_size)
+			write_all(pe->end[1], o->data, o->f.data_size, "pipe");
+	}
+	return pe;
+}
+
+static int open_one(struct image *img, const struct loaded_fd *lf,
+		    struct pipe_ends *pipes, unsigned *npipes)
+{
+	switch (lf->f.kind) {
+	case CKPT_FD_FILE:
+	case CKPT_FD_DEVICE:
+	case CKPT_FD_DIRECTORY: {
+		int fd = open_path(lf);
+
+		if (lf->f.kind != CKPT_FD_DEVICE && lseek(fd, lf->f.offset, SEEK_SET) < 0)
+			die("cannot seek fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
+		return fd;
+	}
+	case CKPT_FD_DELETED_FILE: {
+		int fd = open_deleted(lf);
+
+		if (fd < 0 || lseek(fd, lf->f.offset, SEEK_SET) < 0)
+			die("cannot restore deleted file %s: %s", lf->path, strerror(errno));
+		return fd;
+	}
+	case CKPT_FD_TTY:
+	case CKPT_FD_INHERIT:
+		return restarter_stdio(lf->f.kind == CKPT_FD_TTY ? lf->f.fd : lf->f.stdio_fd);
+	case CKPT_FD_PIPE_READ:
+	case CKPT_FD_PIPE_WRITE: {
+		struct pipe_ends *pe = get_pipe(img, pipes, npipes, lf);
+
+		return fcntl(pe->end[lf->f.kind == CKPT_FD_PIPE_WRITE], F_DUPFD_CLOEXEC, 0);
+	}
+	default:
+		return open("/dev/null", O_RDWR | O_CLOEXEC);
+	}
+}
+
+void restore_fds(struct image *img)
+{
+	struct pipe_ends *pipes = arena_alloc(sizeof(*pipes) * (img->nfds + 1));
+	int *placed = arena_alloc(sizeof(int) * (img->nfds + 1));
+	unsigned npipes = 0;
+
+	image_fd = img->fd;
+	keep_stdio();
+	close_others();
+	for (unsigned i = 0; i < img->nfds; i++)
+		placed[i] = move_high(open_one(img, &img->fds[i], pipes, &npipes),
+				      img->fds[i].path);
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct ckpt_fd *f = &img->fds[i].f;
+
+		if (dup3(placed[i], f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0)
+			die("cannot place fd %d: %s", f->fd, strerror(errno));
+		if (f->kind == CKPT_FD_PIPE_READ || f->kind == CKPT_FD_PIPE_WRITE)
+			fcntl(f->fd, F_SETFL, f->flags);
+		close(placed[i]);
+	}
+	for (unsigned i = 0; i < npipes; i++) {
+		close(pipes[i].end[0]);
+		close(pipes[i].end[1]);
+	}
+}
+
+/* Just before jumping into the image: the restarter's own fds go away. */
+void close_restart_fds(void)
+{
+	for (int i = 0; i < 3; i++)
+		if (stdio_fds[i] >= 0)
+			syscall(SYS_close, stdio_fds[i]);
+	syscall(SYS_close, image_fd);
+}

@@ -1,0 +1,197 @@
+/*
+ * Reading an image: header checks, the optional whole-file checksum, and
+ * the records (everything but page data) into the arena.  All of it
+ * happens before anything of the running process is changed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include "restart.h"
+
+#define HASH_CHUNK (8 << 20)
+
+static void read_exact(struct image *img, void *buf, size_t len, uint64_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pread(img->fd, (char *)buf + done, len - done, off + done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			die("%s: read error: %s", img->file, strerror(errno));
+		if (n == 0)
+			die("%s: truncated image", img->file);
+		done += n;
+	}
+}
+
+static void check_header(struct image *img)
+{
+	struct ckpt_image_header *h = &img->hdr;
+	uint64_t want = h->header_xxh;
+
+	if (h->magic != CKPT_IMAGE_MAGIC)
+		die("%s: not a ckpt image (bad magic)", img->file);
+	h->header_xxh = 0;
+	if (XXH3_64bits(h, sizeof(*h)) != want)
+		die("%s: corrupt image header (checksum mismatch)", img->file);
+	h->header_xxh = want;
+	if (h->arch != CKPT_ARCH_X86_64)
+		die("%s: image is for another architecture (ELF machine %u)", img->file, h->arch);
+	if (h->format_version != CKPT_IMAGE_VERSION)
+		die("%s: image format version %u, this ckpt-restart reads %u", img->file,
+		    h->format_version, CKPT_IMAGE_VERSION);
+	if (h->page_size != CKPT_PAGE_SIZE || h->header_size != CKPT_HEADER_SIZE)
+		die("%s: unexpected page or header size", img->file);
+	if (h->reserve_start != CKPT_RESERVE_START ||
+	    h->reserve_end != CKPT_RESERVE_END)
+		die("%s: image reserves another restart range", img->file);
+}
+
+static void check_checksum(struct image *img, const char *want_hex)
+{
+	static XXH3_state_t state;
+	char *buf = arena_alloc(HASH_CHUNK);
+	uint64_t want = strtoull(want_hex, NULL, 16);
+	ssize_t n;
+	uint64_t off = 0;
+
+	XXH3_64bits_reset(&state);
+	while ((n = pread(img->fd, buf, HASH_CHUNK, off)) > 0) {
+		XXH3_64bits_update(&state, buf, n);
+		off += n;
+	}
+	if (n < 0)
+		die("%s: read error: %s", img->file, strerror(errno));
+	if (XXH3_64bits_digest(&state) != want)
+		die("%s: image checksum mismatch (corrupt or truncated image)", img->file);
+}
+
+static void *read_payload(struct image *img, size_t len, uint64_t off)
+{
+	char *p = arena_alloc(len + 1);
+
+	read_exact(img, p, len, off);
+	p[len] = '\0';
+	return p;
+}
+
+static void load_vma(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_vma *lv;
+	size_t meta;
+
+	if (img->nvmas == MAX_VMAS)
+		die("%s: too many memory regions", img->file);
+	lv = &img->vmas[img->nvmas++];
+	if (size < sizeof(lv->v))
+		die("%s: corrupt memory record", img->file);
+	read_exact(img, &lv->v, sizeof(lv->v), off);
+	meta = lv->v.path_len + lv->v.nruns * sizeof(struct ckpt_run);
+	if (lv->v.nruns > size / sizeof(struct ckpt_run) || sizeof(lv->v) + meta > size ||
+	    lv->v.end <= lv->v.start || lv->v.data_offset + lv->v.data_size > off + size)
+		die("%s: corrupt memory record", img->file);
+	lv->path = read_payload(img, lv->v.path_len, off + sizeof(lv->v));
+	lv->runs = read_payload(img, lv->v.nruns * sizeof(struct ckpt_run),
+				off + sizeof(lv->v) + lv->v.path_len);
+}
+
+static void load_fd(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_fd *lf;
+	char *payload;
+
+	if (img->nfds == MAX_FDS)
+		die("%s: too many file descriptors", img->file);
+	lf = &img->fds[img->nfds++];
+	if (size < sizeof(lf->f))
+		die("%s: corrupt fd record", img->file);
+	payload = read_payload(img, size, off);
+	memcpy(&lf->f, payload, sizeof(lf->f));
+	if (sizeof(lf->f) + lf->f.path_len + lf->f.data_size != size)
+		die("%s: corrupt fd record", img->file);
+	lf->path = arena_alloc(lf->f.path_len + 1);
+	memcpy((char *)lf->path, payload + sizeof(lf->f), lf->f.path_len);
+	((char *)lf->path)[lf->f.path_len] = '\0';
+	lf->data = payload + sizeof(lf->f) + lf->f.path_len;
+}
+
+static void load_records(struct image *img, uint64_t file_size)
+{
+	uint64_t off = CKPT_HEADER_SIZE;
+
+	for (;;) {
+		struct ckpt_record rec;
+
+		if (off + sizeof(rec) > file_size)
+			die("%s: truncated image (no end record)", img->file);
+		read_exact(img, &rec, sizeof(rec), off);
+		off += sizeof(rec);
+		if (rec.size > file_size - off)
+			die("%s: truncated image", img->file);
+		switch (rec.type) {
+		case CKPT_REC_PROCESS:
+			if (rec.size != sizeof(*img->proc))
+				die("%s: corrupt process record", img->file);
+			img->proc = read_payload(img, rec.size, off);
+			break;
+		case CKPT_REC_THREAD:
+			if (rec.size != sizeof(struct ckpt_thread) || img->nthreads == MAX_THREADS)
+				die("%s: corrupt thread record", img->file);
+			read_exact(img, &img->threads[img->nthreads++], rec.size, off);
+			break;
+		case CKPT_REC_VMA:
+			load_vma(img, off, rec.size);
+			break;
+		case CKPT_REC_FD:
+			load_fd(img, off, rec.size);
+			break;
+		case CKPT_REC_PLUGIN:
+			break;		/* plugins keep their state in memory */
+		case CKPT_REC_END:
+			return;
+		default:
+			die("%s: unknown record type %u", img->file, rec.type);
+		}
+		off += rec.size;
+	}
+}
+
+void image_load(struct image *img, const char *path, const char *xxh3)
+{
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	memset(img, 0, sizeof(*img));
+	img->file = path;
+	if (fd < 0)
+		die("%s: %s", path, strerror(errno));
+	/* keep it above every fd the image will restore */
+	img->fd = fcntl(fd, F_DUPFD_CLOEXEC, MAX_FDS + 16);
+	if (img->fd < 0)
+		img->fd = fd;
+	else
+		close(fd);
+	if (fstat(img->fd, &st))
+		die("%s: %s", path, strerror(errno));
+	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
+		die("%s: truncated image", path);
+	read_exact(img, &img->hdr, sizeof(img->hdr), 0);
+	check_header(img);
+	if (xxh3)
+		check_checksum(img, xxh3);
+	img->threads = arena_alloc(MAX_THREADS * sizeof(*img->threads));
+	img->vmas = arena_alloc(MAX_VMAS * sizeof(*img->vmas));
+	img->fds = arena_alloc(MAX_FDS * sizeof(*img->fds));
+	load_records(img, st.st_size);
+	if (!img->proc || !img->nthreads)
+		die("%s: image has no process or thread record", path);
+}

@@ -1,0 +1,62 @@
+/* Error reporting: one line on stderr.  After the fds are restored the
+ * restarter's stderr lives on at a high fd (set_error_fd). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "restart.h"
+#include "sys.h"
+#include <sys/syscall.h>
+
+static int error_fd = 2;
+
+void set_error_fd(int fd)
+{
+	error_fd = fd;
+}
+
+void die(const char *fmt, ...)
+{
+	char line[1024];
+	va_list ap;
+	int n = snprintf(line, sizeof(line), "ckpt-restart: ");
+
+	va_start(ap, fmt);
+	n += vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof(line) - 2)
+		n = sizeof(line) - 2;
+	line[n++] = '\n';
+	sys3(SYS_write, error_fd, line, n);
+	sys1(SYS_exit_group, EXIT_RESTART_FAILED);
+	__builtin_unreachable();
+}
+
+/* After the point of no return: no formatting library, the process is lost. */
+void fatal(const char *what, long err)
+{
+	char line[256];
+	size_t n = 0;
+	const char *prefix = "ckpt-restart: restore failed: ";
+	char num[24];
+	int k = 0;
+	unsigned long e = err < 0 ? -err : err;
+
+	for (const char *p = prefix; *p && n < sizeof(line); p++)
+		line[n++] = *p;
+	for (const char *p = what; *p && n < sizeof(line) - 30; p++)
+		line[n++] = *p;
+	do
+		num[k++] = '0' + e % 10;
+	while ((e /= 10) && k < 20);
+	line[n++] = ' ';
+	line[n++] = '(';
+	line[n++] = 'e';
+	while (k)
+		line[n++] = num[--k];
+	line[n++] = ')';
+	line[n++] = '\n';
+	sys3(SYS_write, error_fd, line, n);
+	sys1(SYS_exit_group, EXIT_RESTORE_FAILED);
+	__builtin_unreachable();
+}

@@ -1,0 +1,103 @@
+/*
+ * ckpt-restart: restores one process image (docs/PROTOCOL.md, "ckpt-restart").
+ *
+ *   ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX] IMAGE
+ *
+ * Statically linked at CKPT_RESERVE_START, a range every checkpointed
+ * process keeps free, so it can replace the whole address space around
+ * itself.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "restart.h"
+#include "sys.h"
+
+static struct image img;
+static struct restart_args args;
+static char coord_copy[108];
+static char job_copy[64];
+
+static void usage(void)
+{
+	die("usage: ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX] IMAGE");
+}
+
+static void parse_args(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "coord", required_argument, NULL, 'c' },
+		{ "job-id", required_argument, NULL, 'j' },
+		{ "xxh3", required_argument, NULL, 'x' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': args.coord = optarg; break;
+		case 'j': args.job_id = optarg; break;
+		case 'x': args.xxh3 = optarg; break;
+		default: usage();
+		}
+	}
+	if (optind != argc - 1 || !args.coord || !args.job_id)
+		usage();
+	if (strlen(args.coord) >= sizeof(((struct ckpt_restart_info *)0)->coord_path))
+		die("coordinator socket path too long: %s", args.coord);
+	args.image = argv[optind];
+	/* argv lives on the old stack, which restore_memory() unmaps */
+	snprintf(coord_copy, sizeof(coord_copy), "%s", args.coord);
+	snprintf(job_copy, sizeof(job_copy), "%s", args.job_id);
+	args.coord = coord_copy;
+	args.job_id = job_copy;
+}
+
+/* Room for the fds we keep above the image's while restoring. */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+/* The restored process, born with its original pid. */
+static int restorer(void *unused)
+{
+	sigset_t all;
+
+	(void)unused;
+	restore_process_early(&img);
+	restore_fds(&img);
+	prepare_memory(&img);
+	sigfillset(&all);
+	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, 8);
+	/* point of no return */
+	restore_memory(&img);
+	restore_process_late(&img, &args);
+	restore_threads(&img);
+}
+
+int main(int argc, char **argv)
+{
+	int err;
+
+	parse_args(argc, argv);
+	err = arena_init();
+	if (err)
+		die("the restart address range is in use: %s", strerror(err));
+	raise_fd_limit();
+	image_load(&img, args.image, args.xxh3);
+	enter_namespaces();
+	return run_init(&img, restorer, NULL);
+}

@@ -1,0 +1,254 @@
+/*
+ * Replacing the address space: check everything that can fail (vDSO
+ * layout, mapped files), then unmap all but the reserved range and the
+ * vDSO, move the new kernel's vDSO block onto the saved addresses, and map
+ * every saved region back, reading its pages straight into place.
+ *
+ * From prepare_memory()'s end on, the old address space is gone: only raw
+ * system calls and code inside this binary may be used.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "restart.h"
+#include "sys.h"
+
+#define MAX_CUR 4096
+#define VDSO_PARTS 4
+#define ZONE_VDSO_TMP (CKPT_RESERVE_START + 0x68000000UL)
+#define READ_CHUNK 0x40000000UL
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+struct span {
+	uint64_t start, end;
+	char name[16];
+};
+
+struct vdso_block {
+	struct span part[VDSO_PARTS];
+	unsigned n;
+};
+
+static struct span cur[MAX_CUR];
+static unsigned ncur;
+static struct vdso_block cur_vdso, saved_vdso;
+static int *file_fds;			/* per vma: an open mapped file, or -1 */
+
+static int is_vdso_name(const char *n)
+{
+	return !strcmp(n, "[vdso]") || !strcmp(n, "[vvar]") || !strcmp(n, "[vvar_vclock]");
+}
+
+static void read_current_maps(void)
+{
+	char *buf = arena_alloc(1 << 20);
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	size_t len = 0;
+	ssize_t n;
+
+	if (fd < 0)
+		die("cannot read /proc/self/maps: %s", strerror(errno));
+	while ((n = read(fd, buf + len, (1 << 20) - 1 - len)) > 0)
+		len += n;
+	close(fd);
+	buf[len] = '\0';
+	for (char *line = buf; *line && ncur < MAX_CUR;) {
+		char *nl = strchr(line, '\n');
+		unsigned long long s, e;
+		char name[64] = "";
+
+		if (nl)
+			*nl = '\0';
+		if (sscanf(line, "%llx-%llx %*s %*s %*s %*s %63s", &s, &e, name) >= 2) {
+			cur[ncur].start = s;
+			cur[ncur].end = e;
+			snprintf(cur[ncur].name, sizeof(cur[ncur].name), "%s", name);
+			if (is_vdso_name(name) && cur_vdso.n < VDSO_PARTS)
+				cur_vdso.part[cur_vdso.n++] = cur[ncur];
+			ncur++;
+		}
+		if (!nl)
+			break;
+		line = nl + 1;
+	}
+}
+
+static void check_vdso(struct image *img)
+{
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct loaded_vma *lv = &img->vmas[i];
+
+		if (lv->v.kind != CKPT_VMA_VDSO || saved_vdso.n == VDSO_PARTS)
+			continue;
+		saved_vdso.part[saved_vdso.n].start = lv->v.start;
+		saved_vdso.part[saved_vdso.n].end = lv->v.end;
+		snprintf(saved_vdso.part[saved_vdso.n].name, 16, "%s", lv->path);
+		saved_vdso.n++;
+	}
+	if (saved_vdso.n != cur_vdso.n)
+		die("the vDSO of this kernel differs from the image's (%u parts, image has %u)",
+		    cur_vdso.n, saved_vdso.n);
+	for (unsigned i = 0; i < cur_vdso.n; i++) {
+		const struct span *c = &cur_vdso.part[i], *s = &saved_vdso.part[i];
+
+		if (strcmp(c->name, s->name) || c->end - c->start != s->end - s->start ||
+		    c->start - cur_vdso.part[0].start != s->start - saved_vdso.part[0].start)
+			die("the vDSO of this kernel differs from the image's (%s)", c->name);
+	}
+}
+
+static int in_zone(uint64_t start, uint64_t end)
+{
+	return start >= CKPT_RESERVE_START && end <= CKPT_RESERVE_END;
+}
+
+/* Open every file the image maps, and check it is still the same file. */
+static void check_files(struct image *img)
+{
+	file_fds = arena_alloc(sizeof(int) * (img->nvmas + 1));
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct loaded_vma *lv = &img->vmas[i];
+		int shared_rw = lv->v.kind == CKPT_VMA_SHARED_FILE && (lv->v.prot & PROT_WRITE);
+		struct stat st;
+		int fd;
+
+		file_fds[i] = -1;
+		if (lv->v.kind != CKPT_VMA_FILE && lv->v.kind != CKPT_VMA_SHARED_FILE)
+			continue;
+		if (i > 0 && file_fds[i - 1] >= 0 && !strcmp(img->vmas[i - 1].path, lv->path) &&
+		    !shared_rw) {
+			file_fds[i] = file_fds[i - 1];	/* next region of the same file */
+			continue;
+		}
+		fd = open(lv->path, (shared_rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+		if (fd < 0)
+			die("mapped file %s: %s", lv->path, strerror(errno));
+		if (fstat(fd, &st))
+			die("mapped file %s: %s", lv->path, strerror(errno));
+		if (lv->v.kind == CKPT_VMA_FILE && (lv->v.file_size || lv->v.file_mtime_ns) &&
+		    ((uint64_t)st.st_size != lv->v.file_size ||
+		     (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec !=
+			     lv->v.file_mtime_ns))
+			die("mapped file %s changed since the checkpoint", lv->path);
+		file_fds[i] = fcntl(fd, F_DUPFD_CLOEXEC, MAX_FDS + 64);
+		if (file_fds[i] < 0)
+			die("mapped file %s: %s", lv->path, strerror(errno));
+		close(fd);
+	}
+}
+
+void prepare_memory(struct image *img)
+{
+	read_current_maps();
+	check_vdso(img);
+	check_files(img);
+}
+
+static void unmap_old(void)
+{
+	for (unsigned i = 0; i < ncur; i++) {
+		const struct span *s = &cur[i];
+		long r;
+
+		if (in_zone(s->start, s->end) || is_vdso_name(s->name) ||
+		    !strcmp(s->name, "[vsyscall]"))
+			continue;
+		r = sys2(SYS_munmap, s->start, s->end - s->start);
+		if (r < 0)
+			fatal("munmap of the old address space", r);
+	}
+}
+
+/* Move the vDSO block as one unit, layout kept: via a spot in the zone, so
+ * the old and new places may overlap. */
+static void move_vdso(void)
+{
+	uint64_t base = cur_vdso.part[0].start;
+
+	for (int pass = 0; pass < 2; pass++) {
+		for (unsigned i = 0; i < cur_vdso.n; i++) {
+			const struct span *c = &cur_vdso.part[i];
+			uint64_t size = c->end - c->start;
+			uint64_t from = pass ? ZONE_VDSO_TMP + (c->start - base) : c->start;
+			uint64_t to = pass ? saved_vdso.part[i].start : ZONE_VDSO_TMP + (c->start - base);
+			long r = sys5(SYS_mremap, from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+
+			if (r < 0)
+				fatal("moving the vDSO", r);
+		}
+	}
+}
+
+static void read_run(struct image *img, uint64_t addr, uint64_t len, uint64_t off)
+{
+	sys3(SYS_madvise, addr, len, MADV_POPULATE_WRITE);	/* batch the faults */
+	while (len) {
+		long n = sys4(SYS_pread64, img->fd, addr, len > READ_CHUNK ? READ_CHUNK : len, off);
+
+		if (n == -EINTR)
+			continue;
+		if (n <= 0)
+			fatal("reading page data", n ? n : -EIO);
+		addr += n;
+		off += n;
+		len -= n;
+	}
+}
+
+static void map_region(struct image *img, unsigned idx)
+{
+	const struct loaded_vma *lv = &img->vmas[idx];
+	const struct ckpt_vma *v = &lv->v;
+	uint64_t len = v->end - v->start;
+	int prot = v->nruns ? PROT_READ | PROT_WRITE : (int)v->prot;
+	int flags = MAP_FIXED | (v->shared ? MAP_SHARED : MAP_PRIVATE);
+	int fd = -1;
+	long r;
+
+	switch (v->kind) {
+	case CKPT_VMA_VDSO:
+		return;
+	case CKPT_VMA_FILE:
+	case CKPT_VMA_SHARED_FILE:
+		fd = file_fds[idx];
+		break;
+	case CKPT_VMA_STACK:
+		flags |= MAP_GROWSDOWN | MAP_ANONYMOUS;
+		break;
+	default:
+		flags |= MAP_ANONYMOUS;
+		break;
+	}
+	r = sys6(SYS_mmap, v->start, len, prot, flags, fd, fd >= 0 ? (long)v->pgoff : 0);
+	if (r < 0)
+		fatal("mapping a saved region", r);
+	if ((uint64_t)r != v->start)
+		fatal("a saved region landed elsewhere", -EFAULT);
+	for (uint64_t i = 0, off = v->data_offset; i < v->nruns; i++) {
+		uint64_t bytes = lv->runs[i].npages * CKPT_PAGE_SIZE;
+
+		read_run(img, v->start + lv->runs[i].offset, bytes, off);
+		off += bytes;
+	}
+	if (v->nruns && (r = sys3(SYS_mprotect, v->start, len, v->prot)) < 0)
+		fatal("protecting a saved region", r);
+}
+
+void restore_memory(struct image *img)
+{
+	unmap_old();
+	move_vdso();
+	for (unsigned i = 0; i < img->nvmas; i++)
+		map_region(img, i);
+	for (unsigned i = 0; i < img->nvmas; i++)
+		if (file_fds[i] >= 0 && (i == 0 || file_fds[i] != file_fds[i - 1]))
+			sys1(SYS_close, file_fds[i]);
+}

@@ -1,0 +1,108 @@
+/* Kernel state of the process that memory does not carry. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <linux/prctl.h>
+#include "restart.h"
+#include "sys.h"
+
+/* Before the point of no return: these may fail cleanly. */
+void restore_process_early(struct image *img)
+{
+	const struct ckpt_process *p = img->proc;
+
+	if (chdir(p->cwd))
+		die("cannot enter the saved working directory %s: %s", p->cwd, strerror(errno));
+	umask(p->umask);
+}
+
+static void restore_rlimits(const struct ckpt_process *p)
+{
+	for (int r = 0; r < CKPT_NRLIMITS && r < RLIM_NLIMITS; r++) {
+		struct rlimit rl = { p->rlimits[r].cur, p->rlimits[r].max };
+
+		if (!rl.rlim_cur && !rl.rlim_max)
+			continue;	/* not saved */
+		/* a hard limit above ours cannot be raised unprivileged: keep ours */
+		if (sys4(SYS_prlimit64, 0, r, &rl, NULL) < 0) {
+			struct rlimit now;
+
+			if (sys4(SYS_prlimit64, 0, r, NULL, &now) == 0) {
+				rl.rlim_max = now.rlim_max;
+				if (rl.rlim_cur > rl.rlim_max)
+					rl.rlim_cur = rl.rlim_max;
+				sys4(SYS_prlimit64, 0, r, &rl, NULL);
+			}
+		}
+	}
+}
+
+static void restore_signals(const struct ckpt_process *p)
+{
+	for (int sig = 1; sig < CKPT_NSIG; sig++) {
+		if (sig == SIGKILL || sig == SIGSTOP)
+			continue;
+		sys4(SYS_rt_sigaction, sig, &p->sigactions[sig], NULL, 8);
+	}
+}
+
+static void restore_itimers(const struct ckpt_process *p)
+{
+	static const int which[3] = { ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF };
+
+	for (int i = 0; i < 3; i++) {
+		struct itimerval it = {
+			{ p->itimers[i].interval_sec, p->itimers[i].interval_usec },
+			{ p->itimers[i].value_sec, p->itimers[i].value_usec },
+		};
+
+		if (it.it_value.tv_sec || it.it_value.tv_usec)
+			sys3(SYS_setitimer, which[i], &it, NULL);
+	}
+}
+
+/* Code, data, brk, stack, args, env and auxv of mm_struct: brk must be
+ * exact or the next malloc breaks; PR_SET_MM_MAP needs no privilege. */
+static void restore_mm(const struct ckpt_process *p)
+{
+	struct prctl_mm_map map = {
+		.start_code = p->start_code, .end_code = p->end_code,
+		.start_data = p->start_data, .end_data = p->end_data,
+		.start_brk = p->start_brk, .brk = p->brk,
+		.start_stack = p->start_stack,
+		.arg_start = p->arg_start, .arg_end = p->arg_end,
+		.env_start = p->env_start, .env_end = p->env_end,
+		.auxv = (__u64 *)p->auxv, .auxv_size = p->auxv_words * 8,
+		.exe_fd = (uint32_t)-1,
+	};
+	long r = sys5(SYS_prctl, PR_SET_MM, PR_SET_MM_MAP, &map, sizeof(map), 0);
+
+	if (r < 0)
+		fatal("restoring brk and the mm fields (PR_SET_MM_MAP)", r);
+}
+
+void restore_process_late(struct image *img, const struct restart_args *args)
+{
+	const struct ckpt_process *p = img->proc;
+	struct ckpt_restart_info *info = (void *)img->hdr.restart_info;
+
+	restore_mm(p);
+	restore_rlimits(p);
+	restore_signals(p);
+	restore_itimers(p);
+	/* tell the shim where its new coordinator is */
+	info->generation++;
+	memset(info->coord_path, 0, sizeof(info->coord_path));
+	memset(info->job_id, 0, sizeof(info->job_id));
+	for (size_t i = 0; args->coord[i] && i < sizeof(info->coord_path) - 1; i++)
+		info->coord_path[i] = args->coord[i];
+	for (size_t i = 0; args->job_id[i] && i < sizeof(info->job_id) - 1; i++)
+		info->job_id[i] = args->job_id[i];
+}

@@ -1,0 +1,91 @@
+/* Internal interfaces of ckpt-restart. */
+#ifndef CKPT_RESTART_H
+#define CKPT_RESTART_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "ckpt_image.h"
+
+/* Layout of the reserved range: the binary and its brk heap (randomized
+ * within 1 GiB of the binary's end) sit in its first 1.06 GiB; everything
+ * ckpt-restart allocates lives above, so it survives the unmapping of the
+ * old address space. */
+#define ZONE_ARENA (CKPT_RESERVE_START + 0x44000000UL)
+#define ZONE_ARENA_SIZE 0x10000000UL
+#define ZONE_STACKS (CKPT_RESERVE_START + 0x54000000UL)
+#define ZONE_STACK_SIZE 0x10000UL
+#define ZONE_MAX_STACKS 4096
+
+#define MAX_VMAS 262144
+#define MAX_FDS 4096
+#define MAX_THREADS 4096
+
+#define EXIT_RESTART_FAILED 2		/* before the point of no return */
+#define EXIT_RESTORE_FAILED 70		/* after it: the process is lost */
+
+struct loaded_vma {
+	struct ckpt_vma v;
+	const char *path;
+	const struct ckpt_run *runs;
+};
+
+struct loaded_fd {
+	struct ckpt_fd f;
+	const char *path;
+	const char *data;
+};
+
+struct image {
+	int fd;
+	const char *file;
+	struct ckpt_image_header hdr;
+	struct ckpt_process *proc;
+	struct ckpt_thread *threads;
+	unsigned nthreads;
+	struct loaded_vma *vmas;
+	unsigned nvmas;
+	struct loaded_fd *fds;
+	unsigned nfds;
+};
+
+struct restart_args {
+	const char *coord;
+	const char *job_id;
+	const char *xxh3;
+	const char *image;
+};
+
+/* arena.c */
+int arena_init(void);
+void *arena_alloc(size_t size);
+void *zone_stack(unsigned index);	/* top of a fresh stack, or NULL */
+
+/* log.c */
+void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void set_error_fd(int fd);
+void fatal(const char *what, long err) __attribute__((noreturn));
+
+/* image.c */
+void image_load(struct image *img, const char *path, const char *xxh3);
+
+/* namespaces.c */
+void enter_namespaces(void);
+int run_init(struct image *img, int (*restorer)(void *), void *arg);
+
+/* fds.c */
+void restore_fds(struct image *img);
+void close_restart_fds(void);
+
+/* memory.c */
+void prepare_memory(struct image *img);
+void restore_memory(struct image *img);
+
+/* process.c */
+void restore_process_early(struct image *img);
+void restore_process_late(struct image *img, const struct restart_args *args);
+
+/* threads.c */
+long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
+void restore_threads(struct image *img) __attribute__((noreturn));
+
+#endif

@@ -1,0 +1,103 @@
+/*
+ * Recreating the threads.  Each gets its original tid with clone3's
+ * set_tid (we are in a fresh pid namespace), its TLS base, its
+ * clear_child_tid address, robust list and rseq area, and then continues
+ * at the point where it parked in the shim (ckpt_resume_context with 1).
+ */
+#define _GNU_SOURCE
+#include <linux/sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <asm/prctl.h>
+#include "restart.h"
+#include "sys.h"
+
+#define RSEQ_FLAG_UNREGISTER 1
+#define RSEQ_SIG 0x53053053
+
+void ckpt_resume_context(const struct ckpt_regs *regs, long ret) __attribute__((noreturn));
+
+extern const ptrdiff_t __rseq_offset __attribute__((weak));
+extern const unsigned int __rseq_size __attribute__((weak));
+
+static void become(const struct ckpt_thread *t) __attribute__((noreturn));
+
+/* Runs on a zone stack with the image's TLS: raw system calls only. */
+static void become(const struct ckpt_thread *t)
+{
+	long r;
+
+	sys1(SYS_set_tid_address, t->clear_child_tid);
+	if (t->robust_list)
+		sys2(SYS_set_robust_list, t->robust_list, t->robust_len);
+	if (t->rseq_addr) {
+		r = sys4(SYS_rseq, t->rseq_addr, t->rseq_len, 0, t->rseq_sig);
+		if (r < 0)
+			fatal("registering the thread's rseq area", r);
+	}
+	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &t->sigmask, NULL, 8);
+	ckpt_resume_context(&t->regs, 1);
+}
+
+static int thread_main(void *arg)
+{
+	become(arg);
+}
+
+static void spawn_thread(const struct ckpt_thread *t, unsigned index)
+{
+	pid_t tid = t->tid;
+	void *stack_top = zone_stack(index);
+	struct clone_args ca;
+	long r;
+
+	if (!stack_top)
+		fatal("allocating a thread stack", -12);
+	memset(&ca, 0, sizeof(ca));
+	ca.flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+		   CLONE_SYSVSEM | CLONE_SETTLS;
+	ca.stack = (uint64_t)stack_top - ZONE_STACK_SIZE;
+	ca.stack_size = ZONE_STACK_SIZE;
+	ca.tls = t->fs_base;
+	ca.set_tid = (uint64_t)&tid;
+	ca.set_tid_size = 1;
+	r = clone3_run(&ca, sizeof(ca), thread_main, (void *)t);
+	if (r < 0)
+		fatal("recreating a thread with its tid (clone3)", r);
+}
+
+/* ckpt-restart's own rseq registration, inherited from its parent, must go
+ * before the image's area can be registered. */
+static void unregister_own_rseq(void)
+{
+	uint64_t tp;
+
+	if (!&__rseq_size || !__rseq_size)
+		return;
+	__asm__ volatile("mov %%fs:0, %0" : "=r"(tp));
+	sys4(SYS_rseq, tp + __rseq_offset, __rseq_size > 32 ? __rseq_size : 32,
+	     RSEQ_FLAG_UNREGISTER, RSEQ_SIG);
+}
+
+void restore_threads(struct image *img)
+{
+	const struct ckpt_thread *leader = NULL;
+	unsigned stacks = 1;		/* stack 0 is this process's own */
+
+	unregister_own_rseq();
+	close_restart_fds();
+	for (unsigned i = 0; i < img->nthreads; i++) {
+		const struct ckpt_thread *t = &img->threads[i];
+
+		if (t->tid == img->hdr.pid) {
+			leader = t;
+			continue;
+		}
+		spawn_thread(t, stacks++);
+	}
+	if (!leader)
+		fatal("the image has no main thread", -22);
+	sys2(SYS_arch_prctl, ARCH_SET_FS, leader->fs_base);
+	become(leader);
+}

@@ -1,0 +1,377 @@
+/*
+ * File descriptors: the fd records of the image, and the built-in "fds"
+ * plugin that drains pipes whose both ends live in the process (DRAIN) and
+ * puts the bytes back (RESUME).  After a restart ckpt-restart has already
+ * refilled them from the image.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "shim.h"
+
+#define MAX_OWN_FDS 16
+#define MAX_FDS 4096
+#define MAX_PIPES 64
+#define COPY_CHUNK (1 << 20)
+
+static int own_fds[MAX_OWN_FDS] = { [0 ... MAX_OWN_FDS - 1] = -1 };
+
+void shim_fd_own(int fd)
+{
+	for (int i = 0; i < MAX_OWN_FDS; i++)
+		if (own_fds[i] < 0) {
+			own_fds[i] = fd;
+			return;
+		}
+}
+
+void shim_fd_disown(int fd)
+{
+	for (int i = 0; i < MAX_OWN_FDS; i++)
+		if (own_fds[i] == fd)
+			own_fds[i] = -1;
+}
+
+int shim_fd_is_own(int fd)
+{
+	for (int i = 0; i < MAX_OWN_FDS; i++)
+		if (own_fds[i] == fd)
+			return 1;
+	return 0;
+}
+
+/* Move a long-lived shim fd near the top of the fd table, so it does not
+ * take the low number the application expects to get next. */
+int shim_fd_move_high(int fd)
+{
+	struct rlimit rl;
+	int high, moved;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur < 256)
+		return fd;
+	high = (rl.rlim_cur > 1024 ? 1024 : (int)rl.rlim_cur) - 64;
+	moved = fcntl(fd, F_DUPFD_CLOEXEC, high);
+	if (moved < 0)
+		return fd;
+	close(fd);
+	return moved;
+}
+
+/* ---- the fd table ---- */
+
+struct fd_info {
+	struct ckpt_fd rec;
+	char path[CKPT_PATH_MAX];
+};
+
+struct drained_pipe {
+	uint64_t ino;
+	int read_fd, write_fd;
+	char *data;
+	size_t len, cap;
+};
+
+static struct drained_pipe pipes[MAX_PIPES];
+static int npipes;
+
+static int list_fds(int *fds, int max)
+{
+	char buf[4096];
+	int n = 0;
+	long got;
+	int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd < 0)
+		return -errno;
+	while ((got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < got;) {
+			struct { uint64_t ino; int64_t off; unsigned short reclen;
+				 unsigned char type; char name[]; } *d = (void *)(buf + off);
+			char *end;
+			long fd = strtol(d->name, &end, 10);
+
+			off += d->reclen;
+			if (*end || end == d->name || fd == dfd || shim_fd_is_own(fd))
+				continue;
+			if (n < max)
+				fds[n++] = fd;
+		}
+	}
+	close(dfd);
+	return n;
+}
+
+static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
+{
+	char link[64];
+	ssize_t n;
+
+	memset(fi, 0, sizeof(*fi));
+	fi->rec.fd = fd;
+	if (fstat(fd, st))
+		return errno;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, fi->path, sizeof(fi->path) - 1);
+	if (n < 0)
+		return errno;
+	fi->path[n] = '\0';
+	fi->rec.flags = fcntl(fd, F_GETFL);
+	fi->rec.fd_flags = fcntl(fd, F_GETFD);
+	fi->rec.mode = st->st_mode;
+	return 0;
+}
+
+static int pipe_end_present(const int *fds, int nfds, uint64_t ino, int want_write)
+{
+	for (int i = 0; i < nfds; i++) {
+		struct stat st;
+		int flags;
+
+		if (fstat(fds[i], &st) || !S_ISFIFO(st.st_mode) || st.st_ino != ino)
+			continue;
+		flags = fcntl(fds[i], F_GETFL) & O_ACCMODE;
+		if (want_write ? flags != O_RDONLY : flags != O_WRONLY)
+			return 1;
+	}
+	return 0;
+}
+
+static struct drained_pipe *find_pipe(uint64_t ino)
+{
+	for (int i = 0; i < npipes; i++)
+		if (pipes[i].ino == ino)
+			return &pipes[i];
+	return NULL;
+}
+
+static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fds, int nfds)
+{
+	size_t len = strlen(fi->path);
+	int fd = fi->rec.fd;
+
+	if (S_ISREG(st->st_mode)) {
+		fi->rec.kind = st->st_nlink == 0 ? CKPT_FD_DELETED_FILE : CKPT_FD_FILE;
+		if (fi->rec.kind == CKPT_FD_DELETED_FILE && len > 10 &&
+		    !strcmp(fi->path + len - 10, " (deleted)"))
+			fi->path[len - 10] = '\0';
+		fi->rec.offset = lseek(fd, 0, SEEK_CUR);
+	} else if (S_ISDIR(st->st_mode)) {
+		fi->rec.kind = CKPT_FD_DIRECTORY;
+		fi->rec.offset = lseek(fd, 0, SEEK_CUR);
+	} else if (S_ISCHR(st->st_mode)) {
+		fi->rec.kind = isatty(fd) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
+	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5) &&
+		   pipe_end_present(fds, nfds, st->st_ino, 1) &&
+		   pipe_end_present(fds, nfds, st->st_ino, 0)) {
+		fi->rec.kind = (fi->rec.flags & O_ACCMODE) == O_RDONLY ?
+			CKPT_FD_PIPE_READ : CKPT_FD_PIPE_WRITE;
+		fi->rec.pipe_id = st->st_ino;
+		fi->rec.offset = fcntl(fd, F_GETPIPE_SZ);
+	} else if (fd <= 2) {
+		fi->rec.kind = CKPT_FD_INHERIT;	/* stdio from outside the job */
+		fi->rec.stdio_fd = fd;
+	} else {
+		fi->rec.kind = CKPT_FD_EXTERNAL;
+		ckpt_warn("fd %d (%s) is not supported yet: it will be /dev/null after restart",
+			  fd, fi->path);
+	}
+}
+
+static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
+{
+	char *buf = scratch_map(COPY_CHUNK);
+	uint64_t off = 0;
+	int err = 0;
+
+	if (!buf)
+		return ENOMEM;
+	while (!err && off < size) {
+		size_t want = size - off < COPY_CHUNK ? size - off : COPY_CHUNK;
+		ssize_t n = pread(fd, buf, want, off);
+
+		if (n <= 0) {		/* shrank meanwhile: pad with zeros */
+			memset(buf, 0, want);
+			n = want;
+		}
+		err = iw_append(w, buf, n);
+		off += n;
+	}
+	scratch_unmap(buf, COPY_CHUNK);
+	return err;
+}
+
+static int save_one_fd(struct image_writer *w, struct fd_info *fi, const struct stat *st)
+{
+	struct ckpt_record rec = { .type = CKPT_REC_FD };
+	struct drained_pipe *p = NULL;
+	int err;
+
+	fi->rec.path_len = strlen(fi->path);
+	if (fi->rec.kind == CKPT_FD_DELETED_FILE)
+		fi->rec.data_size = st->st_size;
+	if (fi->rec.kind == CKPT_FD_PIPE_READ) {
+		p = find_pipe(fi->rec.pipe_id);
+		/* one read end carries the bytes; dups of it carry none */
+		if (p && p->read_fd == fi->rec.fd)
+			fi->rec.data_size = p->len;
+	}
+	rec.size = sizeof(fi->rec) + fi->rec.path_len + fi->rec.data_size;
+	iw_append(w, &rec, sizeof(rec));
+	iw_append(w, &fi->rec, sizeof(fi->rec));
+	err = iw_append(w, fi->path, fi->rec.path_len);
+	if (!err && fi->rec.kind == CKPT_FD_DELETED_FILE)
+		err = save_file_contents(w, fi->rec.fd, fi->rec.data_size);
+	if (!err && fi->rec.data_size && p)
+		err = iw_append(w, p->data, p->len);
+	return err;
+}
+
+int save_fds(struct image_writer *w)
+{
+	int *fds = scratch_map(MAX_FDS * sizeof(int));
+	struct fd_info *fi = scratch_map(sizeof(*fi));
+	int nfds, err = 0;
+
+	if (!fds || !fi) {
+		err = ENOMEM;
+		goto out;
+	}
+	nfds = list_fds(fds, MAX_FDS);
+	if (nfds < 0) {
+		err = -nfds;
+		goto out;
+	}
+	for (int i = 0; !err && i < nfds; i++) {
+		struct stat st;
+
+		if (describe_fd(fds[i], fi, &st))
+			continue;	/* closed meanwhile */
+		classify_fd(fi, &st, fds, nfds);
+		err = save_one_fd(w, fi, &st);
+	}
+out:
+	if (fi)
+		scratch_unmap(fi, sizeof(*fi));
+	if (fds)
+		scratch_unmap(fds, MAX_FDS * sizeof(int));
+	return err;
+}
+
+/* ---- the fds plugin: drain and refill pipes inside the process ---- */
+
+static int drain_one(struct drained_pipe *p)
+{
+	int flags = fcntl(p->read_fd, F_GETFL);
+	int err = 0;
+
+	p->cap = fcntl(p->read_fd, F_GETPIPE_SZ);
+	if ((int)p->cap <= 0)
+		p->cap = 1 << 16;
+	p->data = scratch_map(p->cap);
+	if (!p->data)
+		return ENOMEM;
+	fcntl(p->read_fd, F_SETFL, flags | O_NONBLOCK);
+	while (p->len < p->cap) {
+		ssize_t n = read(p->read_fd, p->data + p->len, p->cap - p->len);
+
+		if (n > 0) {
+			p->len += n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno != EAGAIN)
+			err = errno;
+		break;
+	}
+	fcntl(p->read_fd, F_SETFL, flags);
+	return err;
+}
+
+static int drain_pipes(void)
+{
+	int fds[MAX_FDS];
+	int nfds = list_fds(fds, MAX_FDS);
+	int err = 0;
+
+	npipes = 0;
+	for (int i = 0; i < nfds && !err; i++) {
+		struct stat st;
+		struct drained_pipe *p;
+		int acc;
+
+		if (fstat(fds[i], &st) || !S_ISFIFO(st.st_mode))
+			continue;
+		acc = fcntl(fds[i], F_GETFL) & O_ACCMODE;
+		p = find_pipe(st.st_ino);
+		if (!p) {
+			if (npipes == MAX_PIPES)
+				continue;	/* saved as is, without contents */
+			p = &pipes[npipes++];
+			*p = (struct drained_pipe){ .ino = st.st_ino, .read_fd = -1, .write_fd = -1 };
+		}
+		if (acc == O_RDONLY && p->read_fd < 0)
+			p->read_fd = fds[i];
+		else if (acc != O_RDONLY && p->write_fd < 0)
+			p->write_fd = fds[i];
+	}
+	for (int i = 0; i < npipes && !err; i++)
+		if (pipes[i].read_fd >= 0 && pipes[i].write_fd >= 0)
+			err = drain_one(&pipes[i]);
+	return err;
+}
+
+static void refill_pipes(int restarted)
+{
+	for (int i = 0; i < npipes; i++) {
+		struct drained_pipe *p = &pipes[i];
+		size_t off = 0;
+
+		while (!restarted && off < p->len) {
+			ssize_t n = write(p->write_fd, p->data + off, p->len - off);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			off += n;
+		}
+		if (p->data && !restarted)
+			scratch_unmap(p->data, p->cap);
+	}
+	npipes = 0;
+}
+
+static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
+{
+	(void)arg;
+	switch (ctx->phase) {
+	case CKPT_PHASE_DRAIN:
+		return drain_pipes();
+	case CKPT_PHASE_RESUME:
+		refill_pipes(ctx->restarted);
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+void fds_plugin_init(void)
+{
+	static const struct ckpt_plugin fds_plugin = { .name = "fds", .hook = fds_hook };
+
+	ckpt_plugin_register(&fds_plugin);
+}
+
+void shim_fd_forget_all(void)
+{
+	for (int i = 0; i < MAX_OWN_FDS; i++)
+		own_fds[i] = -1;
+}

@@ -1,0 +1,156 @@
+/*
+ * Writing one image file: small records go through a buffer, page data is
+ * written straight from the application's memory in large write()s.  Every
+ * byte is fed to a streaming XXH3-64, which ends up in the manifest.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include "shim.h"
+
+#define BUF_SIZE (1 << 20)
+#define DIRECT_CHUNK (64 << 20)
+
+struct image_writer {
+	XXH3_state_t hash;		/* first: needs 64-byte alignment */
+	int fd;
+	int error;			/* first errno, sticky */
+	uint64_t offset;		/* bytes handed to the file so far */
+	size_t buflen;
+	char buf[BUF_SIZE];
+};
+
+static int write_all(struct image_writer *w, const void *p, size_t len)
+{
+	const char *c = p;
+
+	while (len) {
+		ssize_t n = write(w->fd, c, len > DIRECT_CHUNK ? DIRECT_CHUNK : len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return w->error = errno;
+		if (n == 0)
+			return w->error = EIO;
+		c += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static int flush(struct image_writer *w)
+{
+	int err;
+
+	if (!w->buflen || w->error)
+		return w->error;
+	err = write_all(w, w->buf, w->buflen);
+	w->buflen = 0;
+	return err;
+}
+
+struct image_writer *iw_open(int dirfd, const char *name)
+{
+	struct image_writer *w = scratch_map(sizeof(*w));
+
+	if (!w)
+		return NULL;
+	w->fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (w->fd < 0) {
+		int err = errno;
+
+		scratch_unmap(w, sizeof(*w));
+		errno = err;
+		return NULL;
+	}
+	shim_fd_own(w->fd);
+	XXH3_64bits_reset(&w->hash);
+	return w;
+}
+
+int iw_append(struct image_writer *w, const void *p, size_t len)
+{
+	if (w->error)
+		return w->error;
+	XXH3_64bits_update(&w->hash, p, len);
+	w->offset += len;
+	while (len) {
+		size_t n = BUF_SIZE - w->buflen;
+
+		if (n > len)
+			n = len;
+		memcpy(w->buf + w->buflen, p, n);
+		w->buflen += n;
+		p = (const char *)p + n;
+		len -= n;
+		if (w->buflen == BUF_SIZE && flush(w))
+			return w->error;
+	}
+	return 0;
+}
+
+int iw_record(struct image_writer *w, uint32_t type, const void *p, size_t len)
+{
+	struct ckpt_record rec = { .type = type, .size = len };
+
+	iw_append(w, &rec, sizeof(rec));
+	return iw_append(w, p, len);
+}
+
+/* Page data: written from where it lies, bypassing the buffer. */
+int iw_direct(struct image_writer *w, const void *p, size_t len)
+{
+	if (flush(w))
+		return w->error;
+	XXH3_64bits_update(&w->hash, p, len);
+	w->offset += len;
+	return write_all(w, p, len);
+}
+
+int iw_pad_to_page(struct image_writer *w)
+{
+	static const char zeros[CKPT_PAGE_SIZE];
+	size_t pad = (CKPT_PAGE_SIZE - w->offset % CKPT_PAGE_SIZE) % CKPT_PAGE_SIZE;
+
+	return iw_append(w, zeros, pad);
+}
+
+uint64_t iw_offset(const struct image_writer *w)
+{
+	return w->offset;
+}
+
+/* Flush, fsync and close; the writer is freed either way. */
+int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3)
+{
+	int err = flush(w);
+
+	if (!err && fsync(w->fd))
+		err = errno;
+	shim_fd_disown(w->fd);
+	if (close(w->fd) && !err)
+		err = errno;
+	*size = w->offset;
+	*xxh3 = XXH3_64bits_digest(&w->hash);
+	scratch_unmap(w, sizeof(*w));
+	return err;
+}
+
+/* Failed checkpoint: close and remove the partial file. */
+void iw_abort(struct image_writer *w, int dirfd, const char *name)
+{
+	shim_fd_disown(w->fd);
+	close(w->fd);
+	unlinkat(dirfd, name, 0);
+	scratch_unmap(w, sizeof(*w));
+}
+
+uint64_t shim_xxh3(const void *p, size_t len)
+{
+	return XXH3_64bits(p, len);
+}

@@ -1,0 +1,103 @@
+/* The plugin hook table and the services plugins call. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include "shim.h"
+
+#define MAX_PLUGINS 16
+
+static struct ckpt_plugin plugins[MAX_PLUGINS];
+static unsigned nplugins;
+static char failure[256];
+
+int ckpt_plugin_register(const struct ckpt_plugin *plugin)
+{
+	if (nplugins == MAX_PLUGINS)
+		return ENOSPC;
+	plugins[nplugins++] = *plugin;
+	return 0;
+}
+
+void ckpt_hook_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(failure, sizeof(failure), fmt, ap);
+	va_end(ap);
+}
+
+void plugins_clear_failure(void)
+{
+	failure[0] = '\0';
+}
+
+/* Run every plugin's hook for ctx->phase: in registration order, except
+ * RESUME which unwinds in reverse.  Stops at the first failure. */
+int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size)
+{
+	int reverse = ctx->phase == CKPT_PHASE_RESUME;
+
+	for (unsigned k = 0; k < nplugins; k++) {
+		const struct ckpt_plugin *p = &plugins[reverse ? nplugins - 1 - k : k];
+		int err;
+
+		if (!p->hook)
+			continue;
+		failure[0] = '\0';
+		err = p->hook(ctx, p->arg);
+		if (err) {
+			snprintf(why, why_size, "plugin %s: %s", p->name,
+				 failure[0] ? failure : strerror(err));
+			return err;
+		}
+	}
+	return 0;
+}
+
+void ckpt_warn(const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	for (char *c = msg; *c; c++)
+		if (*c == '\n')
+			*c = ' ';
+	if (coord_fd() < 0 || coord_send("WARN %s", msg))
+		shim_log("warning: %s", msg);
+}
+
+int ckpt_kv_put(const char *key, const char *value)
+{
+	char line[CKPT_LINE_MAX];
+	int err = coord_send("PUT %s %s", key, value);
+
+	if (err)
+		return err;
+	if (coord_recv(line, sizeof(line)))
+		return EPIPE;
+	return strcmp(line, "OK") ? EPROTO : 0;
+}
+
+int ckpt_kv_get(const char *key, char *value, size_t size)
+{
+	char line[CKPT_LINE_MAX];
+	int err = coord_send("GET %s", key);
+
+	if (err)
+		return err;
+	if (coord_recv(line, sizeof(line)))
+		return EPIPE;
+	if (!strcmp(line, "NONE"))
+		return ENOENT;
+	if (strncmp(line, "VAL ", 4))
+		return EPROTO;
+	if (strlen(line + 4) >= size)
+		return ENOSPC;
+	strcpy(value, line + 4);
+	return 0;
+}

@@ -1,0 +1,266 @@
+/*
+ * Parking the application's threads.
+ *
+ * The checkpoint thread sends CKPT_SIGNAL to every other thread with
+ * rt_tgsigqueueinfo, carrying the index of the thread's slot.  The handler
+ * records the thread's kernel state (TLS base, clear_child_tid, rseq area,
+ * signal mask), saves its callee-saved registers and waits on a futex until
+ * the resume generation changes.  The interrupted user context stays in the
+ * signal frame on the thread's own stack, so the image holds it for free.
+ *
+ * At restart ckpt-restart recreates each thread and resumes it at the save
+ * point inside this handler (ckpt_save_context returns 1): the thread marks
+ * itself restored and waits again, and returns from the handler (sigreturn
+ * restores the interrupted context) when the coordinator says RESUME.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <asm/prctl.h>
+#include "shim.h"
+
+enum park_state {
+	SLOT_SIGNALLED = 1,
+	SLOT_PARKED = 2,
+	SLOT_RESTORED = 3,
+	SLOT_GONE = 4,
+};
+
+#define RSEQ_SIG 0x53053053
+#define RSEQ_CPU_ID_REGISTRATION_FAILED (-2)
+
+extern const ptrdiff_t __rseq_offset __attribute__((weak));
+extern const unsigned int __rseq_size __attribute__((weak));
+
+static struct parked_thread slots[CKPT_MAX_THREADS];
+static unsigned nslots;
+static _Atomic unsigned resume_gen;	/* parked threads wait on this */
+static _Atomic unsigned state_changes;	/* the checkpoint thread waits on this */
+
+static long futex(void *addr, int op, unsigned val, const struct timespec *ts)
+{
+	return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+static void slot_set_state(struct parked_thread *t, int state)
+{
+	atomic_store(&t->state, state);
+	atomic_fetch_add(&state_changes, 1);
+	futex(&state_changes, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
+void thread_fill_record(struct ckpt_thread *rec)
+{
+	uint64_t fs = 0, ctid = 0, mask = 0;
+
+	rec->tid = syscall(SYS_gettid);
+	syscall(SYS_arch_prctl, ARCH_GET_FS, &fs);
+	rec->fs_base = fs;
+	if (prctl(PR_GET_TID_ADDRESS, &ctid, 0, 0, 0) == 0)
+		rec->clear_child_tid = ctid;
+	rec->rseq_addr = 0;
+	if (&__rseq_size && __rseq_size && fs) {
+		uint64_t area = fs + __rseq_offset;
+		int32_t cpu_id = *(volatile int32_t *)(area + 4);
+
+		if (cpu_id != RSEQ_CPU_ID_REGISTRATION_FAILED) {
+			rec->rseq_addr = area;
+			/* glibc registers the original 32-byte struct rseq */
+			rec->rseq_len = __rseq_size > 32 ? __rseq_size : 32;
+			rec->rseq_sig = RSEQ_SIG;
+		}
+	}
+	syscall(SYS_get_robust_list, 0, &rec->robust_list, &rec->robust_len);
+	syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &mask, sizeof(mask));
+	rec->sigmask = mask;
+	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
+}
+
+void quiesce_handler(int sig, siginfo_t *si, void *uc)
+{
+	int saved_errno = errno;
+	unsigned idx = (unsigned)si->si_value.sival_int;
+	struct parked_thread *t;
+	unsigned gen;
+
+	(void)sig;
+	(void)uc;
+	if (si->si_code != SI_QUEUE || si->si_pid != getpid() || idx >= nslots)
+		goto out;
+	t = &slots[idx];
+	if (t->rec.tid != syscall(SYS_gettid) ||
+	    atomic_load(&t->state) != SLOT_SIGNALLED)
+		goto out;		/* late signal of an aborted suspend */
+	gen = t->gen;
+	thread_fill_record(&t->rec);
+	if (ckpt_save_context(&t->rec.regs) == 0)
+		slot_set_state(t, SLOT_PARKED);
+	else
+		slot_set_state(&slots[idx], SLOT_RESTORED);	/* restarted */
+	while (atomic_load(&resume_gen) == gen)
+		futex(&resume_gen, FUTEX_WAIT_PRIVATE, gen, NULL);
+out:
+	errno = saved_errno;
+}
+
+static int signal_thread(pid_t tid)
+{
+	struct parked_thread *t;
+	siginfo_t si;
+
+	if (nslots == CKPT_MAX_THREADS)
+		return EMFILE;
+	t = &slots[nslots];
+	memset(t, 0, sizeof(*t));
+	t->rec.tid = tid;
+	t->gen = atomic_load(&resume_gen);
+	atomic_store(&t->state, SLOT_SIGNALLED);
+	nslots++;
+
+	memset(&si, 0, sizeof(si));
+	si.si_signo = CKPT_SIGNAL;
+	si.si_code = SI_QUEUE;
+	si.si_pid = getpid();
+	si.si_uid = getuid();
+	si.si_value.sival_int = (int)(t - slots);
+	if (syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, CKPT_SIGNAL, &si)) {
+		if (errno != ESRCH)
+			return errno;
+		atomic_store(&t->state, SLOT_GONE);	/* exited meanwhile */
+	}
+	return 0;
+}
+
+static int slot_known(pid_t tid)
+{
+	for (unsigned i = 0; i < nslots; i++)
+		if (slots[i].rec.tid == tid)
+			return 1;
+	return 0;
+}
+
+/* Signal the threads of /proc/self/task not signalled yet; getdents64, not
+ * opendir, because opendir mallocs. Returns how many, or -errno. */
+static int signal_new_threads(void)
+{
+	char buf[4096];
+	pid_t self = syscall(SYS_gettid);
+	int added = 0, err = 0;
+	long n;
+	int dfd;
+
+	dfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	while (!err && (n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < n;) {
+			struct dirent64 {
+				uint64_t ino;
+				int64_t off;
+				unsigned short reclen;
+				unsigned char type;
+				char name[];
+			} *d = (void *)(buf + off);
+			pid_t tid = atoi(d->name);
+
+			off += d->reclen;
+			if (tid <= 0 || tid == self || slot_known(tid))
+				continue;
+			err = signal_thread(tid);
+			added++;
+		}
+	}
+	close(dfd);
+	return err ? -err : added;
+}
+
+static int all_parked(void)
+{
+	for (unsigned i = 0; i < nslots; i++) {
+		struct parked_thread *t = &slots[i];
+
+		if (atomic_load(&t->state) != SLOT_SIGNALLED)
+			continue;
+		/* a thread that exits before handling the signal never parks */
+		if (syscall(SYS_tgkill, getpid(), t->rec.tid, 0) && errno == ESRCH) {
+			atomic_store(&t->state, SLOT_GONE);
+			continue;
+		}
+		return 0;
+	}
+	return 1;
+}
+
+static int wait_until(int (*done)(void), int64_t deadline)
+{
+	for (;;) {
+		unsigned seen = atomic_load(&state_changes);
+		struct timespec ts = { 0, 20 * 1000 * 1000 };
+
+		if (done())
+			return 0;
+		if (shim_now_ns() > deadline)
+			return ETIMEDOUT;
+		/* short waits: a thread that exits while signalled wakes nobody */
+		futex(&state_changes, FUTEX_WAIT_PRIVATE, seen, &ts);
+	}
+}
+
+int quiesce_suspend(int timeout_ms)
+{
+	int64_t deadline = shim_now_ns() + (int64_t)timeout_ms * 1000000;
+	int added, err;
+
+	nslots = 0;
+	do {
+		added = signal_new_threads();
+		if (added < 0)
+			return -added;
+		err = wait_until(all_parked, deadline);
+		if (err)
+			return err;
+	} while (added > 0);	/* a thread may have been starting */
+	return 0;
+}
+
+void quiesce_resume(void)
+{
+	atomic_fetch_add(&resume_gen, 1);
+	futex(&resume_gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
+static int all_restored(void)
+{
+	for (unsigned i = 0; i < nslots; i++)
+		if (atomic_load(&slots[i].state) == SLOT_PARKED)
+			return 0;
+	return 1;
+}
+
+int quiesce_wait_restored(int timeout_ms)
+{
+	return wait_until(all_restored, shim_now_ns() + (int64_t)timeout_ms * 1000000);
+}
+
+unsigned quiesce_count(void)
+{
+	return nslots;
+}
+
+/* The i-th slot, or NULL if that thread is not parked (it exited). */
+const struct parked_thread *quiesce_thread(unsigned i)
+{
+	if (i >= nslots || atomic_load(&slots[i].state) != SLOT_PARKED)
+		return NULL;
+	return &slots[i];
+}

@@ -1,0 +1,293 @@
+/*
+ * Memory records: one per /proc/self/maps region, split into windows of at
+ * most WINDOW_PAGES so the buffers stay small.  /proc/self/pagemap tells
+ * which pages exist: anonymous pages never touched, or all zero, are not
+ * written; private file pages still identical to the file (not yet copied
+ * on write) are not written either, restart maps the file again.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "shim.h"
+
+#define WINDOW_PAGES 65536UL		/* 256 MiB of address space */
+#define MAPS_MAX (8 << 20)
+
+#define PM_PRESENT (1ULL << 63)
+#define PM_SWAPPED (1ULL << 62)
+#define PM_FILE (1ULL << 61)		/* file page or shared anonymous */
+
+struct region {
+	uint64_t start, end, pgoff, inode;
+	uint32_t prot, shared, kind;
+	const char *path;
+};
+
+struct mem_saver {
+	struct image_writer *w;
+	int pagemap_fd;
+	uint64_t *pagemap;		/* WINDOW_PAGES entries */
+	struct ckpt_run *runs;		/* WINDOW_PAGES / 2 + 1 entries */
+};
+
+static int page_is_zero(const void *p)
+{
+	const uint64_t *q = p;
+
+	for (size_t i = 0; i < CKPT_PAGE_SIZE / 8; i += 4)
+		if (q[i] | q[i + 1] | q[i + 2] | q[i + 3])
+			return 0;
+	return 1;
+}
+
+static uint32_t parse_prot(const char *perms)
+{
+	return (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+	       (perms[2] == 'x' ? PROT_EXEC : 0);
+}
+
+static int is_deleted(const char *path)
+{
+	size_t n = strlen(path);
+
+	return n > 10 && !strcmp(path + n - 10, " (deleted)");
+}
+
+static uint32_t classify(const struct region *r)
+{
+	const char *p = r->path;
+
+	if (!strcmp(p, "[vdso]") || !strcmp(p, "[vvar]") || !strcmp(p, "[vvar_vclock]"))
+		return CKPT_VMA_VDSO;
+	if (!strcmp(p, "[heap]"))
+		return CKPT_VMA_HEAP;
+	if (!strcmp(p, "[stack]"))
+		return CKPT_VMA_STACK;
+	if (r->shared)
+		return p[0] == '/' && r->inode && !is_deleted(p) ?
+			CKPT_VMA_SHARED_FILE : CKPT_VMA_SHARED_ANON;
+	if (p[0] == '/' && r->inode)
+		return is_deleted(p) ? CKPT_VMA_DELETED_FILE : CKPT_VMA_FILE;
+	return CKPT_VMA_ANON;
+}
+
+static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable)
+{
+	if (!(pm & (PM_PRESENT | PM_SWAPPED)))
+		return 0;
+	if (kind == CKPT_VMA_FILE)	/* unchanged file pages come from the file */
+		return (pm & PM_SWAPPED) || !(pm & PM_FILE);
+	if (kind == CKPT_VMA_DELETED_FILE)
+		return 1;
+	return !readable || !page_is_zero(addr);
+}
+
+/* Pages of [start, end) worth saving, as runs; returns the run count. */
+static long find_runs(struct mem_saver *s, const struct region *r, uint64_t start,
+		      uint64_t end, int readable)
+{
+	uint64_t npages = (end - start) / CKPT_PAGE_SIZE;
+	ssize_t want = npages * 8;
+	long nruns = 0;
+
+	if (pread(s->pagemap_fd, s->pagemap, want, start / CKPT_PAGE_SIZE * 8) != want)
+		return -EIO;
+	for (uint64_t i = 0; i < npages; i++) {
+		uint64_t addr = start + i * CKPT_PAGE_SIZE;
+
+		if (!wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
+			continue;
+		if (nruns && s->runs[nruns - 1].offset + s->runs[nruns - 1].npages *
+			     CKPT_PAGE_SIZE == addr - start)
+			s->runs[nruns - 1].npages++;
+		else
+			s->runs[nruns++] = (struct ckpt_run){ addr - start, 1 };
+	}
+	return nruns;
+}
+
+static int any_page_present(struct mem_saver *s, uint64_t start, uint64_t end)
+{
+	uint64_t npages = (end - start) / CKPT_PAGE_SIZE;
+	ssize_t want = npages * 8;
+
+	if (pread(s->pagemap_fd, s->pagemap, want, start / CKPT_PAGE_SIZE * 8) != want)
+		return 1;
+	for (uint64_t i = 0; i < npages; i++)
+		if (s->pagemap[i] & (PM_PRESENT | PM_SWAPPED))
+			return 1;
+	return 0;
+}
+
+static void file_identity(const struct region *r, struct ckpt_vma *v)
+{
+	struct stat st;
+
+	if (r->kind != CKPT_VMA_FILE && r->kind != CKPT_VMA_SHARED_FILE)
+		return;
+	if (stat(r->path, &st) == 0 && st.st_ino == r->inode) {
+		v->file_size = st.st_size;
+		v->file_mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	}
+}
+
+static int save_window(struct mem_saver *s, const struct region *r, uint64_t start,
+		       uint64_t end)
+{
+	struct ckpt_vma v = {
+		.start = start, .end = end, .prot = r->prot, .shared = r->shared,
+		.kind = r->kind, .path_len = strlen(r->path),
+		.pgoff = r->pgoff + (start - r->start),
+	};
+	int readable = r->prot & PROT_READ;
+	int unprotected = 0;
+	long nruns = 0;
+	size_t payload;
+	int err;
+
+	if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
+		if (!readable && any_page_present(s, start, end)) {
+			/* a PROT_NONE or write-only region holding data */
+			if (mprotect((void *)start, end - start, r->prot | PROT_READ))
+				return errno;
+			unprotected = readable = 1;
+		}
+		nruns = find_runs(s, r, start, end, readable);
+		if (nruns < 0)
+			return -nruns;
+	}
+	file_identity(r, &v);
+	v.nruns = nruns;
+	for (long i = 0; i < nruns; i++)
+		v.data_size += s->runs[i].npages * CKPT_PAGE_SIZE;
+
+	payload = sizeof(v) + v.path_len + nruns * sizeof(struct ckpt_run);
+	/* data starts at the first page boundary after the payload */
+	v.data_offset = (iw_offset(s->w) + sizeof(struct ckpt_record) + payload +
+			 CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
+	{
+		uint64_t pad = v.data_offset - (iw_offset(s->w) + sizeof(struct ckpt_record) + payload);
+		struct ckpt_record rec = { .type = CKPT_REC_VMA, .size = payload + pad + v.data_size };
+
+		iw_append(s->w, &rec, sizeof(rec));
+		iw_append(s->w, &v, sizeof(v));
+		iw_append(s->w, r->path, v.path_len);
+		iw_append(s->w, s->runs, nruns * sizeof(struct ckpt_run));
+		err = iw_pad_to_page(s->w);
+	}
+	for (long i = 0; !err && i < nruns; i++)
+		err = iw_direct(s->w, (void *)(start + s->runs[i].offset),
+				s->runs[i].npages * CKPT_PAGE_SIZE);
+	if (unprotected && mprotect((void *)start, end - start, r->prot) && !err)
+		err = errno;
+	return err;
+}
+
+static int save_region(struct mem_saver *s, struct region *r)
+{
+	uint64_t step = WINDOW_PAGES * CKPT_PAGE_SIZE;
+	int err = 0;
+
+	r->kind = classify(r);
+	if (r->kind == CKPT_VMA_VDSO)
+		return save_window(s, r, r->start, r->end);
+	for (uint64_t a = r->start; !err && a < r->end; a += step)
+		err = save_window(s, r, a, a + step < r->end ? a + step : r->end);
+	return err;
+}
+
+static int skip_region(const struct region *r)
+{
+	if (!strcmp(r->path, "[vsyscall]"))
+		return 1;
+	if (r->start >= CKPT_RESERVE_START && r->end <= CKPT_RESERVE_END)
+		return 1;
+	return scratch_contains(r->start, r->end);
+}
+
+/* Parse one line of /proc/self/maps in place. */
+static int parse_maps_line(char *line, struct region *r)
+{
+	char perms[8];
+	unsigned long long start, end, pgoff, inode;
+	int pos = 0;
+
+	if (sscanf(line, "%llx-%llx %7s %llx %*x:%*x %llu %n", &start, &end, perms,
+		   &pgoff, &inode, &pos) < 5)
+		return EIO;
+	r->start = start;
+	r->end = end;
+	r->pgoff = pgoff;
+	r->inode = inode;
+	r->prot = parse_prot(perms);
+	r->shared = perms[3] == 's';
+	r->path = pos ? line + pos : "";
+	return 0;
+}
+
+static ssize_t read_maps(char *buf, size_t size)
+{
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	size_t len = 0;
+	ssize_t n;
+
+	if (fd < 0)
+		return -errno;
+	while (len < size - 1 && (n = read(fd, buf + len, size - 1 - len)) > 0)
+		len += n;
+	close(fd);
+	if (len >= size - 1)
+		return -E2BIG;
+	buf[len] = '\0';
+	return len;
+}
+
+int save_memory(struct image_writer *w)
+{
+	struct mem_saver s = { .w = w };
+	char *maps = scratch_map(MAPS_MAX);
+	size_t pm_size = WINDOW_PAGES * 8;
+	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);
+	ssize_t len;
+	int err = 0;
+
+	s.pagemap = scratch_map(pm_size);
+	s.runs = scratch_map(runs_size);
+	s.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (!maps || !s.pagemap || !s.runs || s.pagemap_fd < 0) {
+		err = s.pagemap_fd < 0 ? errno : ENOMEM;
+		goto out;
+	}
+	len = read_maps(maps, MAPS_MAX);	/* after our own mmaps: a stable list */
+	if (len < 0) {
+		err = -len;
+		goto out;
+	}
+	for (char *line = maps, *nl; !err && *line; line = nl + 1) {
+		struct region r;
+
+		nl = strchr(line, '\n');
+		if (!nl)
+			break;
+		*nl = '\0';
+		err = parse_maps_line(line, &r);
+		if (!err && !skip_region(&r))
+			err = save_region(&s, &r);
+	}
+out:
+	if (s.pagemap_fd >= 0)
+		close(s.pagemap_fd);
+	if (s.runs)
+		scratch_unmap(s.runs, runs_size);
+	if (s.pagemap)
+		scratch_unmap(s.pagemap, pm_size);
+	if (maps)
+		scratch_unmap(maps, MAPS_MAX);
+	return err;
+}

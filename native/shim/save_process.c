@@ -1,0 +1,145 @@
+/* The process record (kernel state that memory does not carry) and the
+ * thread records. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include "shim.h"
+
+static ssize_t read_file(const char *path, char *buf, size_t size)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	size_t len = 0;
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	while (len < size && (n = read(fd, buf + len, size - len)) > 0)
+		len += n;
+	close(fd);
+	return len;
+}
+
+/* The mm fields of /proc/self/stat (fields 26-28 and 45-51, see proc(5)). */
+static int read_mm_fields(struct ckpt_process *p)
+{
+	char buf[2048];
+	ssize_t n = read_file("/proc/self/stat", buf, sizeof(buf) - 1);
+	char *c;
+	int field = 2;
+
+	if (n <= 0)
+		return errno ? errno : EIO;
+	buf[n] = '\0';
+	c = strrchr(buf, ')');		/* comm may contain spaces */
+	if (!c)
+		return EIO;
+	for (c++; *c; ) {
+		unsigned long long v;
+
+		while (*c == ' ')
+			c++;
+		field++;
+		v = strtoull(c, &c, 10);
+		switch (field) {
+		case 26: p->start_code = v; break;
+		case 27: p->end_code = v; break;
+		case 28: p->start_stack = v; break;
+		case 45: p->start_data = v; break;
+		case 46: p->end_data = v; break;
+		case 47: p->start_brk = v; break;
+		case 48: p->arg_start = v; break;
+		case 49: p->arg_end = v; break;
+		case 50: p->env_start = v; break;
+		case 51: p->env_end = v; break;
+		}
+		while (*c && *c != ' ')
+			c++;
+	}
+	p->brk = (uint64_t)syscall(SYS_brk, 0);
+	return 0;
+}
+
+static void read_sigactions(struct ckpt_process *p)
+{
+	for (int sig = 1; sig < CKPT_NSIG; sig++) {
+		if (sig == SIGKILL || sig == SIGSTOP)
+			continue;
+		syscall(SYS_rt_sigaction, sig, NULL, &p->sigactions[sig], 8);
+	}
+}
+
+static void read_limits_and_timers(struct ckpt_process *p)
+{
+	static const int which[3] = { ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF };
+
+	for (int i = 0; i < 3; i++) {
+		struct itimerval it;
+
+		if (getitimer(which[i], &it))
+			continue;
+		p->itimers[i].interval_sec = it.it_interval.tv_sec;
+		p->itimers[i].interval_usec = it.it_interval.tv_usec;
+		p->itimers[i].value_sec = it.it_value.tv_sec;
+		p->itimers[i].value_usec = it.it_value.tv_usec;
+	}
+	for (int r = 0; r < CKPT_NRLIMITS && r < RLIM_NLIMITS; r++) {
+		struct rlimit rl;
+
+		if (getrlimit(r, &rl) == 0) {
+			p->rlimits[r].cur = rl.rlim_cur;
+			p->rlimits[r].max = rl.rlim_max;
+		}
+	}
+}
+
+int save_process(struct image_writer *w)
+{
+	struct ckpt_process *p = scratch_map(sizeof(*p));
+	ssize_t n;
+	int err;
+
+	if (!p)
+		return ENOMEM;
+	p->umask = umask(022);
+	umask(p->umask);
+	p->pgid = getpgid(0);
+	p->sid = getsid(0);
+	p->ppid = getppid();
+	err = read_mm_fields(p);
+	if (!err) {
+		n = read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+		p->auxv_words = n > 0 ? n / 8 : 0;
+		read_sigactions(p);
+		read_limits_and_timers(p);
+		if (!getcwd(p->cwd, sizeof(p->cwd)))
+			err = errno;
+		n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);
+		if (n > 0)
+			p->exe[n] = '\0';
+	}
+	if (!err)
+		err = iw_record(w, CKPT_REC_PROCESS, p, sizeof(*p));
+	scratch_unmap(p, sizeof(*p));
+	return err;
+}
+
+int save_threads(struct image_writer *w, const struct ckpt_thread *self)
+{
+	int err = iw_record(w, CKPT_REC_THREAD, self, sizeof(*self));
+
+	for (unsigned i = 0; !err && i < quiesce_count(); i++) {
+		const struct parked_thread *t = quiesce_thread(i);
+
+		if (t)
+			err = iw_record(w, CKPT_REC_THREAD, &t->rec, sizeof(t->rec));
+	}
+	return err;
+}

@@ -1,0 +1,92 @@
+/* Internal interfaces of libckpt.so, the LD_PRELOAD checkpoint shim. */
+#ifndef CKPT_SHIM_H
+#define CKPT_SHIM_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <signal.h>
+#include <sys/types.h>
+#include "ckpt_image.h"
+#include "ckpt_plugin.h"
+
+#define CKPT_SIGNAL 64			/* SIGRTMAX, reserved for parking */
+#define CKPT_MAX_THREADS 4096
+#define CKPT_ENGINE_VERSION "0.1.0"
+
+#define SHIM_HIDDEN __attribute__((visibility("hidden")))
+
+/* context.S */
+SHIM_HIDDEN int ckpt_save_context(struct ckpt_regs *regs);
+SHIM_HIDDEN void ckpt_resume_context(const struct ckpt_regs *regs, long ret)
+	__attribute__((noreturn));
+
+/* log.c: messages on stderr, never through stdio (locks may be held) */
+SHIM_HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+SHIM_HIDDEN int64_t shim_now_ns(void);
+
+/* signals.c: the reserved signal, protected from the application */
+SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));
+
+/* quiesce.c: park every thread but the checkpointer */
+struct parked_thread {
+	struct ckpt_thread rec;
+	_Atomic int state;		/* enum park_state */
+	unsigned gen;			/* resume generation it waits on */
+};
+SHIM_HIDDEN int quiesce_suspend(int timeout_ms);
+SHIM_HIDDEN void quiesce_resume(void);
+SHIM_HIDDEN int quiesce_wait_restored(int timeout_ms);
+SHIM_HIDDEN unsigned quiesce_count(void);
+SHIM_HIDDEN const struct parked_thread *quiesce_thread(unsigned i);
+SHIM_HIDDEN void quiesce_handler(int sig, siginfo_t *si, void *uc);
+SHIM_HIDDEN void thread_fill_record(struct ckpt_thread *rec);
+
+/* coord.c: the line protocol to the coordinator */
+SHIM_HIDDEN int coord_connect(const char *path);
+SHIM_HIDDEN void coord_close(void);
+SHIM_HIDDEN void coord_forget(void);	/* after a restart: the fd is gone */
+SHIM_HIDDEN int coord_fd(void);
+SHIM_HIDDEN int coord_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+SHIM_HIDDEN int coord_recv(char *line, size_t size);	/* 0, or -1 on EOF/error */
+
+/* plugin.c */
+SHIM_HIDDEN int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size);
+SHIM_HIDDEN void plugins_clear_failure(void);
+
+/* fds.c: the built-in fd plugin and the fd records */
+SHIM_HIDDEN void fds_plugin_init(void);
+SHIM_HIDDEN void shim_fd_own(int fd);		/* the shim's fds are not saved */
+SHIM_HIDDEN void shim_fd_disown(int fd);
+SHIM_HIDDEN int shim_fd_is_own(int fd);
+SHIM_HIDDEN int shim_fd_move_high(int fd);	/* out of the application's way */
+SHIM_HIDDEN void shim_fd_forget_all(void);	/* after a restart */
+
+/* image_writer.c: buffered, hashed writing of the image file */
+struct image_writer;
+SHIM_HIDDEN struct image_writer *iw_open(int dirfd, const char *name);
+SHIM_HIDDEN int iw_append(struct image_writer *w, const void *p, size_t len);
+SHIM_HIDDEN int iw_record(struct image_writer *w, uint32_t type, const void *p, size_t len);
+SHIM_HIDDEN int iw_direct(struct image_writer *w, const void *p, size_t len);
+SHIM_HIDDEN int iw_pad_to_page(struct image_writer *w);
+SHIM_HIDDEN uint64_t iw_offset(const struct image_writer *w);
+SHIM_HIDDEN int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3);
+SHIM_HIDDEN void iw_abort(struct image_writer *w, int dirfd, const char *name);
+SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
+
+/* save_*.c: the records of one image */
+SHIM_HIDDEN int save_process(struct image_writer *w);
+SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);
+SHIM_HIDDEN int save_memory(struct image_writer *w);
+SHIM_HIDDEN int save_fds(struct image_writer *w);
+
+/* memory ranges of the shim's own scratch buffers: not saved */
+SHIM_HIDDEN void *scratch_map(size_t len);
+SHIM_HIDDEN void scratch_unmap(void *p, size_t len);
+SHIM_HIDDEN int scratch_contains(uint64_t start, uint64_t end);
+SHIM_HIDDEN void scratch_forget(void);
+
+/* checkpointer.c */
+SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
+SHIM_HIDDEN int checkpointer_start(const char *coord_path);
+
+#endif
