@@ -73,11 +73,12 @@ struct image_writer *iw_open(int dirfd, const char *name)
 	return w;
 }
 
+/* Copy first, then hash the copy: the source may be the checkpoint
+ * thread's own stack, which changes under the hash function's frames. */
 int iw_append(struct image_writer *w, const void *p, size_t len)
 {
 	if (w->error)
 		return w->error;
-	XXH3_64bits_update(&w->hash, p, len);
 	w->offset += len;
 	while (len) {
 		size_t n = BUF_SIZE - w->buflen;
@@ -85,6 +86,7 @@ int iw_append(struct image_writer *w, const void *p, size_t len)
 		if (n > len)
 			n = len;
 		memcpy(w->buf + w->buflen, p, n);
+		XXH3_64bits_update(&w->hash, w->buf + w->buflen, n);
 		w->buflen += n;
 		p = (const char *)p + n;
 		len -= n;
@@ -102,7 +104,8 @@ int iw_record(struct image_writer *w, uint32_t type, const void *p, size_t len)
 	return iw_append(w, p, len);
 }
 
-/* Page data: written from where it lies, bypassing the buffer. */
+/* Page data: written from where it lies, bypassing the buffer.  Only for
+ * memory that stays still while we write (not our own stack). */
 int iw_direct(struct image_writer *w, const void *p, size_t len)
 {
 	if (flush(w))

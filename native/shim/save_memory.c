@@ -146,6 +146,8 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.pgoff = r->pgoff + (start - r->start),
 	};
 	int readable = r->prot & PROT_READ;
+	uint64_t here = (uint64_t)__builtin_frame_address(0);
+	int own_stack = here >= start && here < end;
 	int unprotected = 0;
 	long nruns = 0;
 	size_t payload;
@@ -181,24 +183,43 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		iw_append(s->w, s->runs, nruns * sizeof(struct ckpt_run));
 		err = iw_pad_to_page(s->w);
 	}
-	for (long i = 0; !err && i < nruns; i++)
-		err = iw_direct(s->w, (void *)(start + s->runs[i].offset),
-				s->runs[i].npages * CKPT_PAGE_SIZE);
+	for (long i = 0; !err && i < nruns; i++) {
+		void *p = (void *)(start + s->runs[i].offset);
+		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
+
+		/* our own stack changes as we go: copy it through the buffer */
+		err = own_stack ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
+	}
 	if (unprotected && mprotect((void *)start, end - start, r->prot) && !err)
 		err = errno;
 	return err;
 }
 
+/* Saved in windows, around the scratch buffers that may hide inside. */
 static int save_region(struct mem_saver *s, struct region *r)
 {
 	uint64_t step = WINDOW_PAGES * CKPT_PAGE_SIZE;
+	uint64_t a = r->start;
 	int err = 0;
 
 	r->kind = classify(r);
 	if (r->kind == CKPT_VMA_VDSO)
 		return save_window(s, r, r->start, r->end);
-	for (uint64_t a = r->start; !err && a < r->end; a += step)
-		err = save_window(s, r, a, a + step < r->end ? a + step : r->end);
+	while (!err && a < r->end) {
+		uint64_t until, end;
+
+		if (scratch_at(a, &until)) {
+			a = until;
+			continue;
+		}
+		end = a + step;
+		if (end > r->end)
+			end = r->end;
+		if (end > until)
+			end = until;
+		err = save_window(s, r, a, end);
+		a = end;
+	}
 	return err;
 }
 
@@ -206,9 +227,7 @@ static int skip_region(const struct region *r)
 {
 	if (!strcmp(r->path, "[vsyscall]"))
 		return 1;
-	if (r->start >= CKPT_RESERVE_START && r->end <= CKPT_RESERVE_END)
-		return 1;
-	return scratch_contains(r->start, r->end);
+	return r->start >= CKPT_RESERVE_START && r->end <= CKPT_RESERVE_END;
 }
 
 /* Parse one line of /proc/self/maps in place. */

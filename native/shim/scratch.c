@@ -21,7 +21,7 @@ void *scratch_map(size_t len)
 		if (ranges[i].end)
 			continue;
 		ranges[i].start = (uint64_t)p;
-		ranges[i].end = (uint64_t)p + len;
+		ranges[i].end = ((uint64_t)p + len + CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
 		return p;
 	}
 	munmap(p, len);
@@ -36,12 +36,27 @@ void scratch_unmap(void *p, size_t len)
 	munmap(p, len);
 }
 
-/* Does [start, end) lie inside a scratch buffer? */
-int scratch_contains(uint64_t start, uint64_t end)
+/*
+ * The kernel merges adjacent anonymous mappings, so a scratch buffer may
+ * hide inside a larger region of /proc/self/maps.  For an address a this
+ * says where the next piece to save ends (the next scratch buffer's
+ * start), or, if a is inside a scratch buffer, returns 1 and where it ends.
+ */
+int scratch_at(uint64_t a, uint64_t *until)
 {
-	for (int i = 0; i < MAX_SCRATCH; i++)
-		if (ranges[i].end && start >= ranges[i].start && end <= ranges[i].end)
+	uint64_t next = UINT64_MAX;
+
+	for (int i = 0; i < MAX_SCRATCH; i++) {
+		if (!ranges[i].end)
+			continue;
+		if (a >= ranges[i].start && a < ranges[i].end) {
+			*until = ranges[i].end;
 			return 1;
+		}
+		if (ranges[i].start > a && ranges[i].start < next)
+			next = ranges[i].start;
+	}
+	*until = next;
 	return 0;
 }
 

@@ -82,7 +82,7 @@ SHIM_HIDDEN int save_fds(struct image_writer *w);
 /* memory ranges of the shim's own scratch buffers: not saved */
 SHIM_HIDDEN void *scratch_map(size_t len);
 SHIM_HIDDEN void scratch_unmap(void *p, size_t len);
-SHIM_HIDDEN int scratch_contains(uint64_t start, uint64_t end);
+SHIM_HIDDEN int scratch_at(uint64_t addr, uint64_t *until);
 SHIM_HIDDEN void scratch_forget(void);
 
 /* checkpointer.c */

@@ -1,0 +1,3 @@
+from ckpt.cli import main
+
+main(prog_name="ckpt")

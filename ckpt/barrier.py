@@ -1,0 +1,100 @@
+"""A barrier: one PHASE line to every process, then all of their answers.
+
+The coordinator's unit of work (docs/PROTOCOL.md): every checkpoint and
+restart phase is one barrier over the job's registered processes.
+"""
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+
+from ckpt.wire import parse_keys, unescape
+
+
+class PhaseError(Exception):
+    """A barrier failed: a FAIL answer, a timeout, or nobody left."""
+
+
+@dataclass(eq=False)
+class Process:
+    """One registered process: the shim's checkpoint thread on the other end."""
+
+    pid: int           # inside its own pid namespace: the image's identity
+    real_pid: int      # from SO_PEERCRED: what we can signal
+    host: str
+    restored: bool
+    writer: asyncio.StreamWriter
+    replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # DONE/FAIL lines
+    alive: bool = True
+
+    async def send(self, line):
+        self.writer.write(line.encode() + b"\n")
+        await self.writer.drain()
+
+    def describe(self):
+        return f"process {self.pid}" + (f" (pid {self.real_pid})" if self.real_pid != self.pid else "")
+
+
+async def barrier(phase, procs, *, timeout, arg=None, seq=0):
+    """Send `PHASE <phase> <seq> [arg]` to procs and wait for every answer.
+
+    Returns ({process: DONE keys}, [processes that disconnected]); raises
+    PhaseError on the first FAIL or when `timeout` seconds pass."""
+    line = f"PHASE {phase} {seq}" + (f" {arg}" if arg is not None else "")
+    waits = {}
+    for proc in procs:
+        _drop_stale_answers(proc)
+        await _send_or_mark_gone(proc, line)
+        waits[asyncio.ensure_future(_answer(proc, phase))] = proc
+    return await _collect(phase, waits, timeout)
+
+
+def _drop_stale_answers(proc):
+    while not proc.replies.empty():
+        proc.replies.get_nowait()
+    if not proc.alive:
+        proc.replies.put_nowait(None)
+
+
+async def _send_or_mark_gone(proc, line):
+    if not proc.alive:
+        return
+    try:
+        await proc.send(line)
+    except (ConnectionError, OSError):
+        proc.replies.put_nowait(None)
+
+
+async def _answer(proc, phase):
+    """The process's DONE keys for `phase`; None if it disconnected."""
+    while True:
+        answer = await proc.replies.get()
+        if answer is None:
+            return None
+        word, rest = answer
+        name, _, tail = rest.partition(" ")
+        if name != phase:
+            continue  # late answer to an earlier, aborted phase
+        if word == "FAIL":
+            err, _, message = tail.partition(" ")
+            reason = unescape(message) or (os.strerror(int(err)) if err.isdigit() else err)
+            raise PhaseError(f"{phase} failed in {proc.describe()}: {reason}")
+        _status, _, keys = tail.partition(" ")
+        return parse_keys(keys.split())
+
+
+async def _collect(phase, waits, timeout):
+    if not waits:
+        return {}, []
+    done, pending = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        if task.exception() is not None:
+            raise PhaseError(str(task.exception()))
+    if pending:
+        late = ", ".join(waits[t].describe() for t in pending)
+        raise PhaseError(f"{phase} timed out after {timeout:g} s waiting for {late}")
+    answers = {waits[t]: t.result() for t in done if t.result() is not None}
+    gone = [waits[t] for t in done if t.result() is None]
+    return answers, gone

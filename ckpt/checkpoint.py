@@ -1,0 +1,119 @@
+"""One checkpoint of a job: SUSPEND, DRAIN, WRITE, RESUME as barriers, then
+the manifest and the atomic publication of <job-dir>/ckpt-NNNN."""
+
+import errno
+import os
+import time
+
+from ckpt import manifest as manifests
+from ckpt.barrier import PhaseError
+from ckpt.errors import CkptError
+from ckpt.wire import escape
+
+ABORT_TIMEOUT = 10.0  # how long suspended processes get to acknowledge an abort
+
+
+def prepare_directory(job_dir):
+    """Create <job-dir>/.ckpt-NNNN.tmp before any process is suspended, so an
+    unwritable or full checkpoint directory never stops the job."""
+    try:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        if os.statvfs(job_dir).f_bavail == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        number = manifests.next_number(job_dir)
+        tmp = job_dir / manifests.tmp_name(number)
+        tmp.mkdir()
+    except OSError as exc:
+        raise CkptError(f"cannot write checkpoint directory {job_dir}: {exc.strerror}")
+    return number, tmp
+
+
+class CheckpointRun:
+    """Takes one checkpoint through a coordinator (its barriers and warnings)."""
+
+    def __init__(self, coordinator, procs, kill=False):
+        self.coord = coordinator
+        self.procs = list(procs)
+        self.kill = kill
+        self.number, self.tmp = prepare_directory(coordinator.job_dir)
+        self.start_ns = time.time_ns()
+
+    async def run(self):
+        """Returns the published directory; CkptError (job resumed) on failure."""
+        suspended = list(self.procs)
+        try:
+            threads = await self._phase("SUSPEND")
+            await self._phase("DRAIN")
+            written = await self._phase("WRITE", escape(self.tmp))
+            entries = self._image_entries(written, threads)
+            stopped = {}
+            if not self.kill:  # --kill: the job dies suspended, never resumed
+                suspended = []  # RESUME ok is out: no abort after this point
+                # a process that exits once resumed still has a complete image
+                stopped, _ = await self.coord.barrier("RESUME", self.procs, "ok", seq=self.number)
+            return self._publish(entries, stopped)
+        except (PhaseError, OSError) as exc:
+            await self._abandon(suspended)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {reason}")
+        except BaseException:
+            await self._abandon(suspended)
+            raise
+
+    async def _phase(self, phase, arg=None):
+        """A barrier; processes that exited are left out with a warning."""
+        answers, gone = await self.coord.barrier(phase, self.procs, arg, seq=self.number)
+        for proc in gone:
+            self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
+        self.procs = [p for p in self.procs if p in answers]
+        if not self.procs:
+            raise PhaseError("every process of the job exited during the checkpoint")
+        return answers
+
+    def _image_entries(self, written, threads):
+        """Manifest entries from the DONE WRITE keys, checked against the files."""
+        entries = {}
+        for proc in self.procs:
+            keys = written[proc]
+            name = keys.get("file", "")
+            if not name or "/" in name or name.startswith("."):
+                raise PhaseError(f"{proc.describe()} reported a bad image name {name!r}")
+            size = os.stat(self.tmp / name).st_size
+            if str(size) != keys.get("size"):
+                raise PhaseError(f"image {name} has {size} bytes, {proc.describe()} reported {keys.get('size')}")
+            entries[proc] = {
+                "pid": proc.pid,
+                "host": proc.host,
+                "image": name,
+                "size": size,
+                "xxh3": keys.get("xxh3", "").lower(),
+                "write_ns": int(keys.get("write_ns", 0)),
+                "threads": int(threads.get(proc, {}).get("threads", 0)),
+            }
+        return entries
+
+    def _publish(self, entries, stopped):
+        images = {entry["image"] for entry in entries.values()}
+        for leftover in self.tmp.iterdir():  # images of processes that were left out
+            if leftover.name not in images:
+                leftover.unlink()
+        processes = []
+        for proc, entry in entries.items():
+            entry["stopped_ns"] = int(stopped.get(proc, {}).get("stopped_ns", 0))
+            processes.append(entry)
+        manifest = manifests.build_manifest(
+            job_id=self.coord.job_id, number=self.number, command=self.coord.command,
+            processes=processes, start_ns=self.start_ns, end_ns=time.time_ns(),
+            restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings())
+        manifests.write_manifest(self.tmp, manifest)
+        return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
+
+    async def _abandon(self, suspended):
+        """Let suspended processes go on, and forget the half-written checkpoint."""
+        alive = [p for p in suspended if p.alive]
+        if alive:
+            try:
+                await self.coord.barrier("RESUME", alive, "abort", timeout=ABORT_TIMEOUT, seq=self.number)
+            except PhaseError as exc:
+                self.coord.warn(f"while aborting the checkpoint: {exc}")
+        manifests.discard(self.tmp)

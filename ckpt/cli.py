@@ -1,0 +1,168 @@
+"""The `ckpt` command line."""
+
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ckpt import __version__
+from ckpt import client
+from ckpt.config import load_config
+from ckpt.errors import CkptError
+from ckpt.image import verify_checkpoint
+from ckpt.jobs import find_job, list_jobs
+from ckpt.manifest import CKPT_RE, MANIFEST_NAME, published_checkpoints
+
+
+class CkptGroup(click.Group):
+    """Turns CkptError (and Ctrl-C in the CLI itself) into one line, no traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except CkptError as exc:
+            click.echo(f"ckpt: error: {exc.message}", err=True)
+            ctx.exit(exc.exit_code)
+        except BrokenPipeError:
+            # stdout went away (e.g. `ckpt images | head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(141)
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            click.echo(f"ckpt: error:{where} {exc.strerror or exc}", err=True)
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            click.echo("ckpt: interrupted", err=True)
+            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:  # a bug: still one line, unless debugging
+            if os.environ.get("CKPT_DEBUG"):
+                raise
+            click.echo(f"ckpt: error: internal error: {type(exc).__name__}: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ckpt")
+def main():
+    """Transparent checkpoint-restart for Linux jobs."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--job-id", help="Job id (default: <host>-<random>).")
+@click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
+@click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def launch(job_id, ckpt_dir, interval, command):
+    """Run COMMAND in the foreground under the checkpoint shim."""
+    from ckpt.launch import launch as run_launch
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval)
+    sys.exit(run_launch(list(command), config, job_id))
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--kill", is_flag=True, help="Kill the job once the checkpoint is written.")
+def checkpoint(job_id, kill):
+    """Checkpoint a running job; prints the checkpoint directory."""
+    path, warnings = client.checkpoint(job_id, kill=kill)
+    for warning in warnings:
+        click.echo(f"ckpt: warning: {warning}", err=True)
+    click.echo(path)
+
+
+@main.command()
+@click.argument("job_id")
+def kill(job_id):
+    """End a running job."""
+    client.kill(job_id)
+
+
+@main.command()
+@click.argument("image_dir", type=click.Path())
+@click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
+def restart(image_dir, interval):
+    """Restart a job from a checkpoint (or a job directory's latest)."""
+    from ckpt.restart import restart as run_restart
+
+    def config_for(ckpt_dir):
+        return load_config(ckpt_dir=str(ckpt_dir), interval=interval)
+    sys.exit(run_restart(image_dir, config_for))
+
+
+def _format_command(command):
+    return " ".join(command) if command else "-"
+
+
+@main.command()
+@click.argument("job_id", required=False)
+def status(job_id):
+    """Show a running job (or all of them)."""
+    jobs = [find_job(job_id)] if job_id else list_jobs()
+    if not jobs:
+        click.echo("no running jobs")
+    for job in jobs:
+        info = client.status(job)
+        started = datetime.datetime.fromtimestamp(job.started).strftime("%Y-%m-%d %H:%M:%S")
+        click.echo(f"job {info['job_id']}")
+        click.echo(f"  launcher pid: {info['launcher_pid']}")
+        click.echo(f"  command:      {_format_command(info['command'])}")
+        click.echo(f"  started:      {started}")
+        click.echo(f"  job dir:      {info['job_dir']}")
+        if info.get("restarted_from"):
+            click.echo(f"  restarted from checkpoint {info['restarted_from']}")
+        procs = ", ".join(f"{p['pid']}@{p['host']}" for p in info["processes"]) or "none registered"
+        click.echo(f"  processes:    {procs}")
+        click.echo(f"  checkpoints:  {info['checkpoints_taken']}"
+                   + (" (one in progress)" if info["busy"] else ""))
+        if info.get("last_checkpoint"):
+            click.echo(f"  last:         {info['last_checkpoint']}")
+
+
+@main.command(name="list")
+def list_command():
+    """Running jobs: id, launcher pid, command, checkpoints taken."""
+    for job in list_jobs():
+        try:
+            taken = str(client.status(job, timeout=2.0)["checkpoints_taken"])
+        except CkptError:
+            taken = "?"
+        click.echo(f"{job.job_id}\t{job.launcher_pid}\t{_format_command(job.command)}\t{taken}")
+
+
+def _human_size(size):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+
+
+def _describe_checkpoint(path):
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        verify_checkpoint(path)
+        verdict = "ok"
+    except CkptError as exc:
+        verdict = f"CORRUPT: {exc.message}"
+    return f"{path.name}\t{_human_size(size)}\t{when}\t{verdict}"
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def images(directory):
+    """Checkpoints in a job or checkpoint directory, and whether they verify."""
+    directory = Path(directory)
+    if (directory / MANIFEST_NAME).exists() or CKPT_RE.match(directory.name):
+        paths = [directory]
+    else:
+        paths = [path for _, path in published_checkpoints(directory)]
+        # a ckpt-NNNN whose manifest is gone is worth showing too
+        paths += [p for p in directory.iterdir() if CKPT_RE.match(p.name) and p not in paths and p.is_dir()]
+    if not paths:
+        raise CkptError(f"{directory}: no checkpoints")
+    for path in sorted(paths):
+        click.echo(_describe_checkpoint(path))

@@ -1,0 +1,119 @@
+"""Settings: YAML file < CKPT_* environment < command-line flags."""
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import yaml
+
+from ckpt.errors import CkptError
+
+ENV_PREFIX = "CKPT_"
+# config key -> environment variable
+ENV_NAMES = {
+    "ckpt_dir": "CKPT_DIR",
+    "interval": "CKPT_INTERVAL",
+    "barrier_timeout": "CKPT_BARRIER_TIMEOUT",
+    "keep": "CKPT_KEEP",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    ckpt_dir: Path
+    interval: float = 0.0          # seconds between periodic checkpoints; 0 = off
+    barrier_timeout: float = 120.0  # seconds each phase may take
+    keep: int = 0                  # checkpoints kept per job; 0 = all
+
+
+def default_config():
+    return Config(ckpt_dir=Path.cwd() / "ckpt-images")
+
+
+def config_path(environ=None):
+    environ = os.environ if environ is None else environ
+    override = environ.get("CKPT_CONFIG")
+    if override:
+        return Path(override)
+    base = environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "ckpt" / "config.yaml"
+
+
+def _seconds(value, key, source, allow_zero):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise CkptError(f"{source}: {key} must be a number of seconds, not {value!r}")
+    if number < 0 or (number == 0 and not allow_zero) or number != number:
+        raise CkptError(f"{source}: {key} must be a positive number of seconds")
+    return number
+
+
+def _keep(value, source):
+    if value in (None, "all"):
+        return 0
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise CkptError(f"{source}: keep must be a whole number or 'all', not {value!r}")
+    if number < 0:
+        raise CkptError(f"{source}: keep must not be negative")
+    return number
+
+
+def _convert(key, value, source):
+    """One raw value (from YAML, env or a flag) to its typed form."""
+    if key == "ckpt_dir":
+        if not isinstance(value, (str, Path)) or not str(value):
+            raise CkptError(f"{source}: ckpt_dir must be a path")
+        return Path(os.path.expanduser(str(value))).absolute()
+    if key == "interval":
+        return 0.0 if value is None else _seconds(value, key, source, allow_zero=True)
+    if key == "barrier_timeout":
+        return _seconds(value, key, source, allow_zero=False)
+    if key == "keep":
+        return _keep(value, source)
+    raise CkptError(f"{source}: unknown setting {key!r}")
+
+
+def _from_file(path):
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CkptError(f"cannot read config file {path}: {exc.strerror}")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" line {where.line + 1}" if where else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise CkptError(f"bad config file {path}{line}: {problem}")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CkptError(f"bad config file {path}: expected a mapping of settings")
+    known = {f.name for f in fields(Config)}
+    for key in data:
+        if key not in known:
+            raise CkptError(f"bad config file {path}: unknown setting {key!r}")
+    return {key: _convert(key, value, f"config file {path}") for key, value in data.items()}
+
+
+def _from_env(environ):
+    values = {}
+    for key, name in ENV_NAMES.items():
+        if environ.get(name, "") != "":
+            values[key] = _convert(key, environ[name], name)
+    return values
+
+
+def load_config(environ=None, **flags):
+    """The effective settings; flags left at None do not override."""
+    environ = os.environ if environ is None else environ
+    config = default_config()
+    config = replace(config, **_from_file(config_path(environ)))
+    config = replace(config, **_from_env(environ))
+    given = {k: _convert(k, v, "--" + k.replace("_", "-")) for k, v in flags.items() if v is not None}
+    return replace(config, **given)

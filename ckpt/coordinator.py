@@ -1,0 +1,308 @@
+"""The per-job coordinator: barriers over the job's processes, name service,
+and the CLI's requests, on one Unix socket (docs/PROTOCOL.md)."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+
+from ckpt import manifest as manifests
+from ckpt.barrier import PhaseError, Process, barrier
+from ckpt.checkpoint import CheckpointRun
+from ckpt.errors import CkptError
+from ckpt.headers import load_headers
+from ckpt.wire import escape, split_line, unescape
+
+FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
+
+
+def stderr_warning(message):
+    print(f"ckpt: warning: {message}", file=sys.stderr, flush=True)
+
+
+def peer_credentials(writer):
+    sock = writer.get_extra_info("socket")
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)  # pid, uid, gid
+
+
+class Coordinator:
+    """One job's coordinator: registry of processes, barriers, name service."""
+
+    def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
+                 keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
+                 headers=None, first_hello_wait=FIRST_HELLO_WAIT):
+        self.job_id = job_id
+        self.socket_path = str(socket_path)
+        self.job_dir = Path(job_dir)
+        self.command = list(command)
+        self.barrier_timeout = barrier_timeout
+        self.keep = keep
+        self.restarted_from = restarted_from
+        self.warn = warn
+        self.on_kill = on_kill
+        self.first_hello_wait = first_hello_wait
+        self.headers = headers or load_headers()
+        self.protocol_version = self.headers.const("CKPT_PROTOCOL_VERSION")
+        self.line_max = self.headers.const("CKPT_LINE_MAX")
+        self.processes = []
+        self.names = {}
+        self.checkpoints_taken = 0
+        self.last_checkpoint = None
+        self.killed = asyncio.Event()
+        self._busy = asyncio.Lock()       # one checkpoint (or restart) at a time
+        self._registered = asyncio.Condition()
+        self._warnings = None             # collects WARNs during a checkpoint
+        self._warned = set()              # warnings already shown on stderr
+        self._server = None
+        self._tasks = set()
+
+    # ---- socket ---------------------------------------------------------
+
+    async def start(self):
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        old_umask = os.umask(0o177)  # the socket is born 0600
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._on_connect, path=self.socket_path, limit=2 * self.line_max)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+
+    async def close(self):
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for proc in list(self.processes):
+            proc.writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        try:
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+
+    def _spawn(self, coro):
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _on_connect(self, reader, writer):
+        try:
+            _pid, uid, _gid = peer_credentials(writer)
+            if uid not in (os.getuid(), 0):
+                return
+            word, rest = split_line(await reader.readline())
+            if word == "HELLO":
+                await self._serve_process(rest, reader, writer)
+            elif word == "CLIENT":
+                await self._serve_client(rest, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError):
+            pass  # a peer that vanishes or talks nonsense is simply dropped
+        finally:
+            writer.close()
+
+    # ---- processes ------------------------------------------------------
+
+    async def _serve_process(self, rest, reader, writer):
+        fields = rest.split()
+        if len(fields) < 4:
+            await self._reply(writer, "ERR malformed HELLO")
+            return
+        pid, restored, host, version = int(fields[0]), fields[1] == "1", fields[2], fields[3]
+        if version != str(self.protocol_version):
+            await self._reply(writer, f"ERR protocol version {version}, coordinator speaks {self.protocol_version}")
+            return
+        real_pid = peer_credentials(writer)[0]
+        proc = Process(pid=pid, real_pid=real_pid, host=host, restored=restored, writer=writer)
+        await proc.send(f"WELCOME {self.job_id}")
+        await self._add(proc)
+        try:
+            while line := await reader.readline():
+                await self._handle_process_line(proc, *split_line(line))
+        finally:
+            await self._remove(proc)
+
+    async def _add(self, proc):
+        if self._warnings is not None:  # a checkpoint is running
+            self.note(f"{proc.describe()} started during a checkpoint and is not part of it")
+        async with self._registered:
+            self.processes.append(proc)
+            self._registered.notify_all()
+
+    async def _remove(self, proc):
+        proc.alive = False
+        proc.replies.put_nowait(None)  # wakes a barrier waiting on it
+        async with self._registered:
+            if proc in self.processes:
+                self.processes.remove(proc)
+            self._registered.notify_all()
+
+    async def _handle_process_line(self, proc, word, rest):
+        if word in ("DONE", "FAIL"):
+            proc.replies.put_nowait((word, rest))
+        elif word == "WARN":
+            self.note(f"{proc.describe()}: {unescape(rest)}")
+        elif word == "PUT":
+            key, _, value = rest.partition(" ")
+            self.names[key] = value
+            await proc.send("OK")
+        elif word == "GET":
+            value = self.names.get(rest.strip())
+            await proc.send("NONE" if value is None else f"VAL {value}")
+        else:
+            self.warn(f"{proc.describe()} sent an unknown message {word!r}")
+
+    def note(self, message):
+        """A warning for the launcher's stderr and the running checkpoint's reply.
+
+        Periodic checkpoints repeat the same warnings: stderr shows each once."""
+        if message not in self._warned:
+            self._warned.add(message)
+            self.warn(message)
+        if self._warnings is not None:
+            self._warnings.append(message)
+
+    async def wait_for_processes(self, count, timeout, restored=None):
+        """Wait until `count` live processes registered; False on timeout."""
+        def enough():
+            return len(self._matching(restored)) >= count
+        async with self._registered:
+            try:
+                await asyncio.wait_for(self._registered.wait_for(enough), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def _matching(self, restored=None):
+        return [p for p in self.processes if p.alive and (restored is None or p.restored == restored)]
+
+    # ---- barriers and checkpoints -------------------------------------------
+
+    async def barrier(self, phase, procs, arg=None, timeout=None, seq=0):
+        """One barrier over procs; see ckpt.barrier.barrier."""
+        self.headers.phase(phase)  # a misspelt phase fails here, not on the wire
+        timeout = self.barrier_timeout if timeout is None else timeout
+        return await barrier(phase, procs, timeout=timeout, arg=arg, seq=seq)
+
+    async def checkpoint(self, kill=False):
+        """Take one checkpoint; returns (published dir, warnings)."""
+        async with self._busy:
+            self._warnings = []
+            try:
+                procs = await self._first_processes()
+                final = await CheckpointRun(self, procs, kill).run()
+                warnings = self.checkpoint_warnings()
+            finally:
+                self._warnings = None
+        self.checkpoints_taken += 1
+        self.last_checkpoint = str(final)
+        if kill:
+            self.kill()
+        else:
+            manifests.prune(self.job_dir, self.keep)
+        return final, warnings
+
+    def checkpoint_warnings(self):
+        return list(self._warnings or ())
+
+    async def _first_processes(self):
+        if not self._matching():
+            await self.wait_for_processes(1, self.first_hello_wait)
+        procs = self._matching()
+        if not procs:
+            raise CkptError("no process registered with the coordinator (is the job running under the shim?)")
+        return procs
+
+    # ---- restart --------------------------------------------------------
+
+    async def restart(self, expected_pids, timeout=None):
+        """Wait for every restored process, then REBUILD, REFILL, RESUME ok."""
+        timeout = self.barrier_timeout if timeout is None else timeout
+        async with self._busy:
+            if not await self.wait_for_processes(len(expected_pids), timeout, restored=True):
+                have = len(self._matching(restored=True))
+                raise CkptError(f"only {have} of {len(expected_pids)} restored processes connected within {timeout:g} s")
+            procs = self._matching(restored=True)
+            unknown = sorted({p.pid for p in procs} - set(expected_pids))
+            if unknown:
+                self.warn(f"restored processes {unknown} are not in the manifest")
+            try:
+                for phase, arg in (("REBUILD", None), ("REFILL", None), ("RESUME", "ok")):
+                    _answers, gone = await self.barrier(phase, procs, arg, seq=self.restarted_from or 0)
+                    if gone:
+                        raise PhaseError(f"{gone[0].describe()} exited during {phase}")
+            except PhaseError as exc:
+                raise CkptError(f"restart of job {self.job_id} failed: {exc}")
+
+    # ---- periodic checkpoints and kill ------------------------------------
+
+    async def periodic(self, interval):
+        while True:
+            await asyncio.sleep(interval)
+            if not self._matching():
+                continue
+            try:
+                await self.checkpoint()
+            except CkptError as exc:
+                self.warn(f"periodic checkpoint failed: {exc.message}")
+
+    def kill(self):
+        """SIGKILL every known process by its real pid; the launcher then exits."""
+        for proc in list(self.processes):
+            try:
+                os.kill(proc.real_pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.on_kill is not None:
+            self.on_kill()
+        self.killed.set()
+
+    # ---- CLI clients ------------------------------------------------------
+
+    async def _reply(self, writer, line):
+        writer.write(line.encode() + b"\n")
+        await writer.drain()
+
+    async def _serve_client(self, rest, writer):
+        command, *args = rest.split() or [""]
+        if command == "CHECKPOINT":
+            # shielded: a client that goes away does not cut a checkpoint short
+            task = self._spawn(self.checkpoint(kill="kill" in args))
+            try:
+                path, warnings = await asyncio.shield(task)
+                reply = " ".join(["OK", escape(path)] + [escape(w) for w in warnings])
+            except CkptError as exc:
+                reply = f"ERR {exc.message}"
+        elif command == "STATUS":
+            reply = "OK " + json.dumps(self.status(), separators=(",", ":"))
+        elif command == "KILL":
+            self.kill()
+            reply = "OK"
+        else:
+            reply = f"ERR unknown command {command!r}"
+        await self._reply(writer, reply)
+
+    def status(self):
+        return {
+            "job_id": self.job_id,
+            "launcher_pid": os.getpid(),
+            "command": self.command,
+            "job_dir": str(self.job_dir),
+            "processes": [
+                {"pid": p.pid, "real_pid": p.real_pid, "host": p.host, "restored": p.restored}
+                for p in self._matching()
+            ],
+            "checkpoints_taken": self.checkpoints_taken,
+            "last_checkpoint": self.last_checkpoint,
+            "busy": self._busy.locked(),
+            "restarted_from": self.restarted_from,
+        }

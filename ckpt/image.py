@@ -1,0 +1,124 @@
+"""Process image checks: the header (read through cffi) and whole-file XXH3."""
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from ckpt import ENGINE_VERSION
+from ckpt.errors import CkptError
+from ckpt.headers import load_headers
+from ckpt.manifest import read_manifest
+
+CHUNK = 8 * 1024 * 1024
+# platform.machine() -> ELF e_machine, as the header's `arch`
+ELF_MACHINES = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "riscv64": 243, "s390x": 22}
+ARCH_NAMES = {value: key for key, value in ELF_MACHINES.items()}
+
+
+def host_arch():
+    return ELF_MACHINES.get(platform.machine(), -1)
+
+
+def arch_name(number):
+    return ARCH_NAMES.get(number, f"e_machine {number}")
+
+
+def file_xxh3(path):
+    """Hex XXH3-64 of a whole file, as C prints it with %016llx."""
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as image:
+        while chunk := image.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class HeaderInfo:
+    pid: int
+    nthreads: int
+    hostname: str
+    engine_version: str
+    time_ns: int
+
+
+def _c_string(ffi, char_array):
+    return ffi.string(char_array).decode("utf-8", "replace")
+
+
+def header_checksum(headers, raw):
+    """XXH3-64 of the header struct with its header_xxh field zeroed."""
+    ffi = headers.ffi
+    copy = bytearray(raw[: ffi.sizeof("struct ckpt_image_header")])
+    header = ffi.cast("struct ckpt_image_header *", ffi.from_buffer(copy))
+    header.header_xxh = 0
+    return xxhash.xxh3_64_intdigest(bytes(copy))
+
+
+def check_header(path, headers=None):
+    """Parse and check an image header; CkptError says what is wrong."""
+    headers = headers or load_headers()
+    ffi, const = headers.ffi, headers.const
+    header_size = const("CKPT_HEADER_SIZE")
+    try:
+        with open(path, "rb") as image:
+            raw = image.read(header_size)
+    except OSError as exc:
+        raise CkptError(f"cannot read image {path}: {exc.strerror}")
+    if len(raw) < ffi.sizeof("struct ckpt_image_header"):
+        raise CkptError(f"image {path} is truncated (no complete header)")
+    header = ffi.cast("struct ckpt_image_header *", ffi.from_buffer(raw))
+    if header.magic != const("CKPT_IMAGE_MAGIC"):
+        raise CkptError(f"{path} is not a ckpt image (bad magic)")
+    if header.format_version != const("CKPT_IMAGE_VERSION"):
+        raise CkptError(
+            f"image {path} has format version {header.format_version}, "
+            f"this ckpt reads version {const('CKPT_IMAGE_VERSION')}"
+        )
+    if header.arch != host_arch():
+        raise CkptError(
+            f"image {path} is for {arch_name(header.arch)}, this machine is {platform.machine()}"
+        )
+    if header.header_xxh != header_checksum(headers, raw):
+        raise CkptError(f"image {path} is corrupt (header checksum mismatch)")
+    if header.header_size != header_size or len(raw) < header_size:
+        raise CkptError(f"image {path} is corrupt or truncated (header size)")
+    return HeaderInfo(
+        pid=header.pid,
+        nthreads=header.nthreads,
+        hostname=_c_string(ffi, header.hostname),
+        engine_version=_c_string(ffi, header.engine_version),
+        time_ns=header.time_ns,
+    )
+
+
+def verify_process_image(directory, proc, headers=None, checksum=True):
+    """Check one manifest process entry against its file: size, header, XXH3."""
+    path = Path(directory) / str(proc["image"])
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CkptError(f"image {path} is missing")
+    except OSError as exc:
+        raise CkptError(f"cannot read image {path}: {exc.strerror}")
+    if size != proc["size"]:
+        raise CkptError(f"image {path} is truncated or damaged ({size} bytes, manifest says {proc['size']})")
+    check_header(path, headers)
+    if checksum and file_xxh3(path) != str(proc["xxh3"]).lower():
+        raise CkptError(f"image {path} is corrupt (checksum mismatch)")
+    return path
+
+
+def verify_checkpoint(directory, headers=None, checksum=True):
+    """Check a whole checkpoint before anything is restored; returns the manifest."""
+    manifest = read_manifest(directory)
+    if manifest["engine_version"] != ENGINE_VERSION:
+        raise CkptError(
+            f"{directory} was written by ckpt engine {manifest['engine_version']}, "
+            f"this is {ENGINE_VERSION}"
+        )
+    for proc in manifest["processes"]:
+        verify_process_image(directory, proc, headers, checksum)
+    return manifest

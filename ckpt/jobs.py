@@ -1,0 +1,182 @@
+"""Per-user registry of running jobs: one JSON entry per job.
+
+The state directory is `$XDG_RUNTIME_DIR/ckpt` or `/tmp/ckpt-<uid>` (0700).
+An entry names the job's coordinator socket and its launcher; entries whose
+launcher died are removed whenever the registry is read.
+"""
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ckpt.errors import CkptError
+
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the NUL
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
+
+
+@dataclass
+class JobEntry:
+    job_id: str
+    socket: str
+    launcher_pid: int
+    command: list
+    ckpt_dir: str          # the job's directory: <ckpt-dir>/<job-id>
+    started: float = field(default_factory=time.time)
+    restarted_from: str = ""
+    launcher_start: int = 0  # /proc start time: tells a reused pid from ours
+
+
+def check_job_id(job_id):
+    if not JOB_ID_RE.match(job_id):
+        raise CkptError(
+            f"invalid job id {job_id!r}: use up to 63 letters, digits, '.', '_' or '-'",
+            exit_code=2,
+        )
+    return job_id
+
+
+def _make_private_dir(path):
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.getuid():
+        raise CkptError(f"state directory {path} is not a directory owned by you")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def state_dir(environ=None):
+    """Create (0700) and return the state directory."""
+    environ = os.environ if environ is None else environ
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    candidates = []
+    if runtime and os.path.isdir(runtime):
+        candidates.append(Path(runtime) / "ckpt")
+    candidates.append(Path(f"/tmp/ckpt-{os.getuid()}"))
+    last = OSError(0, "no usable path")
+    for candidate in candidates:
+        # a socket path "<dir>/<pid>.sock" must fit in sun_path
+        if len(os.fsencode(candidate)) + 16 <= SUN_PATH_MAX:
+            try:
+                return _make_private_dir(candidate)
+            except OSError as exc:
+                last = exc
+                continue
+    raise CkptError(f"cannot create a state directory: {last.strerror}")
+
+
+def socket_path_for(launcher_pid, directory=None):
+    directory = directory if directory is not None else state_dir()
+    return str(directory / f"{launcher_pid}.sock")
+
+
+def _entry_path(job_id, directory):
+    return directory / f"{job_id}.json"
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def process_start_time(pid):
+    """Start time of pid in clock ticks since boot (0 if unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def launcher_alive(entry):
+    if not pid_alive(entry.launcher_pid):
+        return False
+    return not entry.launcher_start or process_start_time(entry.launcher_pid) == entry.launcher_start
+
+
+def _read_entry(path):
+    try:
+        return JobEntry(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _remove_stale(path, entry):
+    for victim in (path, Path(entry.socket) if entry else None):
+        if victim is not None:
+            try:
+                victim.unlink()
+            except OSError:
+                pass
+
+
+def list_jobs(directory=None):
+    """Running jobs, oldest first; stale entries are cleaned on the way."""
+    directory = directory if directory is not None else state_dir()
+    jobs = []
+    for path in sorted(directory.glob("*.json")):
+        entry = _read_entry(path)
+        if entry is None or not launcher_alive(entry):
+            _remove_stale(path, entry)
+            continue
+        jobs.append(entry)
+    return sorted(jobs, key=lambda job: job.started)
+
+
+def find_job(job_id, directory=None):
+    for job in list_jobs(directory):
+        if job.job_id == job_id:
+            return job
+    raise CkptError(f"no running job {job_id!r} (see `ckpt list`)")
+
+
+def wait_until_gone(job_id, seconds, directory=None):
+    """Give a job that is being killed a moment to unregister; True if gone."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not any(job.job_id == job_id for job in list_jobs(directory)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def register(entry, directory=None):
+    """Add a running job; refuse an id that is already running."""
+    directory = directory if directory is not None else state_dir()
+    if not wait_until_gone(entry.job_id, 5.0, directory):
+        other = find_job(entry.job_id, directory)
+        raise CkptError(
+            f"job {entry.job_id} is already running (launcher pid {other.launcher_pid})"
+        )
+    path = _entry_path(entry.job_id, directory)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(entry)))
+    os.replace(tmp, path)
+
+
+def unregister(entry, directory=None):
+    directory = directory if directory is not None else state_dir()
+    path = _entry_path(entry.job_id, directory)
+    current = _read_entry(path)
+    # only remove our own entry, never a successor's
+    if current is not None and current.launcher_pid == entry.launcher_pid:
+        _remove_stale(path, None)
+    try:
+        os.unlink(entry.socket)
+    except OSError:
+        pass

@@ -1,0 +1,35 @@
+"""Where the C half lives: the shim, the restart binary and the headers."""
+
+import os
+from pathlib import Path
+
+from ckpt.errors import CkptError
+
+SHIM_NAME = "libckpt.so"
+RESTART_NAME = "ckpt-restart"
+
+
+def native_dir():
+    """`$CKPT_NATIVE_DIR`, else `native/` next to the package in the repo."""
+    override = os.environ.get("CKPT_NATIVE_DIR")
+    if override:
+        return Path(override).resolve()
+    return Path(__file__).resolve().parent.parent / "native"
+
+
+def include_dir():
+    return native_dir() / "include"
+
+
+def shim_path():
+    path = native_dir() / SHIM_NAME
+    if not path.is_file():
+        raise CkptError(f"checkpoint shim {path} not found (build native/ or set CKPT_NATIVE_DIR)")
+    return path
+
+
+def restart_binary():
+    path = native_dir() / RESTART_NAME
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise CkptError(f"restart binary {path} not found (build native/ or set CKPT_NATIVE_DIR)")
+    return path

@@ -1,0 +1,74 @@
+"""`ckpt restart`: verify a checkpoint, then restore it under a new coordinator."""
+
+import asyncio
+import os
+
+from ckpt.errors import CkptError
+from ckpt.image import verify_checkpoint
+from ckpt.manifest import resolve_checkpoint
+from ckpt.native import restart_binary
+from ckpt.session import JobSession, announce
+
+
+def restart_command(binary, socket_path, job_id, image_path, xxh3):
+    return [str(binary), "--coord", socket_path, "--job-id", job_id,
+            "--xxh3", str(xxh3), str(image_path)]
+
+
+def restart(image_dir, config_for):
+    """Restore the checkpoint at image_dir; returns the job's exit status.
+
+    config_for(ckpt_dir) gives the settings; the job keeps its directory."""
+    checkpoint_dir = resolve_checkpoint(image_dir)
+    manifest = verify_checkpoint(checkpoint_dir)  # everything checked before anything runs
+    binary = restart_binary()
+    job_dir = checkpoint_dir.parent
+    config = config_for(job_dir.parent)
+    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary))
+
+
+async def _run(checkpoint_dir, manifest, job_dir, config, binary):
+    job_id = manifest["job_id"]
+    processes = manifest["processes"]
+    async with JobSession(job_id=job_id, job_dir=job_dir, command=manifest.get("command") or [],
+                          config=config, restarted_from=manifest["checkpoint"]) as job:
+        env = dict(os.environ, CKPT_COORD=job.socket_path, CKPT_JOB_ID=job_id)
+        job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
+        announce(job_id)
+        pids = [job.spawn(restart_command(binary, job.socket_path, job_id,
+                                          checkpoint_dir / proc["image"], proc["xxh3"]), env)
+                for proc in processes]
+        await _restore(job, pids, [proc["pid"] for proc in processes])
+        job.start_periodic()
+        codes = await asyncio.gather(*(job.wait_exit(pid) for pid in pids))
+        return codes[0]
+
+
+def _signal_targets(job, root_pid):
+    """Signals go to the restored root process once it is back, else to ckpt-restart."""
+    for proc in job.coordinator.processes:
+        if proc.pid == root_pid and proc.alive:
+            return [proc.real_pid]
+    return job.children[:1]
+
+
+async def _restore(job, pids, expected):
+    """Run the restart phases; a ckpt-restart that exits first ends the restart."""
+    phases = asyncio.ensure_future(job.coordinator.restart(expected))
+    exits = [asyncio.ensure_future(job.wait_exit(pid)) for pid in pids]
+    try:
+        await asyncio.wait([phases, *exits], return_when=asyncio.FIRST_COMPLETED)
+        if phases.done():
+            phases.result()  # raises CkptError if a phase failed
+            return
+        phases.cancel()
+        code = next(e.result() for e in exits if e.done())
+        raise CkptError(f"restart failed: ckpt-restart exited with status {code}",
+                        exit_code=code or 1)
+    except BaseException:
+        job.coordinator.kill()
+        await asyncio.gather(*(job.wait_exit(pid) for pid in pids))
+        raise
+    finally:
+        for task in exits:
+            task.cancel()

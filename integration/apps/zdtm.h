@@ -1,0 +1,80 @@
+/*
+ * Helpers of the self-verifying test programs (in the spirit of CRIU's
+ * zdtm suite): each program does deterministic work in small paced steps,
+ * so the harness can checkpoint, kill and restart it anywhere, then checks
+ * its own state and prints "RESULT <value>" and "PASS" or "FAIL <reason>".
+ * The harness compares RESULT with an uninterrupted run.
+ */
+#ifndef ZDTM_H
+#define ZDTM_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline void zdtm_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("FAIL ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	exit(1);
+}
+
+#define zdtm_check(cond, ...) do { if (!(cond)) zdtm_fail(__VA_ARGS__); } while (0)
+
+/* Sleep for ms milliseconds of wall time, even if a restart cut a sleep short. */
+static inline void zdtm_pace(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+static inline uint64_t zdtm_mix(uint64_t h, uint64_t v)
+{
+	h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+	return h * 0xff51afd7ed558ccdULL;
+}
+
+static inline uint64_t zdtm_xorshift(uint64_t *s)
+{
+	uint64_t x = *s;
+
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
+/* Steps and pace come from the command line: prog [steps] [ms-per-step]. */
+static inline void zdtm_args(int argc, char **argv, long *steps, long *pace_ms)
+{
+	if (argc > 1)
+		*steps = atol(argv[1]);
+	if (argc > 2)
+		*pace_ms = atol(argv[2]);
+}
+
+static inline void zdtm_pass(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("RESULT ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\nPASS\n");
+	fflush(stdout);
+}
+
+#endif

@@ -1,0 +1,41 @@
+import os
+import random
+import subprocess
+
+import pytest
+
+from harness import REPO, Session, User, become_subreaper, reap_orphans
+
+UNPRIVILEGED_UID = 4242
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built():
+    """Native code and test programs, built once per run."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "apps")], check=True)
+    become_subreaper()
+    yield
+    reap_orphans()
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("CKPT_TEST_SEED", random.randrange(1 << 30)))
+    print(f"random seed {seed} (CKPT_TEST_SEED to repeat)")
+    return random.Random(seed)
+
+
+@pytest.fixture
+def session(tmp_path, rng):
+    return Session(tmp_path, rng=rng)
+
+
+@pytest.fixture
+def unprivileged_session(tmp_path_factory, rng):
+    if os.getuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged uid")
+    root = tmp_path_factory.mktemp("unpriv")
+    os.chmod(root.parent, 0o755)
+    os.chmod(root.parent.parent, 0o755)
+    return Session(root, user=User(uid=UNPRIVILEGED_UID), rng=rng)

@@ -1,0 +1,189 @@
+"""Drives real jobs through the ckpt CLI for the end-to-end tests.
+
+Every test program under integration/apps does deterministic, paced work,
+prints READY once set up, and ends with "RESULT <value>" and PASS after
+checking its own state.  Its stdout goes to a file: a restarted process
+reopens that file at the checkpointed offset, so after a correct restart
+the file equals the output of an uninterrupted run, byte for byte.
+"""
+import ctypes
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+APPS = REPO / "integration" / "apps" / "bin"
+PR_SET_CHILD_SUBREAPER = 36
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def become_subreaper():
+    """Orphaned job processes are reparented to us, not to a slow PID 1."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_orphans():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+@dataclass
+class User:
+    """Who runs the ckpt commands: the current user, or an unprivileged uid."""
+    uid: int = os.getuid()
+    home: Path = None
+
+    @property
+    def unprivileged(self):
+        return self.uid != 0
+
+    def wrap(self, argv):
+        if self.uid == os.getuid():
+            return argv
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}",
+                "--clear-groups", "--"] + argv
+
+    def python(self):
+        # root's pyenv is not reachable by other users: use Debian's python
+        return sys.executable if self.uid == os.getuid() else SYSTEM_PYTHON
+
+
+@dataclass
+class Session:
+    """One test's world: its own state dir, checkpoint dir and outputs."""
+    root: Path
+    user: User = field(default_factory=User)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self):
+        self.state = self.root / "state"
+        self.images = self.root / "images"
+        self.work = self.root / "work"
+        for d in (self.state, self.images, self.work):
+            d.mkdir(parents=True, exist_ok=True)
+            if self.user.uid != os.getuid():
+                os.chown(d, self.user.uid, self.user.uid)
+        if self.user.uid != os.getuid():
+            os.chown(self.root, self.user.uid, self.user.uid)
+
+    def env(self):
+        env = dict(os.environ)
+        env["XDG_RUNTIME_DIR"] = str(self.state)
+        env["HOME"] = str(self.root)
+        env["CKPT_CONFIG"] = str(self.root / "no-config.yaml")
+        env["PYTHONPATH"] = str(REPO)
+        env.pop("LD_PRELOAD", None)
+        return env
+
+    def ckpt_argv(self, *args):
+        return self.user.wrap([self.user.python(), "-m", "ckpt", *map(str, args)])
+
+    def ckpt(self, *args, check=True, timeout=120):
+        proc = subprocess.run(self.ckpt_argv(*args), cwd=self.work, env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ckpt {' '.join(map(str, args))} failed "
+                                 f"({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def reference(self, app, *args):
+        """The output of an uninterrupted run, without ckpt."""
+        proc = subprocess.run(self.user.wrap([str(APPS / app), *map(str, args)]),
+                              cwd=self.work, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, f"{app} failed without ckpt: {proc.stdout}"
+        return proc.stdout
+
+
+class Job:
+    """A job launched with `ckpt launch`, its stdout in a file."""
+
+    def __init__(self, session, job_id, app, *args):
+        self.s = session
+        self.id = job_id
+        self.out = session.work / f"{job_id}.out"
+        self.images = []
+        with open(self.out, "w") as out:
+            if session.user.uid != os.getuid():
+                os.chown(self.out, session.user.uid, session.user.uid)
+            self.proc = subprocess.Popen(
+                session.ckpt_argv("launch", "--job-id", job_id, "--ckpt-dir",
+                                  session.images, "--", APPS / app, *args),
+                cwd=session.work, env=session.env(), stdout=out,
+                stderr=subprocess.PIPE, text=True)
+
+    def output(self):
+        return self.out.read_text()
+
+    def wait_ready(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while "READY" not in self.output():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job {self.id} ended before READY: "
+                                     f"{self.proc.stderr.read()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {self.id} never became READY")
+            time.sleep(0.02)
+
+    def checkpoint(self, *extra):
+        proc = self.s.ckpt("checkpoint", self.id, *extra)
+        path = Path(proc.stdout.strip().splitlines()[-1])
+        assert path.is_dir(), f"checkpoint printed {path}, not a directory"
+        self.images.append(path)
+        return path
+
+    def checkpoint_at_random_moments(self, count, low=0.05, high=0.4):
+        for _ in range(count):
+            time.sleep(self.s.rng.uniform(low, high))
+            self.checkpoint()
+
+    def kill(self):
+        self.s.ckpt("kill", self.id)
+        rc = self.proc.wait(timeout=60)
+        reap_orphans()
+        return rc
+
+    def wait(self, timeout=300):
+        rc = self.proc.wait(timeout=timeout)
+        reap_orphans()
+        return rc
+
+
+class Restart:
+    """A job restarted with `ckpt restart`; its processes write where they did."""
+
+    def __init__(self, session, image_dir):
+        self.s = session
+        self.proc = subprocess.Popen(session.ckpt_argv("restart", image_dir),
+                                     cwd=session.work, env=session.env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def wait(self, timeout=300):
+        out, err = self.proc.communicate(timeout=timeout)
+        reap_orphans()
+        self.stdout, self.stderr = out, err
+        return self.proc.returncode
+
+
+def restart_and_finish(session, image_dir, job):
+    """Restart from image_dir, let it run to its end, return the job's output."""
+    r = Restart(session, image_dir)
+    rc = r.wait()
+    assert rc == 0, f"restart of {image_dir} exited {rc}: {r.stderr.strip()}"
+    return job.output()
+
+
+def clean(path):
+    shutil.rmtree(path, ignore_errors=True)

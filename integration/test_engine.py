@@ -1,0 +1,66 @@
+"""End-to-end checkpoint/restart of the self-verifying test programs.
+
+For each program: an uninterrupted run gives the reference output; then
+the program runs under `ckpt launch`, is checkpointed three times at
+random moments, killed, and restarted from the first and from the last
+image: each restarted run must end with exactly the reference output.
+"""
+import pytest
+
+from harness import Job, Restart, restart_and_finish
+
+# program, arguments: sized to run for a few seconds
+PROGRAMS = {
+    "counter": ["300", "10"],
+    "threads": ["500", "5"],
+    "bigmem": ["250", "10", "512"],
+    "files": ["300", "10", "."],
+    "itimer": ["300"],
+    "rseq_vdso": ["250", "10"],
+    "join": ["300", "10"],
+}
+
+
+@pytest.mark.parametrize("app", sorted(PROGRAMS))
+def test_checkpoint_kill_restart_first_and_last(session, app):
+    args = PROGRAMS[app]
+    reference = session.reference(app, *args)
+    job = Job(session, f"t-{app}", app, *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3)
+    job.kill()
+    assert len(job.images) == 3
+    for image in (job.images[0], job.images[-1]):
+        assert restart_and_finish(session, image, job) == reference, \
+            f"{app} restarted from {image.name} differs from an uninterrupted run"
+
+
+@pytest.mark.parametrize("app", ["counter", "threads", "files"])
+def test_restart_twice_in_a_chain(session, app):
+    """Checkpoint a restarted job again, kill it, and restart that image."""
+    args = PROGRAMS[app]
+    reference = session.reference(app, *args)
+    job = Job(session, f"c-{app}", app, *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(1)
+    job.kill()
+
+    restarted = Restart(session, job.images[0])
+    job.checkpoint_at_random_moments(1, low=0.3, high=0.6)
+    session.ckpt("kill", job.id)
+    restarted.wait()
+    assert job.images[1] != job.images[0]
+    assert restart_and_finish(session, job.images[1], job) == reference
+
+
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "join", "rseq_vdso"])
+def test_unprivileged_user(unprivileged_session, app):
+    """The whole cycle as a non-root user: restart needs no privilege."""
+    s = unprivileged_session
+    args = PROGRAMS[app]
+    reference = s.reference(app, *args)
+    job = Job(s, f"u-{app}", app, *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2)
+    job.kill()
+    assert restart_and_finish(s, job.images[0], job) == reference

@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+
+from ckpt.config import load_config
+from ckpt.errors import CkptError
+
+
+@pytest.fixture
+def config_file(tmp_path, monkeypatch):
+    path = tmp_path / "config.yaml"
+    monkeypatch.setenv("CKPT_CONFIG", str(path))
+    for name in ("CKPT_DIR", "CKPT_INTERVAL", "CKPT_BARRIER_TIMEOUT", "CKPT_KEEP"):
+        monkeypatch.delenv(name, raising=False)
+    return path
+
+
+def test_defaults_without_file(config_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config()
+    assert config.ckpt_dir == tmp_path / "ckpt-images"
+    assert config.interval == 0
+    assert config.barrier_timeout == 120
+    assert config.keep == 0
+
+
+def test_file_then_env_then_flags(config_file, monkeypatch):
+    config_file.write_text("ckpt_dir: /from/file\ninterval: 10\nbarrier_timeout: 30\nkeep: 3\n")
+    config = load_config()
+    assert (config.ckpt_dir, config.interval, config.barrier_timeout, config.keep) == (
+        Path("/from/file"), 10, 30, 3)
+
+    monkeypatch.setenv("CKPT_DIR", "/from/env")
+    monkeypatch.setenv("CKPT_INTERVAL", "20")
+    config = load_config()
+    assert config.ckpt_dir == Path("/from/env")
+    assert config.interval == 20
+    assert config.barrier_timeout == 30  # still from the file
+
+    config = load_config(ckpt_dir="/from/flag", interval=5.0)
+    assert config.ckpt_dir == Path("/from/flag")
+    assert config.interval == 5
+    assert config.keep == 3
+
+
+def test_keep_all(config_file):
+    config_file.write_text("keep: all\n")
+    assert load_config().keep == 0
+
+
+@pytest.mark.parametrize("text, words", [
+    ("interval: [1, 2\n", "line"),
+    ("- a\n- b\n", "mapping"),
+    ("colour: blue\n", "unknown setting"),
+    ("barrier_timeout: 0\n", "positive"),
+    ("interval: soon\n", "number"),
+    ("keep: -1\n", "negative"),
+])
+def test_bad_file_is_one_line_error(config_file, text, words):
+    config_file.write_text(text)
+    with pytest.raises(CkptError) as err:
+        load_config()
+    assert words in err.value.message
+    assert str(config_file) in err.value.message
+    assert "\n" not in err.value.message
+
+
+def test_bad_env_value(config_file, monkeypatch):
+    monkeypatch.setenv("CKPT_BARRIER_TIMEOUT", "-3")
+    with pytest.raises(CkptError, match="CKPT_BARRIER_TIMEOUT"):
+        load_config()

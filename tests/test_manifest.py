@@ -1,0 +1,86 @@
+import os
+
+import pytest
+
+from ckpt import manifest as m
+from ckpt.errors import CkptError
+
+
+def sample(number, processes=None):
+    processes = processes or [{"pid": 7, "host": "h", "image": "proc-7.img", "size": 3, "xxh3": "00"}]
+    return m.build_manifest(job_id="job", number=number, command=["app", "-x"],
+                            processes=processes, start_ns=1, end_ns=2, restarted_from=None)
+
+
+def write_checkpoint(job_dir, number):
+    tmp = job_dir / m.tmp_name(number)
+    tmp.mkdir(parents=True)
+    (tmp / "proc-7.img").write_bytes(b"abc")
+    m.write_manifest(tmp, sample(number))
+    return m.publish(tmp, job_dir / m.checkpoint_name(number))
+
+
+def test_write_read_roundtrip(tmp_path):
+    m.write_manifest(tmp_path, sample(4))
+    data = m.read_manifest(tmp_path)
+    assert data["job_id"] == "job"
+    assert data["checkpoint"] == 4
+    assert data["command"] == ["app", "-x"]
+    assert data["processes"][0]["image"] == "proc-7.img"
+    assert data["hosts"] == ["h"]
+
+
+def test_publish_renames_and_points_latest_at_newest(tmp_path):
+    first = write_checkpoint(tmp_path, 1)
+    second = write_checkpoint(tmp_path, 2)
+    assert first.name == "ckpt-0001" and second.name == "ckpt-0002"
+    assert os.readlink(tmp_path / "latest") == "ckpt-0002"
+    assert not list(tmp_path.glob(".*tmp"))
+    assert m.resolve_checkpoint(tmp_path) == second.resolve()
+    assert m.next_number(tmp_path) == 3
+
+
+def test_crash_before_publish_leaves_nothing_valid_looking(tmp_path):
+    write_checkpoint(tmp_path, 1)
+    # a checkpoint that died half-way: tmp dir with an image and a manifest
+    crashed = tmp_path / m.tmp_name(2)
+    crashed.mkdir()
+    (crashed / "proc-7.img").write_bytes(b"ab")
+    m.write_manifest(crashed, sample(2))
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1]
+    assert os.readlink(tmp_path / "latest") == "ckpt-0001"
+    assert m.resolve_checkpoint(tmp_path).name == "ckpt-0001"
+    # its number is not reused
+    assert m.next_number(tmp_path) == 3
+
+
+def test_directory_without_manifest_is_not_published(tmp_path):
+    (tmp_path / "ckpt-0005").mkdir()
+    assert m.published_checkpoints(tmp_path) == []
+    with pytest.raises(CkptError, match="no checkpoint"):
+        m.resolve_checkpoint(tmp_path)
+
+
+def test_prune_keeps_newest(tmp_path):
+    for number in range(1, 5):
+        write_checkpoint(tmp_path, number)
+    m.prune(tmp_path, 2)
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [3, 4]
+    assert os.readlink(tmp_path / "latest") == "ckpt-0004"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{{{", "not valid YAML"),
+    ("- 1\n", "not a mapping"),
+    ("format: 1\n", "no engine_version"),
+])
+def test_corrupt_manifest(tmp_path, text, words):
+    (tmp_path / "manifest.yaml").write_text(text)
+    with pytest.raises(CkptError, match=words):
+        m.read_manifest(tmp_path)
+
+
+def test_image_name_may_not_escape_the_directory(tmp_path):
+    m.write_manifest(tmp_path, sample(1, [{"pid": 1, "host": "h", "image": "../x", "size": 1, "xxh3": "0"}]))
+    with pytest.raises(CkptError, match="bad image name"):
+        m.read_manifest(tmp_path)
