@@ -1,0 +1,50 @@
+#!/bin/sh
+# Build everything ckpt needs on Debian 12, put `ckpt` on PATH, and run the
+# demo (skip it with --no-demo).  Installs missing Debian packages when run
+# as root; otherwise says which ones to install.
+set -eu
+cd "$(dirname "$0")"
+
+DEBS="gcc make libc6-dev libxxhash-dev util-linux procps
+python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
+python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core"
+
+missing=""
+for pkg in $DEBS; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" ||
+		missing="$missing $pkg"
+done
+if [ -n "$missing" ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "setup: please install:$missing" >&2
+		exit 1
+	fi
+	echo "setup: installing$missing"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+# The python3 on PATH may not be Debian's (pyenv, venv): give it the modules.
+if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest" 2>/dev/null; then
+	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest ||
+		python3 -m pip install -q --user --break-system-packages \
+			click pyyaml cffi xxhash psutil pytest
+fi
+
+make -s all
+
+# `ckpt` on PATH: a link to the checkout's launcher script
+if [ "$(id -u)" -eq 0 ]; then
+	ln -sf "$PWD/bin/ckpt" /usr/local/bin/ckpt
+else
+	mkdir -p "$HOME/.local/bin"
+	ln -sf "$PWD/bin/ckpt" "$HOME/.local/bin/ckpt"
+	case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *)
+		echo "setup: add ~/.local/bin to PATH to use ckpt" >&2 ;;
+	esac
+fi
+echo "setup: built native/libckpt.so, native/ckpt-restart; ckpt is on PATH"
+
+if [ "${1:-}" != "--no-demo" ]; then
+	./examples/demo.sh
+fi
