@@ -23,7 +23,8 @@ class CkptGroup(click.Group):
         try:
             return super().invoke(ctx)
         except CkptError as exc:
-            click.echo(f"ckpt: error: {exc.message}", err=True)
+            if not exc.reported:
+                click.echo(f"ckpt: error: {exc.message}", err=True)
             ctx.exit(exc.exit_code)
         except BrokenPipeError:
             # stdout went away (e.g. `ckpt images | head`): stop quietly

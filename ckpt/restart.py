@@ -9,6 +9,8 @@ from ckpt.manifest import resolve_checkpoint
 from ckpt.native import restart_binary
 from ckpt.session import JobSession, announce
 
+RESTART_REFUSED = 2  # ckpt-restart's exit status before its point of no return
+
 
 def restart_command(binary, socket_path, job_id, image_path, xxh3):
     return [str(binary), "--coord", socket_path, "--job-id", job_id,
@@ -20,7 +22,9 @@ def restart(image_dir, config_for):
 
     config_for(ckpt_dir) gives the settings; the job keeps its directory."""
     checkpoint_dir = resolve_checkpoint(image_dir)
-    manifest = verify_checkpoint(checkpoint_dir)  # everything checked before anything runs
+    # Manifest, sizes and headers here; each image's XXH3 is checked by
+    # ckpt-restart itself before it changes anything (one pass, not two).
+    manifest = verify_checkpoint(checkpoint_dir, checksum=False)
     binary = restart_binary()
     job_dir = checkpoint_dir.parent
     config = config_for(job_dir.parent)
@@ -34,11 +38,11 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary):
                           config=config, restarted_from=manifest["checkpoint"]) as job:
         env = dict(os.environ, CKPT_COORD=job.socket_path, CKPT_JOB_ID=job_id)
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
-        announce(job_id)
         pids = [job.spawn(restart_command(binary, job.socket_path, job_id,
                                           checkpoint_dir / proc["image"], proc["xxh3"]), env)
                 for proc in processes]
         await _restore(job, pids, [proc["pid"] for proc in processes])
+        announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
         codes = await asyncio.gather(*(job.wait_exit(pid) for pid in pids))
         return codes[0]
@@ -63,8 +67,9 @@ async def _restore(job, pids, expected):
             return
         phases.cancel()
         code = next(e.result() for e in exits if e.done())
+        # status 2: ckpt-restart refused the image and said why in one line
         raise CkptError(f"restart failed: ckpt-restart exited with status {code}",
-                        exit_code=code or 1)
+                        exit_code=code or 1, reported=code == RESTART_REFUSED)
     except BaseException:
         job.coordinator.kill()
         await asyncio.gather(*(job.wait_exit(pid) for pid in pids))

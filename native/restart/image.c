@@ -8,13 +8,12 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include "restart.h"
-
-#define HASH_CHUNK (8 << 20)
 
 static void read_exact(struct image *img, void *buf, size_t len, uint64_t off)
 {
@@ -56,22 +55,19 @@ static void check_header(struct image *img)
 		die("%s: image reserves another restart range", img->file);
 }
 
-static void check_checksum(struct image *img, const char *want_hex)
+/* Hashed straight from the page cache through a temporary mapping. */
+static void check_checksum(struct image *img, const char *want_hex, uint64_t size)
 {
-	static XXH3_state_t state;
-	char *buf = arena_alloc(HASH_CHUNK);
 	uint64_t want = strtoull(want_hex, NULL, 16);
-	ssize_t n;
-	uint64_t off = 0;
+	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, img->fd, 0);
+	uint64_t got;
 
-	XXH3_64bits_reset(&state);
-	while ((n = pread(img->fd, buf, HASH_CHUNK, off)) > 0) {
-		XXH3_64bits_update(&state, buf, n);
-		off += n;
-	}
-	if (n < 0)
-		die("%s: read error: %s", img->file, strerror(errno));
-	if (XXH3_64bits_digest(&state) != want)
+	if (p == MAP_FAILED)
+		die("%s: cannot map the image: %s", img->file, strerror(errno));
+	madvise(p, size, MADV_SEQUENTIAL);
+	got = XXH3_64bits(p, size);
+	munmap(p, size);
+	if (got != want)
 		die("%s: image checksum mismatch (corrupt or truncated image)", img->file);
 }
 
@@ -185,9 +181,9 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
 	read_exact(img, &img->hdr, sizeof(img->hdr), 0);
+	if (xxh3)		/* damage first: it explains any odd header */
+		check_checksum(img, xxh3, st.st_size);
 	check_header(img);
-	if (xxh3)
-		check_checksum(img, xxh3);
 	img->threads = arena_alloc(MAX_THREADS * sizeof(*img->threads));
 	img->vmas = arena_alloc(MAX_VMAS * sizeof(*img->vmas));
 	img->fds = arena_alloc(MAX_FDS * sizeof(*img->fds));

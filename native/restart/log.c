@@ -10,6 +10,11 @@
 
 static int error_fd = 2;
 
+int get_error_fd(void)
+{
+	return error_fd;
+}
+
 void set_error_fd(int fd)
 {
 	error_fd = fd;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include "restart.h"
 #include "sys.h"
@@ -71,12 +72,56 @@ static void raise_fd_limit(void)
 	}
 }
 
+/* With $CKPT_RESTART_TIMING set, phase times go to stderr (for benchmarks). */
+static int timing;
+static long t_start_ns;
+
+static long now_ns(void)
+{
+	struct timespec ts;
+
+	sys2(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void mark(const char *what)
+{
+	char line[96];
+	long ms10;
+	int n = 0;
+
+	if (!timing)
+		return;
+	ms10 = (now_ns() - t_start_ns) / 100000;	/* tenths of ms, no printf */
+	line[n++] = ' ';
+	for (const char *p = "ckpt-restart: "; *p; p++)
+		line[n++] = *p;
+	for (; *what && n < 60; what++)
+		line[n++] = *what;
+	line[n++] = ' ';
+	char digits[24];
+	int k = 0;
+	do
+		digits[k++] = '0' + ms10 % 10;
+	while ((ms10 /= 10) && k < 20);
+	while (k > 1)
+		line[n++] = digits[--k];
+	line[n++] = '.';
+	line[n++] = digits[0];
+	line[n++] = ' ';
+	line[n++] = 'm';
+	line[n++] = 's';
+	line[n++] = '\n';
+	sys3(SYS_write, get_error_fd(), line + 1, n - 1);
+}
+
 /* The restored process, born with its original pid. */
 static int restorer(void *unused)
 {
 	sigset_t all;
 
 	(void)unused;
+	mark("in the new namespace");
 	restore_process_early(&img);
 	restore_fds(&img);
 	prepare_memory(&img);
@@ -84,6 +129,7 @@ static int restorer(void *unused)
 	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, 8);
 	/* point of no return */
 	restore_memory(&img);
+	mark("memory restored");
 	restore_process_late(&img, &args);
 	restore_threads(&img);
 }
@@ -92,12 +138,15 @@ int main(int argc, char **argv)
 {
 	int err;
 
+	timing = getenv("CKPT_RESTART_TIMING") != NULL;
+	t_start_ns = now_ns();
 	parse_args(argc, argv);
 	err = arena_init();
 	if (err)
 		die("the restart address range is in use: %s", strerror(err));
 	raise_fd_limit();
 	image_load(&img, args.image, args.xxh3);
+	mark("image checked and loaded");
 	enter_namespaces();
 	return run_init(&img, restorer, NULL);
 }

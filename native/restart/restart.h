@@ -63,6 +63,7 @@ void *zone_stack(unsigned index);	/* top of a fresh stack, or NULL */
 /* log.c */
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void set_error_fd(int fd);
+int get_error_fd(void);
 void fatal(const char *what, long err) __attribute__((noreturn));
 
 /* image.c */

@@ -1,0 +1,173 @@
+"""Benchmarks of the checkpoint engine (issue 2), printed as tables.
+
+Every figure is compared with a baseline measured in the same run on the
+same filesystem, because absolute times drift on these machines:
+  - checkpoint write throughput vs a plain sequential write + fsync of the
+    same number of bytes;
+  - restart time vs reading the image's bytes back into fresh memory;
+  - a mostly untouched 8 GiB process: checkpoint time and image size;
+  - runtime overhead of the shim on compute, syscall, clock and malloc loops.
+
+    python3 bench/engine_bench.py [--mib 2048] [--dir DIR] [--reps 5]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / "bench" / "apps" / "bin"
+
+
+def ckpt(env, *args, **kw):
+    return subprocess.run([sys.executable, "-m", "ckpt", *map(str, args)], env=env,
+                          capture_output=True, text=True, check=True, **kw)
+
+
+def wait_for(path, text, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"{path} never showed {text!r}")
+
+
+def launch(env, work, job, *argv):
+    out = work / f"{job}.out"
+    f = open(out, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt", "launch", "--job-id", job,
+                             "--ckpt-dir", work / "images", "--", *map(str, argv)],
+                            env=env, stdout=f, stderr=subprocess.DEVNULL)
+    wait_for(out, "READY")
+    return proc, out
+
+
+def checkpoint(env, job):
+    t = time.monotonic()
+    path = Path(ckpt(env, "checkpoint", job).stdout.strip().splitlines()[-1])
+    wall = time.monotonic() - t
+    manifest = yaml.safe_load((path / "manifest.yaml").read_text())
+    proc = manifest["processes"][0]
+    return path, wall, proc
+
+
+def kill(env, job, proc):
+    ckpt(env, "kill", job)
+    proc.wait()
+
+
+def restart_time(env, image_dir, out):
+    """Seconds from `ckpt restart` until the restored job prints again."""
+    before = out.read_text().count("tick")
+    t = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt", "restart", image_dir], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while out.read_text(errors="replace").count("tick") <= before:
+        if proc.poll() is not None:
+            raise RuntimeError("restart failed")
+        time.sleep(0.002)
+    return time.monotonic() - t, proc
+
+
+def baseline(*args):
+    return float(subprocess.run([BIN / "io_baseline", *map(str, args)], check=True,
+                                capture_output=True, text=True).stdout)
+
+
+def table(title, header, rows):
+    print(f"\n{title}")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, ["-" * w for w in widths], *rows]:
+        print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+
+
+def bench_big(env, work, mib):
+    data = work / "baseline.bin"
+    base_write = baseline("write", data, mib)
+    proc, out = launch(env, work, "big", BIN / "bigproc", mib)
+    image_dir, wall, info = checkpoint(env, "big")
+    kill(env, "big", proc)
+    image = image_dir / info["image"]
+    base_read = baseline("read", image)
+    restart_s, rproc = restart_time(env, image_dir, out)
+    ckpt(env, "kill", "big")
+    rproc.wait()
+    data.unlink()
+    gib = info["size"] / 2**30
+    write_s = info["write_ns"] / 1e9
+    stopped_s = info["stopped_ns"] / 1e9
+    table(f"Checkpoint and restart of a {mib} MiB incompressible process "
+          f"(image {info['size'] / 2**20:.0f} MiB)",
+          ["what", "seconds", "GiB/s", "baseline s", "ratio (>=0.8)"],
+          [["image write (shim)", f"{write_s:.2f}", f"{gib / write_s:.2f}",
+            f"{base_write:.2f}", f"{base_write / write_s:.2f}"],
+           ["checkpoint, wall", f"{wall:.2f}", f"{gib / wall:.2f}", f"{base_write:.2f}",
+            f"{base_write / wall:.2f}"],
+           ["app stopped", f"{stopped_s:.2f}", "", "", ""],
+           ["restart to running", f"{restart_s:.2f}", f"{gib / restart_s:.2f}",
+            f"{base_read:.2f}", f"{base_read / restart_s:.2f}"]])
+    print("  baselines: write = sequential write()+fsync of the same bytes; "
+          "restart = read() of the image into fresh memory")
+
+
+def bench_sparse(env, work):
+    proc, _ = launch(env, work, "sparse", BIN / "bigproc", 8192, 64)
+    image_dir, wall, info = checkpoint(env, "sparse")
+    kill(env, "sparse", proc)
+    table("Untouched memory costs nothing: 8 GiB mapped, 64 MiB touched",
+          ["checkpoint wall s", "image write s", "image MiB", "touched MiB"],
+          [[f"{wall:.3f}", f"{info['write_ns'] / 1e9:.3f}",
+            f"{info['size'] / 2**20:.1f}", "64"]])
+
+
+def run_loop(env, kind, n, shim):
+    if not shim:
+        argv = [BIN / "loops", kind, n]
+        return float(subprocess.run(list(map(str, argv)), capture_output=True, text=True, check=True).stdout)
+    proc = subprocess.run([sys.executable, "-m", "ckpt", "launch", "--", BIN / "loops", kind, n],
+                          env=env, capture_output=True, text=True, check=True)
+    return float(proc.stdout)
+
+
+def bench_overhead(env, reps):
+    loops = {"compute": 200_000_000, "syscalls": 1_000_000, "clock": 20_000_000,
+             "malloc": 20_000_000}
+    rows = []
+    for kind, n in loops.items():
+        plain, shim = [], []
+        for _ in range(reps):       # interleaved, so drift hits both alike
+            plain.append(run_loop(env, kind, n, False))
+            shim.append(run_loop(env, kind, n, True))
+        p, s = statistics.median(plain), statistics.median(shim)
+        rows.append([kind, f"{n:,}", f"{p:.3f}", f"{s:.3f}", f"{s / p:.3f}"])
+    table("Runtime overhead of the shim (median of interleaved runs)",
+          ["loop", "iterations", "plain s", "under ckpt s", "ratio (target <=1.01)"], rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=2048)
+    ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    subprocess.run(["make", "-s", "-C", REPO / "native"], check=True)
+    subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        work = Path(tmp)
+        env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
+                   CKPT_CONFIG=str(work / "none.yaml"))
+        print(f"ckpt engine benchmarks, work dir {work}")
+        bench_big(env, work, args.mib)
+        bench_sparse(env, work)
+        bench_overhead(env, args.reps)
+
+
+if __name__ == "__main__":
+    main()
