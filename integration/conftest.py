@@ -1,6 +1,9 @@
 import os
 import random
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +35,11 @@ def session(tmp_path, rng):
 
 
 @pytest.fixture
-def unprivileged_session(tmp_path_factory, rng):
+def unprivileged_session(rng):
     if os.getuid() != 0:
         pytest.skip("needs root to switch to an unprivileged uid")
-    root = tmp_path_factory.mktemp("unpriv")
-    os.chmod(root.parent, 0o755)
-    os.chmod(root.parent.parent, 0o755)
-    return Session(root, user=User(uid=UNPRIVILEGED_UID), rng=rng)
+    # not under pytest's basetemp: pytest keeps that private (0700)
+    root = Path(tempfile.mkdtemp(prefix="ckpt-unpriv-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    yield Session(root / "s", user=User(uid=UNPRIVILEGED_UID), rng=rng)
+    shutil.rmtree(root, ignore_errors=True)

@@ -67,6 +67,7 @@ class Session:
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self):
+        self.root.mkdir(parents=True, exist_ok=True)
         self.state = self.root / "state"
         self.images = self.root / "images"
         self.work = self.root / "work"

@@ -1,0 +1,145 @@
+"""Bad input and faults, end to end: one clear line and a non-zero exit,
+never a traceback or a hang; a failed checkpoint leaves the job running
+and the earlier checkpoint intact."""
+import os
+import subprocess
+
+import pytest
+import xxhash
+
+from ckpt.headers import load_headers
+
+from harness import APPS, Job, restart_and_finish
+
+COUNTER = ["counter", "300", "10"]
+
+
+def one_line(proc, *words):
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_static_program_is_refused(session):
+    proc = session.ckpt("launch", "--", APPS / "static_hello", check=False)
+    one_line(proc, "statically linked")
+
+
+def test_missing_executable(session):
+    proc = session.ckpt("launch", "--", "/nonexistent/app", check=False)
+    one_line(proc, "/nonexistent/app")
+
+
+def test_unknown_job(session):
+    for cmd in ("checkpoint", "kill", "status"):
+        one_line(session.ckpt(cmd, "no-such-job", check=False), "no-such-job")
+
+
+def test_restart_of_garbage_directory(session):
+    one_line(session.ckpt("restart", session.work, check=False))
+
+
+def _checkpointed_job(session, name):
+    reference = session.reference(*COUNTER)
+    job = Job(session, name, *COUNTER)
+    job.wait_ready()
+    job.checkpoint()
+    job.kill()
+    image = next(job.images[0].glob("*.img"))
+    return reference, job, image
+
+
+def test_corrupt_image_is_refused_before_restoring(session):
+    reference, job, image = _checkpointed_job(session, "corrupt")
+    data = bytearray(image.read_bytes())
+    good = bytes(data)
+    data[len(data) // 2] ^= 0xFF
+    image.write_bytes(data)
+    one_line(session.ckpt("restart", job.images[0], check=False), "checksum mismatch")
+    image.write_bytes(good[:-4096])
+    one_line(session.ckpt("restart", job.images[0], check=False), "truncated")
+    image.write_bytes(good)        # the intact image still restarts
+    assert restart_and_finish(session, job.images[0], job) == reference
+
+
+def _rewrite_header(image, **fields):
+    """Change header fields and fix the header checksum, as another build would."""
+    h = load_headers()
+    raw = bytearray(image.read_bytes())
+    size = h.ffi.sizeof("struct ckpt_image_header")
+    header = h.ffi.cast("struct ckpt_image_header *", h.ffi.from_buffer(raw))
+    for k, v in fields.items():
+        setattr(header, k, v)
+    header.header_xxh = 0
+    header.header_xxh = xxhash.xxh3_64_intdigest(bytes(raw[:size]))
+    image.write_bytes(raw)
+    return xxhash.xxh3_64_hexdigest(bytes(raw))
+
+
+def test_image_of_another_architecture_or_version(session):
+    _, job, image = _checkpointed_job(session, "foreign")
+    manifest = job.images[0] / "manifest.yaml"
+    text = manifest.read_text()
+    good = image.read_bytes()
+    for fields, words in (({"arch": 183}, "aarch64"), ({"format_version": 99}, "format version")):
+        new = _rewrite_header(image, **fields)
+        old = next(l.split(":", 1)[1].strip().strip("'\"") for l in text.splitlines()
+                   if "xxh3" in l)
+        manifest.write_text(text.replace(old, new))
+        one_line(session.ckpt("restart", job.images[0], check=False), words)
+        image.write_bytes(good)
+        manifest.write_text(text)
+    manifest.write_text(text.replace("engine_version: 0.1.0", "engine_version: 9.9.9"))
+    one_line(session.ckpt("restart", job.images[0], check=False), "engine")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_abandons_checkpoint_and_job_keeps_running(session):
+    fs = session.root / "small-fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", fs], check=True)
+    try:
+        reference = session.reference(*COUNTER)
+        job = _launch_with_dir(session, "full", fs, COUNTER)
+        job.wait_ready()
+        first = job.checkpoint()                       # about 4.5 MiB: fits
+        failed = session.ckpt("checkpoint", job.id, check=False)
+        line = one_line(failed, "No space left")      # the second does not
+        assert job.wait() == 0, "the job must survive the failed checkpoint"
+        assert job.output() == reference
+        listing = session.ckpt("images", fs / "full").stdout
+        assert "ckpt-0001" in listing and "\tok" in listing and "ckpt-0002" not in listing, listing
+        assert not list((fs / "full").glob(".ckpt-*")), "temporary checkpoint left behind"
+        assert restart_and_finish(session, first, job) == reference, line
+    finally:
+        subprocess.run(["umount", "-l", fs])
+
+
+def _launch_with_dir(session, job_id, ckpt_dir, app_args):
+    saved = session.images
+    session.images = ckpt_dir
+    try:
+        return Job(session, job_id, *app_args)
+    finally:
+        session.images = saved
+
+
+def test_unwritable_ckpt_dir_abandons_checkpoint(unprivileged_session):
+    s = unprivileged_session
+    reference = s.reference(*COUNTER)
+    job = Job(s, "ro", *COUNTER)
+    job.wait_ready()
+    first = job.checkpoint()
+    os.chmod(s.images / "ro", 0o555)             # no more checkpoints can be written
+    try:
+        one_line(s.ckpt("checkpoint", job.id, check=False), "ermission denied")
+    finally:
+        os.chmod(s.images / "ro", 0o755)
+    assert job.wait() == 0
+    assert job.output() == reference
+    assert "\tok" in s.ckpt("images", s.images / "ro").stdout
+    assert restart_and_finish(s, first, job) == reference
