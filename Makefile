@@ -20,7 +20,8 @@ test:
 	./run-tests.sh
 
 bench: all
-	python3 -m ckpt bench
+	python3 bench/engine_bench.py
+	python3 bench/softverbs_bench.py
 
 clean:
 	$(MAKE) -C native clean

@@ -777,7 +777,7 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ib = &ctx->vctx.context;
 	ib->device = device;
 	ib->ops.poll_cq = sv_poll_cq;
-	ib->ops.req_notify_cq = NULL;	/* set in verbs.c init below */
+	ib->ops.req_notify_cq = sv_req_notify_cq;
 	ib->ops.post_send = sv_post_send;
 	ib->ops.post_recv = sv_post_recv;
 	ib->ops.post_srq_recv = sv_post_srq_recv;
@@ -792,11 +792,6 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.query_port = sv_query_port_ex;
 	ctx->vctx.query_device_ex = sv_query_device_ex;
 	ctx->vctx.create_qp_ex = sv_create_qp_ex_op;
-	{
-		extern int sv_req_notify_cq(struct ibv_cq *cq, int solicited);
-
-		ib->ops.req_notify_cq = sv_req_notify_cq;
-	}
 	if (ib->async_fd < 0) {
 		err = errno;
 		goto err_buf;

@@ -247,6 +247,7 @@ static inline struct sv_context *to_sctx(struct ibv_context *ibctx)
 #define to_sch(c)	((struct sv_channel *)(c))
 
 /* ---- verbs.c helpers used by the transport ---- */
+int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 void sv_cq_push(struct sv_context *ctx, struct sv_cq *cq,
 		const struct ibv_wc *wc, bool solicited);
 void sv_async_push(struct sv_context *ctx, enum ibv_event_type type,

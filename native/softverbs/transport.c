@@ -9,14 +9,17 @@
  * queue makes sendmsg() fail with EAGAIN, which we treat like link-level
  * credit back-pressure: the WQE stays queued and is retried.
  *
+ * QPs of other hosts are reached over UDP (see sv_resolve()).
+ *
  * UD: one datagram per message; no posted receive or bad Q_Key = dropped.
  * RC: requests carry a 24-bit PSN (one per message) and are segmented into
  * SV_PKT_PAYLOAD pieces.  The responder answers every message with a
- * cumulative ACK, a READ response, or a NAK (RNR, remote access, invalid
- * request, remote operational error).  The requester completes on ACK,
- * goes back to the NAKed PSN after an RNR delay, and retransmits after the
- * QP's timeout if a request went unanswered (the responder drops requests
- * when it is not in RTR/RTS), giving RETRY_EXC_ERR once retry_cnt is spent.
+ * cumulative ACK (delayed briefly so that a reply request can carry it),
+ * a READ response, or a NAK (RNR, remote access, invalid request, remote
+ * operational error).  The requester completes on ACK, goes back to the
+ * NAKed PSN after an RNR delay, and retransmits after the QP's timeout if
+ * a request went unanswered (the responder drops requests when it is not
+ * in RTR/RTS), giving RETRY_EXC_ERR once retry_cnt is spent.
  * UC: like RC without acknowledgements.
  *
  * Progress happens in poll_cq / post_send of the application and in one
@@ -630,6 +633,10 @@ static void sq_ack_upto(struct sv_context *ctx, struct sv_qp *qp, uint32_t psn)
 
 		if (psn_diff(w->psn, psn) > 0)
 			break;
+		/* a READ is done when its data is, whatever the ACKs say
+		 * (UDP may reorder a response behind a later ACK) */
+		if (w->opcode == IBV_WR_RDMA_READ && w->rx_off < w->len)
+			break;
 		complete_send(ctx, qp, w, IBV_WC_SUCCESS);
 		qp->sq_head++;
 		progress = true;
@@ -967,10 +974,11 @@ static void rc_requester_rx(struct sv_context *ctx, struct sv_qp *qp,
 	case SV_OP_READ_RESP:
 		w = sq_find_psn(qp, p->psn);
 		if (!w || w->opcode != IBV_WR_RDMA_READ ||
-		    p->offset + len > w->len)
-			return;
+		    p->offset + len > w->len || p->offset != w->rx_off)
+			return;	/* stray, duplicate or out of order */
 		scatter(w->sge, w->num_sge, p->offset, data, len);
-		if (p->flags & SV_F_LAST)
+		w->rx_off += len;
+		if (w->rx_off == w->len)
 			sq_ack_upto(ctx, qp, p->psn);
 		break;
 	case SV_OP_NAK:
