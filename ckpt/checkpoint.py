@@ -31,10 +31,11 @@ def prepare_directory(job_dir):
 class CheckpointRun:
     """Takes one checkpoint through a coordinator (its barriers and warnings)."""
 
-    def __init__(self, coordinator, procs, kill=False):
+    def __init__(self, coordinator, procs, kill=False, forked=False):
         self.coord = coordinator
         self.procs = list(procs)
         self.kill = kill
+        self.forked = forked and not kill  # --kill: nothing to run on for
         self.number, self.tmp = prepare_directory(coordinator.job_dir)
         self.start_ns = time.time_ns()
 
@@ -44,13 +45,21 @@ class CheckpointRun:
         try:
             threads = await self._phase("SUSPEND")
             await self._phase("DRAIN")
-            written = await self._phase("WRITE", escape(self.tmp))
-            entries = self._image_entries(written, threads)
+            mode = " fork" if self.forked else ""
+            written = await self._phase("WRITE", escape(self.tmp) + mode)
+            if not self.forked:
+                entries = self._image_entries(written, threads)
             stopped = {}
             if not self.kill:  # --kill: the job dies suspended, never resumed
                 suspended = []  # RESUME ok is out: no abort after this point
                 # a process that exits once resumed still has a complete image
                 stopped, _ = await self.coord.barrier("RESUME", self.procs, "ok", seq=self.number)
+            if self.forked:
+                # the children write while the job runs; a process that fell
+                # back to writing in place answered WRITE with the file keys
+                synced = await self._phase("SYNC")
+                entries = self._image_entries(
+                    {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
             return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
             await self._abandon(suspended)

@@ -56,20 +56,24 @@ def main():
 @click.option("--job-id", help="Job id (default: <host>-<random>).")
 @click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
+@click.option("--forked", is_flag=True, default=None,
+              help="Periodic checkpoints are written by a copy-on-write child.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(job_id, ckpt_dir, interval, command):
+def launch(job_id, ckpt_dir, interval, forked, command):
     """Run COMMAND in the foreground under the checkpoint shim."""
     from ckpt.launch import launch as run_launch
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval)
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval, forked_write=forked)
     sys.exit(run_launch(list(command), config, job_id))
 
 
 @main.command()
 @click.argument("job_id")
 @click.option("--kill", is_flag=True, help="Kill the job once the checkpoint is written.")
-def checkpoint(job_id, kill):
+@click.option("--forked", is_flag=True,
+              help="A copy-on-write child writes the image; the job resumes at once.")
+def checkpoint(job_id, kill, forked):
     """Checkpoint a running job; prints the checkpoint directory."""
-    path, warnings = client.checkpoint(job_id, kill=kill)
+    path, warnings = client.checkpoint(job_id, kill=kill, forked=forked)
     for warning in warnings:
         click.echo(f"ckpt: warning: {warning}", err=True)
     click.echo(path)

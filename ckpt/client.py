@@ -28,9 +28,10 @@ def request(job, command, timeout=None):
     raise CkptError(f"job {job.job_id}: the job ended before the coordinator answered")
 
 
-def checkpoint(job_id, kill=False):
+def checkpoint(job_id, kill=False, forked=False):
     """Returns (checkpoint dir, warnings)."""
-    value = request(find_job(job_id), "CHECKPOINT kill" if kill else "CHECKPOINT")
+    words = ["CHECKPOINT"] + (["kill"] if kill else []) + (["forked"] if forked else [])
+    value = request(find_job(job_id), " ".join(words))
     path, *warnings = value.split(" ")
     return unescape(path), [unescape(w) for w in warnings]
 

@@ -15,6 +15,7 @@ ENV_NAMES = {
     "interval": "CKPT_INTERVAL",
     "barrier_timeout": "CKPT_BARRIER_TIMEOUT",
     "keep": "CKPT_KEEP",
+    "forked_write": "CKPT_FORKED_WRITE",
 }
 
 
@@ -24,6 +25,7 @@ class Config:
     interval: float = 0.0          # seconds between periodic checkpoints; 0 = off
     barrier_timeout: float = 120.0  # seconds each phase may take
     keep: int = 0                  # checkpoints kept per job; 0 = all
+    forked_write: bool = False     # a copy-on-write child writes; the job resumes at once
 
 
 def default_config():
@@ -61,6 +63,17 @@ def _keep(value, source):
     return number
 
 
+def _flag(value, key, source):
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "yes", "true", "on"):
+        return True
+    if text in ("0", "no", "false", "off", ""):
+        return False
+    raise CkptError(f"{source}: {key} must be yes or no, not {value!r}")
+
+
 def _convert(key, value, source):
     """One raw value (from YAML, env or a flag) to its typed form."""
     if key == "ckpt_dir":
@@ -73,6 +86,8 @@ def _convert(key, value, source):
         return _seconds(value, key, source, allow_zero=False)
     if key == "keep":
         return _keep(value, source)
+    if key == "forked_write":
+        return _flag(value, key, source)
     raise CkptError(f"{source}: unknown setting {key!r}")
 
 

@@ -35,13 +35,14 @@ class Coordinator:
 
     def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
                  keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
-                 headers=None, first_hello_wait=FIRST_HELLO_WAIT):
+                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False):
         self.job_id = job_id
         self.socket_path = str(socket_path)
         self.job_dir = Path(job_dir)
         self.command = list(command)
         self.barrier_timeout = barrier_timeout
         self.keep = keep
+        self.forked_write = forked_write  # default for periodic checkpoints
         self.restarted_from = restarted_from
         self.warn = warn
         self.on_kill = on_kill
@@ -193,13 +194,17 @@ class Coordinator:
         timeout = self.barrier_timeout if timeout is None else timeout
         return await barrier(phase, procs, timeout=timeout, arg=arg, seq=seq)
 
-    async def checkpoint(self, kill=False):
-        """Take one checkpoint; returns (published dir, warnings)."""
+    async def checkpoint(self, kill=False, forked=None):
+        """Take one checkpoint; returns (published dir, warnings).
+
+        forked: a copy-on-write child of each process writes its image
+        while the job runs on (None: the job's default)."""
+        forked = self.forked_write if forked is None else forked
         async with self._busy:
             self._warnings = []
             try:
                 procs = await self._first_processes()
-                final = await CheckpointRun(self, procs, kill).run()
+                final = await CheckpointRun(self, procs, kill, forked).run()
                 warnings = self.checkpoint_warnings()
             finally:
                 self._warnings = None
@@ -276,7 +281,8 @@ class Coordinator:
         command, *args = rest.split() or [""]
         if command == "CHECKPOINT":
             # shielded: a client that goes away does not cut a checkpoint short
-            task = self._spawn(self.checkpoint(kill="kill" in args))
+            task = self._spawn(self.checkpoint(kill="kill" in args,
+                                               forked=True if "forked" in args else None))
             try:
                 path, warnings = await asyncio.shield(task)
                 reply = " ".join(["OK", escape(path)] + [escape(w) for w in warnings])

@@ -144,10 +144,10 @@ class Job:
         self.images.append(path)
         return path
 
-    def checkpoint_at_random_moments(self, count, low=0.05, high=0.4):
+    def checkpoint_at_random_moments(self, count, low=0.05, high=0.4, *extra):
         for _ in range(count):
             time.sleep(self.s.rng.uniform(low, high))
-            self.checkpoint()
+            self.checkpoint(*extra)
 
     def kill(self):
         self.s.ckpt("kill", self.id)

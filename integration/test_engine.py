@@ -35,6 +35,23 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
             f"{app} restarted from {image.name} differs from an uninterrupted run"
 
 
+@pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer"])
+def test_forked_checkpoints(session, app):
+    """A copy-on-write child writes the image while the job runs on; its
+    image must be as good as one written with the job stopped."""
+    # bigmem runs longer: its children write 512 MiB while it goes on
+    args = ["600", "10", "512"] if app == "bigmem" else PROGRAMS[app]
+    reference = session.reference(app, *args)
+    job = Job(session, f"f-{app}", app, *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.05, 0.4, "--forked")
+    job.kill()
+    for image in job.images:
+        manifest = (image / "manifest.yaml").read_text()
+        assert "write_ns" in manifest and "size" in manifest
+        assert restart_and_finish(session, image, job) == reference
+
+
 @pytest.mark.parametrize("app", ["counter", "threads", "files"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""

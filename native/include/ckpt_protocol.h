@@ -20,7 +20,9 @@ enum ckpt_phase {
 	/* restart, in this order (RESUME ends it too) */
 	CKPT_PHASE_REBUILD = 4,	/* recreate real resources, PUT new ids */
 	CKPT_PHASE_REFILL = 5,	/* GET peers' ids, refill drained data */
-	CKPT_PHASE_COUNT = 6
+	/* forked write: after RESUME, wait for the copy-on-write child */
+	CKPT_PHASE_SYNC = 6,
+	CKPT_PHASE_COUNT = 7
 };
 
 #define CKPT_PROTOCOL_VERSION 1
@@ -30,7 +32,7 @@ enum ckpt_phase {
 static inline const char *ckpt_phase_name(enum ckpt_phase p)
 {
 	static const char *const names[CKPT_PHASE_COUNT] = {
-		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL",
+		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL", "SYNC",
 	};
 	return (unsigned)p < CKPT_PHASE_COUNT ? names[p] : "?";
 }

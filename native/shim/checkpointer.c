@@ -75,108 +75,36 @@ static void reply(enum ckpt_phase phase, int err, const char *detail)
 			   detail && *detail ? " " : "", detail ? detail : "");
 }
 
-static int fill_header(struct ckpt_image_header *h)
+static void write_image(char *dir, int forked)
 {
-	struct timespec ts;
-	unsigned nthreads = 1;
-
-	for (unsigned i = 0; i < quiesce_count(); i++)
-		nthreads += quiesce_thread(i) != NULL;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	memset(h, 0, sizeof(*h));
-	h->magic = CKPT_IMAGE_MAGIC;
-	h->format_version = CKPT_IMAGE_VERSION;
-	h->arch = CKPT_ARCH_X86_64;
-	h->page_size = CKPT_PAGE_SIZE;
-	h->header_size = CKPT_HEADER_SIZE;
-	snprintf(h->engine_version, sizeof(h->engine_version), "%s", CKPT_ENGINE_VERSION);
-	snprintf(h->hostname, sizeof(h->hostname), "%s", hostname());
-	h->pid = getpid();
-	h->nthreads = nthreads;
-	h->restart_info = (uint64_t)&shim_restart_info;
-	h->reserve_start = CKPT_RESERVE_START;
-	h->reserve_end = CKPT_RESERVE_END;
-	h->time_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-	h->header_xxh = shim_xxh3(h, sizeof(*h));
-	return 0;
-}
-
-static int write_records(struct image_writer *w)
-{
-	static const char end_marker[8];
-	char page[CKPT_HEADER_SIZE] = { 0 };
-	int err;
-
-	fill_header((struct ckpt_image_header *)page);
-	err = iw_append(w, page, sizeof(page));
-	if (!err)
-		err = save_process(w);
-	if (!err)
-		err = save_threads(w, &self_rec);
-	if (!err)
-		err = save_fds(w);
-	if (!err)
-		err = save_memory(w);
-	if (!err)
-		err = iw_record(w, CKPT_REC_END, end_marker, sizeof(end_marker));
-	return err;
-}
-
-static void write_image(char *dir)
-{
-	char name[128], detail[256];
-	struct image_writer *w;
-	uint64_t size = 0, xxh = 0;
-	int64_t t0 = shim_now_ns();
-	int dirfd, err;
+	char detail[600];
+	int err = EAGAIN;
 
 	unescape(dir);
-	snprintf(name, sizeof(name), "%s-%d.img", hostname(), getpid());
-	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dirfd < 0) {
-		err = errno;
-		snprintf(detail, sizeof(detail), "cannot open %s: %s", dir, strerror(err));
-		reply(CKPT_PHASE_WRITE, err, detail);
-		return;
-	}
-	shim_fd_own(dirfd);
-	w = iw_open(dirfd, name);
-	if (!w) {
-		err = errno;
-		snprintf(detail, sizeof(detail), "cannot create %s/%s: %s", dir, name,
-			 strerror(err));
-		goto out;
-	}
-	err = write_records(w);
-	if (err) {
-		snprintf(detail, sizeof(detail), "writing %s/%s: %s", dir, name, strerror(err));
-		iw_abort(w, dirfd, name);
-		goto out;
-	}
-	err = iw_finish(w, &size, &xxh);
-	if (err) {
-		snprintf(detail, sizeof(detail), "writing %s/%s: %s", dir, name, strerror(err));
-		unlinkat(dirfd, name, 0);
-		goto out;
-	}
-	snprintf(detail, sizeof(detail), "file=%s size=%llu xxh3=%016llx write_ns=%lld",
-		 name, (unsigned long long)size, (unsigned long long)xxh,
-		 (long long)(shim_now_ns() - t0));
-out:
-	shim_fd_disown(dirfd);
-	close(dirfd);
+	if (forked)
+		err = image_write_forked(dir, &self_rec, detail, sizeof(detail));
+	if (err == EAGAIN)	/* not forked, or not possible: write in place */
+		err = image_write_now(dir, &self_rec, detail, sizeof(detail));
 	reply(CKPT_PHASE_WRITE, err, detail);
 }
 
 /* A restarted process returns from here a second time, with 1. */
-static int __attribute__((noinline)) phase_write(char *dir)
+static int __attribute__((noinline)) phase_write(char *dir, int forked)
 {
 	thread_fill_record(&self_rec);
 	self_rec.flags = CKPT_THREAD_CHECKPOINTER;
 	if (ckpt_save_context(&self_rec.regs))
 		return SESSION_RESTARTED;
-	write_image(dir);
+	write_image(dir, forked);
 	return 0;
+}
+
+static void phase_sync(void)
+{
+	char detail[600];
+	int err = image_write_wait(detail, sizeof(detail));
+
+	reply(CKPT_PHASE_SYNC, err, detail);
 }
 
 static int run_hooks(enum ckpt_phase phase, unsigned seq, int aborted)
@@ -216,7 +144,11 @@ static void phase_resume(unsigned seq, const char *arg)
 {
 	char detail[64];
 
-	run_hooks(CKPT_PHASE_RESUME, seq, arg && !strcmp(arg, "abort"));
+	int aborted = arg && !strcmp(arg, "abort");
+
+	if (aborted)
+		image_write_cancel();
+	run_hooks(CKPT_PHASE_RESUME, seq, aborted);
 	quiesce_resume();
 	snprintf(detail, sizeof(detail), "stopped_ns=%lld",
 		 restarting ? 0LL : (long long)(shim_now_ns() - suspended_at));
@@ -224,12 +156,14 @@ static void phase_resume(unsigned seq, const char *arg)
 	reply(CKPT_PHASE_RESUME, 0, detail);
 }
 
-static int handle_phase(char *name, unsigned seq, char *arg)
+static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 {
 	if (!strcmp(name, "SUSPEND"))
 		phase_suspend(seq);
 	else if (!strcmp(name, "WRITE") && arg)
-		return phase_write(arg);
+		return phase_write(arg, mode && !strcmp(mode, "fork"));
+	else if (!strcmp(name, "SYNC"))
+		phase_sync();
 	else if (!strcmp(name, "RESUME"))
 		phase_resume(seq, arg);
 	else if (!strcmp(name, "DRAIN") && !run_hooks(CKPT_PHASE_DRAIN, seq, 0))
@@ -248,16 +182,17 @@ static int run_session(void)
 	while (coord_recv(line, sizeof(line)) == 0) {
 		char *save = NULL;
 		char *word = strtok_r(line, " ", &save);
-		char *name, *seq, *arg;
+		char *name, *seq, *arg, *mode;
 
 		if (!word || strcmp(word, "PHASE"))
 			continue;	/* WELCOME and anything unknown */
 		name = strtok_r(NULL, " ", &save);
 		seq = strtok_r(NULL, " ", &save);
 		arg = strtok_r(NULL, " ", &save);
+		mode = strtok_r(NULL, " ", &save);
 		if (!name || !seq)
 			continue;
-		if (handle_phase(name, strtoul(seq, NULL, 10), arg) == SESSION_RESTARTED)
+		if (handle_phase(name, strtoul(seq, NULL, 10), arg, mode) == SESSION_RESTARTED)
 			return SESSION_RESTARTED;
 	}
 	return SESSION_EOF;
@@ -271,6 +206,7 @@ static int after_restart(void)
 	coord_forget();
 	shim_fd_forget_all();
 	scratch_forget();
+	image_writer_forget();
 	restarting = 1;
 	err = quiesce_wait_restored(RESTORE_TIMEOUT_MS);
 	if (err) {

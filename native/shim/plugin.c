@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include "shim.h"
 
 #define MAX_PLUGINS 16
@@ -10,6 +11,12 @@
 static struct ckpt_plugin plugins[MAX_PLUGINS];
 static unsigned nplugins;
 static char failure[256];
+static int warn_fd = -1;		/* a forked writer sends warnings here */
+
+void warnings_to_fd(int fd)
+{
+	warn_fd = fd;
+}
 
 int ckpt_plugin_register(const struct ckpt_plugin *plugin)
 {
@@ -67,6 +74,13 @@ void ckpt_warn(const char *fmt, ...)
 	for (char *c = msg; *c; c++)
 		if (*c == '\n')
 			*c = ' ';
+	if (warn_fd >= 0) {
+		char line[520];
+		int n = snprintf(line, sizeof(line), "WARN %s\n", msg);
+
+		if (write(warn_fd, line, n) == n)
+			return;
+	}
 	if (coord_fd() < 0 || coord_send("WARN %s", msg))
 		shim_log("warning: %s", msg);
 }

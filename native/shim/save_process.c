@@ -100,35 +100,31 @@ static void read_limits_and_timers(struct ckpt_process *p)
 	}
 }
 
-int save_process(struct image_writer *w)
+/* Collected in the process itself: a forked writer has no itimers. */
+int collect_process(struct ckpt_process *p)
 {
-	struct ckpt_process *p = scratch_map(sizeof(*p));
 	ssize_t n;
 	int err;
 
-	if (!p)
-		return ENOMEM;
+	memset(p, 0, sizeof(*p));
 	p->umask = umask(022);
 	umask(p->umask);
 	p->pgid = getpgid(0);
 	p->sid = getsid(0);
 	p->ppid = getppid();
 	err = read_mm_fields(p);
-	if (!err) {
-		n = read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
-		p->auxv_words = n > 0 ? n / 8 : 0;
-		read_sigactions(p);
-		read_limits_and_timers(p);
-		if (!getcwd(p->cwd, sizeof(p->cwd)))
-			err = errno;
-		n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);
-		if (n > 0)
-			p->exe[n] = '\0';
-	}
-	if (!err)
-		err = iw_record(w, CKPT_REC_PROCESS, p, sizeof(*p));
-	scratch_unmap(p, sizeof(*p));
-	return err;
+	if (err)
+		return err;
+	n = read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+	p->auxv_words = n > 0 ? n / 8 : 0;
+	read_sigactions(p);
+	read_limits_and_timers(p);
+	if (!getcwd(p->cwd, sizeof(p->cwd)))
+		return errno;
+	n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);
+	if (n > 0)
+		p->exe[n] = '\0';
+	return 0;
 }
 
 int save_threads(struct image_writer *w, const struct ckpt_thread *self)

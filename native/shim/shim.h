@@ -74,7 +74,7 @@ SHIM_HIDDEN void iw_abort(struct image_writer *w, int dirfd, const char *name);
 SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 
 /* save_*.c: the records of one image */
-SHIM_HIDDEN int save_process(struct image_writer *w);
+SHIM_HIDDEN int collect_process(struct ckpt_process *p);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);
 SHIM_HIDDEN int save_memory(struct image_writer *w);
 SHIM_HIDDEN int save_fds(struct image_writer *w);
@@ -84,6 +84,18 @@ SHIM_HIDDEN void *scratch_map(size_t len);
 SHIM_HIDDEN void scratch_unmap(void *p, size_t len);
 SHIM_HIDDEN int scratch_at(uint64_t addr, uint64_t *until);
 SHIM_HIDDEN void scratch_forget(void);
+
+/* plugin.c: where warnings go (the coordinator, or a forked writer's pipe) */
+SHIM_HIDDEN void warnings_to_fd(int fd);
+
+/* writer.c: the image file, written in place or by a forked child */
+SHIM_HIDDEN int image_write_now(const char *dir, const struct ckpt_thread *self,
+				char *detail, size_t size);
+SHIM_HIDDEN int image_write_forked(const char *dir, const struct ckpt_thread *self,
+				   char *detail, size_t size);
+SHIM_HIDDEN int image_write_wait(char *detail, size_t size);
+SHIM_HIDDEN void image_write_cancel(void);
+SHIM_HIDDEN void image_writer_forget(void);
 
 /* checkpointer.c */
 SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;

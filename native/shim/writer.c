@@ -1,0 +1,304 @@
+/*
+ * Writing the image of this process, in the checkpoint thread or, for a
+ * forked checkpoint, in a copy-on-write child: the child holds the memory
+ * as it was at fork time and writes it while the application runs again.
+ *
+ * The child is made with a bare clone() whose exit signal is 0, so the
+ * application gets no SIGCHLD and its wait() calls never see it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "shim.h"
+
+#define SMAPS_MAX (16 << 20)
+
+static pid_t writer_pid;		/* forked writer still running, or 0 */
+static int writer_pipe = -1;		/* its report: WARN lines, then DONE/FAIL */
+
+static const char *hostname(void)
+{
+	static struct utsname u;
+
+	if (!u.nodename[0] && uname(&u))
+		strcpy(u.nodename, "localhost");
+	return u.nodename;
+}
+
+static void fill_header(struct ckpt_image_header *h, pid_t pid)
+{
+	struct timespec ts;
+	unsigned nthreads = 1;
+
+	for (unsigned i = 0; i < quiesce_count(); i++)
+		nthreads += quiesce_thread(i) != NULL;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	memset(h, 0, sizeof(*h));
+	h->magic = CKPT_IMAGE_MAGIC;
+	h->format_version = CKPT_IMAGE_VERSION;
+	h->arch = CKPT_ARCH_X86_64;
+	h->page_size = CKPT_PAGE_SIZE;
+	h->header_size = CKPT_HEADER_SIZE;
+	snprintf(h->engine_version, sizeof(h->engine_version), "%s", CKPT_ENGINE_VERSION);
+	snprintf(h->hostname, sizeof(h->hostname), "%s", hostname());
+	h->pid = pid;
+	h->nthreads = nthreads;
+	h->restart_info = (uint64_t)&shim_restart_info;
+	h->reserve_start = CKPT_RESERVE_START;
+	h->reserve_end = CKPT_RESERVE_END;
+	h->time_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	h->header_xxh = shim_xxh3(h, sizeof(*h));
+}
+
+static int write_records(struct image_writer *w, pid_t pid, const struct ckpt_process *proc,
+			 const struct ckpt_thread *self)
+{
+	static const char end_marker[8];
+	char page[CKPT_HEADER_SIZE] = { 0 };
+	int err;
+
+	fill_header((struct ckpt_image_header *)page, pid);
+	err = iw_append(w, page, sizeof(page));
+	if (!err)
+		err = iw_record(w, CKPT_REC_PROCESS, proc, sizeof(*proc));
+	if (!err)
+		err = save_threads(w, self);
+	if (!err)
+		err = save_fds(w);
+	if (!err)
+		err = save_memory(w);
+	if (!err)
+		err = iw_record(w, CKPT_REC_END, end_marker, sizeof(end_marker));
+	return err;
+}
+
+/* Write <dir>/<host>-<pid>.img; detail gets the DONE keys or the error. */
+static int write_file(const char *dir, pid_t pid, const struct ckpt_process *proc,
+		      const struct ckpt_thread *self, char *detail, size_t size)
+{
+	struct image_writer *w;
+	uint64_t bytes = 0, xxh = 0;
+	int64_t t0 = shim_now_ns();
+	char name[128];
+	int dirfd, err;
+
+	snprintf(name, sizeof(name), "%s-%d.img", hostname(), pid);
+	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0) {
+		err = errno;
+		snprintf(detail, size, "cannot open %s: %s", dir, strerror(err));
+		return err;
+	}
+	shim_fd_own(dirfd);
+	w = iw_open(dirfd, name);
+	if (!w) {
+		err = errno;
+		snprintf(detail, size, "cannot create %s/%s: %s", dir, name, strerror(err));
+		goto out;
+	}
+	err = write_records(w, pid, proc, self);
+	if (err) {
+		iw_abort(w, dirfd, name);
+	} else {
+		err = iw_finish(w, &bytes, &xxh);
+		if (err)
+			unlinkat(dirfd, name, 0);
+	}
+	if (err)
+		snprintf(detail, size, "writing %s/%s: %s", dir, name, strerror(err));
+	else
+		snprintf(detail, size, "file=%s size=%llu xxh3=%016llx write_ns=%lld", name,
+			 (unsigned long long)bytes, (unsigned long long)xxh,
+			 (long long)(shim_now_ns() - t0));
+out:
+	shim_fd_disown(dirfd);
+	close(dirfd);
+	return err;
+}
+
+int image_write_now(const char *dir, const struct ckpt_thread *self, char *detail, size_t size)
+{
+	struct ckpt_process *proc = scratch_map(sizeof(*proc));
+	int err;
+
+	if (!proc)
+		return ENOMEM;
+	err = collect_process(proc);
+	if (err)
+		snprintf(detail, size, "reading process state: %s", strerror(err));
+	else
+		err = write_file(dir, getpid(), proc, self, detail, size);
+	scratch_unmap(proc, sizeof(*proc));
+	return err;
+}
+
+/* Memory a child would not see (MADV_DONTFORK, MADV_WIPEONFORK, as RDMA
+ * libraries use for registered buffers) rules out a forked write. */
+static int has_unforkable_memory(void)
+{
+	char *buf = scratch_map(SMAPS_MAX);
+	int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+	size_t len = 0;
+	ssize_t n;
+	int found = 1;
+
+	if (buf && fd >= 0) {
+		while (len < SMAPS_MAX - 1 && (n = read(fd, buf + len, SMAPS_MAX - 1 - len)) > 0)
+			len += n;
+		buf[len] = '\0';
+		found = len == SMAPS_MAX - 1;	/* too big to tell: be safe */
+		for (char *l = strstr(buf, "VmFlags:"); l && !found; l = strstr(l + 1, "VmFlags:")) {
+			char *end = strchr(l, '\n');
+
+			if (end)
+				*end = '\0';
+			found = strstr(l, " dc") || strstr(l, " wf");
+			if (end)
+				*end = '\n';
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	if (buf)
+		scratch_unmap(buf, SMAPS_MAX);
+	return found;
+}
+
+static void writer_child(const char *dir, pid_t pid, const struct ckpt_process *proc,
+			 const struct ckpt_thread *self, int report)
+{
+	char detail[600], line[640];
+	int err, n;
+
+	warnings_to_fd(report);
+	err = write_file(dir, pid, proc, self, detail, sizeof(detail));
+	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
+		  snprintf(line, sizeof(line), "DONE %s\n", detail);
+	if (write(report, line, n) != n)
+		err = EIO;
+	syscall(SYS_exit_group, err ? 1 : 0);
+}
+
+/*
+ * Snapshot now, write in a child.  Returns 0 with the child running, or
+ * EAGAIN when a forked write is not possible here (the caller writes in
+ * place), or another errno.
+ */
+int image_write_forked(const char *dir, const struct ckpt_thread *self, char *detail,
+		       size_t size)
+{
+	struct ckpt_process *proc;
+	pid_t parent = getpid();
+	int p[2], err;
+	long child;
+
+	if (has_unforkable_memory())
+		return EAGAIN;
+	proc = scratch_map(sizeof(*proc));
+	if (!proc)
+		return ENOMEM;
+	err = collect_process(proc);	/* itimers do not survive fork */
+	if (!err && pipe2(p, O_CLOEXEC))
+		err = errno;
+	if (err) {
+		snprintf(detail, size, "forked write: %s", strerror(err));
+		scratch_unmap(proc, sizeof(*proc));
+		return err;
+	}
+	shim_fd_own(p[0]);
+	shim_fd_own(p[1]);
+	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);	/* exit signal 0 */
+	if (child == 0) {
+		close(p[0]);
+		writer_child(dir, parent, proc, self, p[1]);
+	}
+	err = child < 0 ? errno : 0;
+	shim_fd_disown(p[1]);
+	close(p[1]);
+	scratch_unmap(proc, sizeof(*proc));
+	if (err) {
+		shim_fd_disown(p[0]);
+		close(p[0]);
+		snprintf(detail, size, "forked write: clone: %s", strerror(err));
+		return err;
+	}
+	writer_pid = child;
+	writer_pipe = p[0];
+	snprintf(detail, size, "forked=%ld", child);
+	return 0;
+}
+
+static void writer_reap(void)
+{
+	int status;
+
+	while (waitpid(writer_pid, &status, __WALL) < 0 && errno == EINTR)
+		;
+	shim_fd_disown(writer_pipe);
+	close(writer_pipe);
+	writer_pid = 0;
+	writer_pipe = -1;
+}
+
+/* SYNC: wait for the forked writer.  Forwards its warnings; detail gets
+ * its DONE keys or its error.  Without a forked writer there is nothing
+ * to wait for. */
+int image_write_wait(char *detail, size_t size)
+{
+	char buf[4096], *line, *nl;
+	size_t len = 0;
+	ssize_t n;
+	int err = EIO;
+
+	detail[0] = '\0';
+	if (!writer_pid)
+		return 0;
+	while (len < sizeof(buf) - 1 &&
+	       ((n = read(writer_pipe, buf + len, sizeof(buf) - 1 - len)) > 0 ||
+		(n < 0 && errno == EINTR)))
+		len += n > 0 ? n : 0;
+	buf[len] = '\0';
+	snprintf(detail, size, "forked writer died");
+	for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
+		*nl = '\0';
+		if (!strncmp(line, "WARN ", 5)) {
+			ckpt_warn("%s", line + 5);
+		} else if (!strncmp(line, "DONE ", 5)) {
+			snprintf(detail, size, "%s", line + 5);
+			err = 0;
+		} else if (!strncmp(line, "FAIL ", 5)) {
+			char *msg = strchr(line + 5, ' ');
+
+			err = atoi(line + 5);
+			snprintf(detail, size, "%s", msg ? msg + 1 : "forked write failed");
+		}
+	}
+	writer_reap();
+	return err ? err : 0;
+}
+
+/* An aborted checkpoint: the child's file is about to be deleted. */
+void image_write_cancel(void)
+{
+	if (!writer_pid)
+		return;
+	kill(writer_pid, SIGKILL);
+	writer_reap();
+}
+
+/* After a restart: the writer belonged to the old process. */
+void image_writer_forget(void)
+{
+	writer_pid = 0;
+	writer_pipe = -1;
+	warnings_to_fd(-1);
+}
