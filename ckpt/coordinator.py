@@ -108,6 +108,8 @@ class Coordinator:
                 await self._serve_client(rest, writer)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError):
             pass  # a peer that vanishes or talks nonsense is simply dropped
+        except asyncio.CancelledError:
+            pass  # the job is over: its connections end with it, quietly
         finally:
             writer.close()
 

@@ -42,6 +42,18 @@ def _terminal_foreground_is_ours():
         os.close(fd)
 
 
+def _one_line_exception(loop, context):
+    """asyncio's last-resort report, as one line instead of a traceback."""
+    if os.environ.get("CKPT_DEBUG"):
+        loop.default_exception_handler(context)
+        return
+    exc = context.get("exception")
+    if isinstance(exc, asyncio.CancelledError):
+        return  # a connection cut short by the end of the job
+    what = f"{type(exc).__name__}: {exc}" if exc else context.get("message", "?")
+    print(f"ckpt: warning: internal: {what}", file=sys.stderr)
+
+
 class JobSession:
     """One running job: coordinator, state-dir entry, children and signals."""
 
@@ -65,6 +77,7 @@ class JobSession:
         self._periodic = None
 
     async def __aenter__(self):
+        self.loop.set_exception_handler(_one_line_exception)
         become_subreaper()
         self.loop.add_signal_handler(signal.SIGCHLD, self._reap)
         for signum in FORWARDED_SIGNALS:

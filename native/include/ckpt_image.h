@@ -148,6 +148,7 @@ struct ckpt_process {
 	uint64_t auxv[CKPT_AUXV_WORDS];
 	uint32_t auxv_words;
 	uint32_t pad;
+	uint64_t shared_pending;	/* process-wide pending signals (ShdPnd) */
 	struct ckpt_ksigaction sigactions[CKPT_NSIG];
 	struct ckpt_itimer itimers[3];
 	struct ckpt_rlim rlimits[CKPT_NRLIMITS];
@@ -178,7 +179,7 @@ struct ckpt_fd {
 	uint64_t data_size;		/* bytes of data after the path */
 	uint64_t pipe_id;		/* inode: pairs the two ends of a pipe */
 	int32_t stdio_fd;		/* CKPT_FD_INHERIT: which restarter fd */
-	int32_t pad;
+	int32_t dup_of;			/* lower fd sharing this open file, or -1 */
 };
 
 struct ckpt_plugin_blob {

@@ -11,15 +11,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "restart.h"
 
-#define HIGH_FD (MAX_FDS + 32)
-
 static int stdio_fds[3] = { -1, -1, -1 };	/* the restarter's own stdio */
 static int image_fd = -1;
+static int fd_base = 3;			/* above every fd number of the image */
+
+int restart_fd_base(void)
+{
+	return fd_base;
+}
+
+/* Every fd ckpt-restart holds lives at or above fd_base, out of the way of
+ * the numbers it restores; the fd limit must leave room for them. */
+static void choose_fd_base(struct image *img)
+{
+	struct rlimit rl;
+	int highest = 2;
+
+	for (unsigned i = 0; i < img->nfds; i++)
+		if (img->fds[i].f.fd > highest)
+			highest = img->fds[i].f.fd;
+	fd_base = highest + 1;
+	if (getrlimit(RLIMIT_NOFILE, &rl) ||
+	    rl.rlim_cur < (rlim_t)fd_base + 2 * img->nfds + img->nvmas + 16)
+		die("the image uses fd %d: RLIMIT_NOFILE (%llu) is too low to restore it", highest,
+		    (unsigned long long)rl.rlim_cur);
+}
 
 static int move_high(int fd, const char *what)
 {
@@ -27,7 +49,9 @@ static int move_high(int fd, const char *what)
 
 	if (fd < 0)
 		die("cannot restore fd for %s: %s", what, strerror(errno));
-	high = fcntl(fd, F_DUPFD_CLOEXEC, HIGH_FD);
+	if (fd >= fd_base)
+		return fd;
+	high = fcntl(fd, F_DUPFD_CLOEXEC, fd_base);
 	if (high < 0)
 		die("cannot restore fd for %s: %s", what, strerror(errno));
 	close(fd);
@@ -37,22 +61,31 @@ static int move_high(int fd, const char *what)
 static void keep_stdio(void)
 {
 	for (int i = 0; i < 3; i++)
-		stdio_fds[i] = fcntl(i, F_DUPFD_CLOEXEC, HIGH_FD);
+		stdio_fds[i] = fcntl(i, F_DUPFD_CLOEXEC, fd_base);
 	set_error_fd(stdio_fds[2] >= 0 ? stdio_fds[2] : 2);
 }
 
-static int is_kept(int fd)
-{
-	return fd == image_fd || fd == stdio_fds[0] || fd == stdio_fds[1] ||
-	       fd == stdio_fds[2];
-}
-
+/* Everything inherited from whoever ran us goes, but what we keep. */
 static void close_others(void)
 {
-	for (int fd = 0; fd < HIGH_FD + 16; fd++)
-		if (!is_kept(fd))
-			close(fd);
-	syscall(SYS_close_range, HIGH_FD + 16, ~0U, 0);
+	int keep[4] = { image_fd, stdio_fds[0], stdio_fds[1], stdio_fds[2] };
+	unsigned lo = 0;
+
+	for (int i = 0; i < 4; i++)	/* sort, then close the gaps */
+		for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+			int t = keep[j];
+
+			keep[j] = keep[j - 1];
+			keep[j - 1] = t;
+		}
+	for (int i = 0; i < 4; i++) {
+		if (keep[i] < 0 || (unsigned)keep[i] < lo)
+			continue;
+		if ((unsigned)keep[i] > lo)
+			syscall(SYS_close_range, lo, keep[i] - 1, 0);
+		lo = keep[i] + 1;
+	}
+	syscall(SYS_close_range, lo, ~0U, 0);
 }
 
 static void write_all(int fd, const char *p, size_t len, const char *what)
@@ -178,17 +211,29 @@ static int open_one(struct image *img, const struct loaded_fd *lf,
 	}
 }
 
+/* Another fd on the open file of a lower fd (fds 1 and 2 of `>log 2>&1`). */
+static int dup_placed(struct image *img, const int *placed, unsigned idx)
+{
+	for (unsigned j = 0; j < idx; j++)
+		if (img->fds[j].f.fd == img->fds[idx].f.dup_of)
+			return fcntl(placed[j], F_DUPFD_CLOEXEC, fd_base);
+	die("%s: fd %d is a dup of fd %d, which is not in the image", img->file,
+	    img->fds[idx].f.fd, img->fds[idx].f.dup_of);
+}
+
 void restore_fds(struct image *img)
 {
 	struct pipe_ends *pipes = arena_alloc(sizeof(*pipes) * (img->nfds + 1));
 	int *placed = arena_alloc(sizeof(int) * (img->nfds + 1));
 	unsigned npipes = 0;
 
-	image_fd = img->fd;
+	choose_fd_base(img);
+	img->fd = image_fd = move_high(img->fd, "the image");
 	keep_stdio();
 	close_others();
 	for (unsigned i = 0; i < img->nfds; i++)
-		placed[i] = move_high(open_one(img, &img->fds[i], pipes, &npipes),
+		placed[i] = move_high(img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
+				      open_one(img, &img->fds[i], pipes, &npipes),
 				      img->fds[i].path);
 	for (unsigned i = 0; i < img->nfds; i++) {
 		const struct ckpt_fd *f = &img->fds[i].f;

@@ -95,6 +95,9 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	if (lv->v.nruns > size / sizeof(struct ckpt_run) || sizeof(lv->v) + meta > size ||
 	    lv->v.end <= lv->v.start || lv->v.data_offset + lv->v.data_size > off + size)
 		die("%s: corrupt memory record", img->file);
+	if (lv->v.start < CKPT_RESERVE_END && lv->v.end > CKPT_RESERVE_START &&
+	    lv->v.kind != CKPT_VMA_VDSO)
+		die("%s: a memory region overlaps the restart range", img->file);
 	lv->path = read_payload(img, lv->v.path_len, off + sizeof(lv->v));
 	lv->runs = read_payload(img, lv->v.nruns * sizeof(struct ckpt_run),
 				off + sizeof(lv->v) + lv->v.path_len);

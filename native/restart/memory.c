@@ -138,7 +138,7 @@ static void check_files(struct image *img)
 		     (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec !=
 			     lv->v.file_mtime_ns))
 			die("mapped file %s changed since the checkpoint", lv->path);
-		file_fds[i] = fcntl(fd, F_DUPFD_CLOEXEC, MAX_FDS + 64);
+		file_fds[i] = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
 		if (file_fds[i] < 0)
 			die("mapped file %s: %s", lv->path, strerror(errno));
 		close(fd);

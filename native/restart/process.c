@@ -63,6 +63,10 @@ static void restore_itimers(const struct ckpt_process *p)
 			{ p->itimers[i].value_sec, p->itimers[i].value_usec },
 		};
 
+		/* expired, its signal still pending: it re-arms on delivery,
+		 * which now is the re-raised signal's */
+		if (!it.it_value.tv_sec && !it.it_value.tv_usec)
+			it.it_value = it.it_interval;
 		if (it.it_value.tv_sec || it.it_value.tv_usec)
 			sys3(SYS_setitimer, which[i], &it, NULL);
 	}
@@ -88,6 +92,18 @@ static void restore_mm(const struct ckpt_process *p)
 		fatal("restoring brk and the mm fields (PR_SET_MM_MAP)", r);
 }
 
+/* Pending signals come back pending (all are blocked until the threads
+ * resume); their siginfo does not. */
+static void restore_pending(const struct ckpt_process *p)
+{
+	long pid = sys0(SYS_getpid);
+
+	for (int sig = 1; sig < CKPT_NSIG; sig++)
+		if ((p->shared_pending >> (sig - 1)) & 1 && sig != SIGKILL && sig != SIGSTOP &&
+		    sig != CKPT_RESERVED_SIGNAL)
+			sys2(SYS_kill, pid, sig);
+}
+
 void restore_process_late(struct image *img, const struct restart_args *args)
 {
 	const struct ckpt_process *p = img->proc;
@@ -97,6 +113,7 @@ void restore_process_late(struct image *img, const struct restart_args *args)
 	restore_rlimits(p);
 	restore_signals(p);
 	restore_itimers(p);
+	restore_pending(p);
 	/* tell the shim where its new coordinator is */
 	info->generation++;
 	memset(info->coord_path, 0, sizeof(info->coord_path));

@@ -20,6 +20,7 @@
 #define MAX_FDS 4096
 #define MAX_THREADS 4096
 
+#define CKPT_RESERVED_SIGNAL 64		/* the shim's parking signal */
 #define EXIT_RESTART_FAILED 2		/* before the point of no return */
 #define EXIT_RESTORE_FAILED 70		/* after it: the process is lost */
 
@@ -75,6 +76,7 @@ int run_init(struct image *img, int (*restorer)(void *), void *arg);
 
 /* fds.c */
 void restore_fds(struct image *img);
+int restart_fd_base(void);
 void close_restart_fds(void);
 
 /* memory.c */

@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <linux/kcmp.h>
 #include <unistd.h>
 #include "shim.h"
 
@@ -68,7 +69,16 @@ int shim_fd_move_high(int fd)
 
 struct fd_info {
 	struct ckpt_fd rec;
+	uint64_t dev, ino;
+	uint64_t file_size;		/* a deleted file's contents to save */
 	char path[CKPT_PATH_MAX];
+};
+
+/* Taken while the process is stopped: a forked writer saves this, not the
+ * fd state of the running process (offsets move). */
+struct fd_table {
+	int n;
+	struct fd_info fi[MAX_FDS];
 };
 
 struct drained_pipe {
@@ -105,6 +115,14 @@ static int list_fds(int *fds, int max)
 		}
 	}
 	close(dfd);
+	/* ascending, so a dup always refers to a lower, earlier fd */
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && fds[j - 1] > fds[j]; j--) {
+			int t = fds[j];
+
+			fds[j] = fds[j - 1];
+			fds[j - 1] = t;
+		}
 	return n;
 }
 
@@ -113,8 +131,9 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	char link[64];
 	ssize_t n;
 
-	memset(fi, 0, sizeof(*fi));
+	memset(&fi->rec, 0, sizeof(fi->rec));
 	fi->rec.fd = fd;
+	fi->rec.dup_of = -1;
 	if (fstat(fd, st))
 		return errno;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -125,6 +144,8 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	fi->rec.flags = fcntl(fd, F_GETFL);
 	fi->rec.fd_flags = fcntl(fd, F_GETFD);
 	fi->rec.mode = st->st_mode;
+	fi->dev = st->st_dev;
+	fi->ino = st->st_ino;
 	return 0;
 }
 
@@ -162,6 +183,7 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fd
 		    !strcmp(fi->path + len - 10, " (deleted)"))
 			fi->path[len - 10] = '\0';
 		fi->rec.offset = lseek(fd, 0, SEEK_CUR);
+		fi->file_size = st->st_size;
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
 		fi->rec.offset = lseek(fd, 0, SEEK_CUR);
@@ -182,6 +204,65 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fd
 		ckpt_warn("fd %d (%s) is not supported yet: it will be /dev/null after restart",
 			  fd, fi->path);
 	}
+}
+
+/* `prog >log 2>&1`: fds 1 and 2 share one open file (one offset); the
+ * restart must make one open and dup it, not two opens. */
+static void find_dup(struct fd_table *t, struct fd_info *fi)
+{
+	pid_t pid = getpid();
+
+	for (int i = 0; i < t->n; i++) {
+		const struct fd_info *o = &t->fi[i];
+
+		if (o->dev == fi->dev && o->ino == fi->ino && o->rec.dup_of < 0 &&
+		    syscall(SYS_kcmp, pid, pid, KCMP_FILE, o->rec.fd, fi->rec.fd) == 0) {
+			fi->rec.dup_of = o->rec.fd;
+			fi->rec.kind = o->rec.kind;
+			fi->rec.pipe_id = o->rec.pipe_id;
+			fi->rec.stdio_fd = o->rec.stdio_fd;
+			return;
+		}
+	}
+}
+
+struct fd_table *fds_collect(void)
+{
+	struct fd_table *t = scratch_map(sizeof(*t));
+	int *fds = scratch_map(MAX_FDS * sizeof(int));
+	int nfds;
+
+	if (!t || !fds)
+		goto fail;
+	nfds = list_fds(fds, MAX_FDS);
+	if (nfds < 0)
+		goto fail;
+	t->n = 0;
+	for (int i = 0; i < nfds; i++) {
+		struct fd_info *fi = &t->fi[t->n];
+		struct stat st;
+
+		if (describe_fd(fds[i], fi, &st))
+			continue;	/* closed meanwhile */
+		find_dup(t, fi);
+		if (fi->rec.dup_of < 0)
+			classify_fd(fi, &st, fds, nfds);
+		t->n++;
+	}
+	scratch_unmap(fds, MAX_FDS * sizeof(int));
+	return t;
+fail:
+	if (fds)
+		scratch_unmap(fds, MAX_FDS * sizeof(int));
+	if (t)
+		scratch_unmap(t, sizeof(*t));
+	return NULL;
+}
+
+void fds_release(struct fd_table *t)
+{
+	if (t)
+		scratch_unmap(t, sizeof(*t));
 }
 
 static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
@@ -207,15 +288,15 @@ static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
 	return err;
 }
 
-static int save_one_fd(struct image_writer *w, struct fd_info *fi, const struct stat *st)
+static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 {
 	struct ckpt_record rec = { .type = CKPT_REC_FD };
 	struct drained_pipe *p = NULL;
 	int err;
 
 	fi->rec.path_len = strlen(fi->path);
-	if (fi->rec.kind == CKPT_FD_DELETED_FILE)
-		fi->rec.data_size = st->st_size;
+	if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
+		fi->rec.data_size = fi->file_size;
 	if (fi->rec.kind == CKPT_FD_PIPE_READ) {
 		p = find_pipe(fi->rec.pipe_id);
 		/* one read end carries the bytes; dups of it carry none */
@@ -223,44 +304,24 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi, const struct 
 			fi->rec.data_size = p->len;
 	}
 	rec.size = sizeof(fi->rec) + fi->rec.path_len + fi->rec.data_size;
-	iw_append(w, &rec, sizeof(rec));
-	iw_append(w, &fi->rec, sizeof(fi->rec));
-	err = iw_append(w, fi->path, fi->rec.path_len);
-	if (!err && fi->rec.kind == CKPT_FD_DELETED_FILE)
+	err = iw_append(w, &rec, sizeof(rec));
+	if (!err)
+		err = iw_append(w, &fi->rec, sizeof(fi->rec));
+	if (!err)
+		err = iw_append(w, fi->path, fi->rec.path_len);
+	if (!err && fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.data_size)
 		err = save_file_contents(w, fi->rec.fd, fi->rec.data_size);
 	if (!err && fi->rec.data_size && p)
 		err = iw_append(w, p->data, p->len);
 	return err;
 }
 
-int save_fds(struct image_writer *w)
+int save_fds(struct image_writer *w, struct fd_table *t)
 {
-	int *fds = scratch_map(MAX_FDS * sizeof(int));
-	struct fd_info *fi = scratch_map(sizeof(*fi));
-	int nfds, err = 0;
+	int err = 0;
 
-	if (!fds || !fi) {
-		err = ENOMEM;
-		goto out;
-	}
-	nfds = list_fds(fds, MAX_FDS);
-	if (nfds < 0) {
-		err = -nfds;
-		goto out;
-	}
-	for (int i = 0; !err && i < nfds; i++) {
-		struct stat st;
-
-		if (describe_fd(fds[i], fi, &st))
-			continue;	/* closed meanwhile */
-		classify_fd(fi, &st, fds, nfds);
-		err = save_one_fd(w, fi, &st);
-	}
-out:
-	if (fi)
-		scratch_unmap(fi, sizeof(*fi));
-	if (fds)
-		scratch_unmap(fds, MAX_FDS * sizeof(int));
+	for (int i = 0; !err && i < t->n; i++)
+		err = save_one_fd(w, &t->fi[i]);
 	return err;
 }
 

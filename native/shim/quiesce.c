@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -177,11 +178,31 @@ static int signal_new_threads(void)
 			if (tid <= 0 || tid == self || slot_known(tid))
 				continue;
 			err = signal_thread(tid);
+			if (err)
+				break;
 			added++;
 		}
 	}
 	close(dfd);
 	return err ? -err : added;
+}
+
+static int thread_is_zombie(pid_t tid)
+{
+	char path[64], buf[256], *c;
+	int fd, n;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	c = strrchr(buf, ')');
+	return c && c[1] == ' ' && (c[2] == 'Z' || c[2] == 'X');
 }
 
 static int all_parked(void)
@@ -191,8 +212,10 @@ static int all_parked(void)
 
 		if (atomic_load(&t->state) != SLOT_SIGNALLED)
 			continue;
-		/* a thread that exits before handling the signal never parks */
-		if (syscall(SYS_tgkill, getpid(), t->rec.tid, 0) && errno == ESRCH) {
+		/* a thread that exits before handling the signal never parks,
+		 * nor does a main thread that called pthread_exit (a zombie) */
+		if ((syscall(SYS_tgkill, getpid(), t->rec.tid, 0) && errno == ESRCH) ||
+		    thread_is_zombie(t->rec.tid)) {
 			atomic_store(&t->state, SLOT_GONE);
 			continue;
 		}

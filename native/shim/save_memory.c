@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include "shim.h"
 
@@ -77,15 +78,51 @@ static uint32_t classify(const struct region *r)
 	return CKPT_VMA_ANON;
 }
 
+/*
+ * Shared anonymous memory and maps of unlinked files hold data this
+ * process may never have touched (pagemap says "not present"), and a page
+ * past the end of an unlinked file raises SIGBUS when read: such regions
+ * are read through process_vm_readv, which fails cleanly instead.
+ */
+static int copied_kind(uint32_t kind)
+{
+	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_DELETED_FILE;
+}
+
+static ssize_t copy_self(void *dst, uint64_t addr, size_t len)
+{
+	struct iovec local = { dst, len }, remote = { (void *)addr, len };
+
+	return process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+}
+
 static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable)
 {
+	if (copied_kind(kind)) {
+		uint64_t page[CKPT_PAGE_SIZE / 8];
+
+		return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page) &&
+		       !page_is_zero(page);
+	}
 	if (!(pm & (PM_PRESENT | PM_SWAPPED)))
 		return 0;
 	if (kind == CKPT_VMA_FILE)	/* unchanged file pages come from the file */
 		return (pm & PM_SWAPPED) || !(pm & PM_FILE);
-	if (kind == CKPT_VMA_DELETED_FILE)
-		return 1;
 	return !readable || !page_is_zero(addr);
+}
+
+/* Page data of a copied region, through a bounce buffer. */
+static int write_copied(struct image_writer *w, uint64_t addr, size_t len)
+{
+	uint64_t page[CKPT_PAGE_SIZE / 8];
+	int err = 0;
+
+	for (size_t off = 0; !err && off < len; off += CKPT_PAGE_SIZE) {
+		if (copy_self(page, addr + off, sizeof(page)) != sizeof(page))
+			memset(page, 0, sizeof(page));	/* gone meanwhile */
+		err = iw_append(w, page, sizeof(page));
+	}
+	return err;
 }
 
 /* Pages of [start, end) worth saving, as runs; returns the run count. */
@@ -154,7 +191,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	int err;
 
 	if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
-		if (!readable && any_page_present(s, start, end)) {
+		if (!readable && !copied_kind(r->kind) && any_page_present(s, start, end)) {
 			/* a PROT_NONE or write-only region holding data */
 			if (mprotect((void *)start, end - start, r->prot | PROT_READ))
 				return errno;
@@ -188,7 +225,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
 
 		/* our own stack changes as we go: copy it through the buffer */
-		err = own_stack ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
+		if (copied_kind(r->kind))
+			err = write_copied(s->w, (uint64_t)p, len);
+		else
+			err = own_stack ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
 	}
 	if (unprotected && mprotect((void *)start, end - start, r->prot) && !err)
 		err = errno;

@@ -100,6 +100,20 @@ static void read_limits_and_timers(struct ckpt_process *p)
 	}
 }
 
+/* Signals pending for the whole process: an interval timer's SIGALRM
+ * that is pending (blocked while we park) is also not re-armed yet. */
+static uint64_t shared_pending(void)
+{
+	char buf[4096], *line;
+	ssize_t n = read_file("/proc/self/status", buf, sizeof(buf) - 1);
+
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	line = strstr(buf, "\nShdPnd:");
+	return line ? strtoull(line + 8, NULL, 16) : 0;
+}
+
 /* Collected in the process itself: a forked writer has no itimers. */
 int collect_process(struct ckpt_process *p)
 {
@@ -119,6 +133,7 @@ int collect_process(struct ckpt_process *p)
 	p->auxv_words = n > 0 ? n / 8 : 0;
 	read_sigactions(p);
 	read_limits_and_timers(p);
+	p->shared_pending = shared_pending();
 	if (!getcwd(p->cwd, sizeof(p->cwd)))
 		return errno;
 	n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);

@@ -6,7 +6,7 @@
 #include <sys/mman.h>
 #include "shim.h"
 
-#define MAX_SCRATCH 8
+#define MAX_SCRATCH 128
 
 static struct { uint64_t start, end; } ranges[MAX_SCRATCH];
 
@@ -37,7 +37,8 @@ void scratch_unmap(void *p, size_t len)
 }
 
 /*
- * The kernel merges adjacent anonymous mappings, so a scratch buffer may
+ * The kernel merges adjacent anonymous mappings, so a scratch buffer (or
+ * the reserved restart range) may
  * hide inside a larger region of /proc/self/maps.  For an address a this
  * says where the next piece to save ends (the next scratch buffer's
  * start), or, if a is inside a scratch buffer, returns 1 and where it ends.
@@ -45,6 +46,14 @@ void scratch_unmap(void *p, size_t len)
 int scratch_at(uint64_t a, uint64_t *until)
 {
 	uint64_t next = UINT64_MAX;
+
+	/* the restart range too: the kernel may merge it with a neighbour */
+	if (a >= CKPT_RESERVE_START && a < CKPT_RESERVE_END) {
+		*until = CKPT_RESERVE_END;
+		return 1;
+	}
+	if (a < CKPT_RESERVE_START)
+		next = CKPT_RESERVE_START;
 
 	for (int i = 0; i < MAX_SCRATCH; i++) {
 		if (!ranges[i].end)

@@ -16,7 +16,7 @@
 #define SHIM_HIDDEN __attribute__((visibility("hidden")))
 
 /* context.S */
-SHIM_HIDDEN int ckpt_save_context(struct ckpt_regs *regs);
+SHIM_HIDDEN int ckpt_save_context(struct ckpt_regs *regs) __attribute__((returns_twice));
 SHIM_HIDDEN void ckpt_resume_context(const struct ckpt_regs *regs, long ret)
 	__attribute__((noreturn));
 
@@ -77,7 +77,10 @@ SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 SHIM_HIDDEN int collect_process(struct ckpt_process *p);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);
 SHIM_HIDDEN int save_memory(struct image_writer *w);
-SHIM_HIDDEN int save_fds(struct image_writer *w);
+struct fd_table;
+SHIM_HIDDEN struct fd_table *fds_collect(void);	/* while the process is stopped */
+SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
+SHIM_HIDDEN void fds_release(struct fd_table *t);
 
 /* memory ranges of the shim's own scratch buffers: not saved */
 SHIM_HIDDEN void *scratch_map(size_t len);

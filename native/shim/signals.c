@@ -11,6 +11,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
 #include "shim.h"
 
 typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
@@ -61,10 +63,17 @@ static const sigset_t *without_reserved(int how, const sigset_t *set, sigset_t *
 
 int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
+	struct sigaction copy;
+
 	resolve_real();
 	if (reserved_active && sig == CKPT_SIGNAL && act) {
 		errno = EINVAL;
 		return -1;
+	}
+	if (reserved_active && act) {	/* a handler must not block it either */
+		copy = *act;
+		sigdelset(&copy.sa_mask, CKPT_SIGNAL);
+		act = &copy;
 	}
 	return real_sigaction(sig, act, old);
 }
@@ -95,4 +104,64 @@ int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 
 	resolve_real();
 	return real_pthread_sigmask(how, without_reserved(how, set, &copy), old);
+}
+
+/* Waiting for signals: the reserved one must neither be taken by the
+ * application nor blocked while it waits. */
+typedef int (*sigsuspend_fn)(const sigset_t *);
+typedef int (*sigwaitinfo_fn)(const sigset_t *, siginfo_t *);
+typedef int (*sigtimedwait_fn)(const sigset_t *, siginfo_t *, const struct timespec *);
+typedef int (*sigwait_fn)(const sigset_t *, int *);
+typedef int (*signalfd_fn)(int, const sigset_t *, int);
+
+static void *next_symbol(const char *name, void **cache)
+{
+	if (!*cache)
+		*cache = dlsym(RTLD_NEXT, name);
+	return *cache;
+}
+
+int sigsuspend(const sigset_t *mask)
+{
+	static void *real;
+	sigset_t copy;
+
+	return ((sigsuspend_fn)next_symbol("sigsuspend", &real))(
+		without_reserved(SIG_SETMASK, mask, &copy));
+}
+
+int sigwaitinfo(const sigset_t *set, siginfo_t *info)
+{
+	static void *real;
+	sigset_t copy;
+
+	return ((sigwaitinfo_fn)next_symbol("sigwaitinfo", &real))(
+		without_reserved(SIG_SETMASK, set, &copy), info);
+}
+
+int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *timeout)
+{
+	static void *real;
+	sigset_t copy;
+
+	return ((sigtimedwait_fn)next_symbol("sigtimedwait", &real))(
+		without_reserved(SIG_SETMASK, set, &copy), info, timeout);
+}
+
+int sigwait(const sigset_t *set, int *sig)
+{
+	static void *real;
+	sigset_t copy;
+
+	return ((sigwait_fn)next_symbol("sigwait", &real))(
+		without_reserved(SIG_SETMASK, set, &copy), sig);
+}
+
+int signalfd(int fd, const sigset_t *mask, int flags)
+{
+	static void *real;
+	sigset_t copy;
+
+	return ((signalfd_fn)next_symbol("signalfd", &real))(
+		fd, without_reserved(SIG_SETMASK, mask, &copy), flags);
 }

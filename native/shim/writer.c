@@ -59,21 +59,28 @@ static void fill_header(struct ckpt_image_header *h, pid_t pid)
 	h->header_xxh = shim_xxh3(h, sizeof(*h));
 }
 
-static int write_records(struct image_writer *w, pid_t pid, const struct ckpt_process *proc,
-			 const struct ckpt_thread *self)
+/* What is taken while the process is stopped, for the file to hold. */
+struct snapshot {
+	pid_t pid;
+	struct ckpt_process *proc;
+	struct fd_table *fds;
+	const struct ckpt_thread *self;
+};
+
+static int write_records(struct image_writer *w, const struct snapshot *snap)
 {
 	static const char end_marker[8];
 	char page[CKPT_HEADER_SIZE] = { 0 };
 	int err;
 
-	fill_header((struct ckpt_image_header *)page, pid);
+	fill_header((struct ckpt_image_header *)page, snap->pid);
 	err = iw_append(w, page, sizeof(page));
 	if (!err)
-		err = iw_record(w, CKPT_REC_PROCESS, proc, sizeof(*proc));
+		err = iw_record(w, CKPT_REC_PROCESS, snap->proc, sizeof(*snap->proc));
 	if (!err)
-		err = save_threads(w, self);
+		err = save_threads(w, snap->self);
 	if (!err)
-		err = save_fds(w);
+		err = save_fds(w, snap->fds);
 	if (!err)
 		err = save_memory(w);
 	if (!err)
@@ -82,8 +89,7 @@ static int write_records(struct image_writer *w, pid_t pid, const struct ckpt_pr
 }
 
 /* Write <dir>/<host>-<pid>.img; detail gets the DONE keys or the error. */
-static int write_file(const char *dir, pid_t pid, const struct ckpt_process *proc,
-		      const struct ckpt_thread *self, char *detail, size_t size)
+static int write_file(const char *dir, const struct snapshot *snap, char *detail, size_t size)
 {
 	struct image_writer *w;
 	uint64_t bytes = 0, xxh = 0;
@@ -91,7 +97,7 @@ static int write_file(const char *dir, pid_t pid, const struct ckpt_process *pro
 	char name[128];
 	int dirfd, err;
 
-	snprintf(name, sizeof(name), "%s-%d.img", hostname(), pid);
+	snprintf(name, sizeof(name), "%s-%d.img", hostname(), snap->pid);
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		err = errno;
@@ -105,7 +111,7 @@ static int write_file(const char *dir, pid_t pid, const struct ckpt_process *pro
 		snprintf(detail, size, "cannot create %s/%s: %s", dir, name, strerror(err));
 		goto out;
 	}
-	err = write_records(w, pid, proc, self);
+	err = write_records(w, snap);
 	if (err) {
 		iw_abort(w, dirfd, name);
 	} else {
@@ -125,19 +131,47 @@ out:
 	return err;
 }
 
-int image_write_now(const char *dir, const struct ckpt_thread *self, char *detail, size_t size)
+static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
+			 char *detail, size_t size)
 {
-	struct ckpt_process *proc = scratch_map(sizeof(*proc));
 	int err;
 
-	if (!proc)
+	snap->pid = getpid();
+	snap->self = self;
+	snap->fds = NULL;
+	snap->proc = scratch_map(sizeof(*snap->proc));
+	if (!snap->proc)
 		return ENOMEM;
-	err = collect_process(proc);
-	if (err)
+	err = collect_process(snap->proc);	/* itimers do not survive fork */
+	if (err) {
 		snprintf(detail, size, "reading process state: %s", strerror(err));
-	else
-		err = write_file(dir, getpid(), proc, self, detail, size);
-	scratch_unmap(proc, sizeof(*proc));
+	} else {
+		snap->fds = fds_collect();
+		if (!snap->fds) {
+			err = ENOMEM;
+			snprintf(detail, size, "reading the fd table failed");
+		}
+	}
+	if (err)
+		scratch_unmap(snap->proc, sizeof(*snap->proc));
+	return err;
+}
+
+static void drop_snapshot(struct snapshot *snap)
+{
+	fds_release(snap->fds);
+	scratch_unmap(snap->proc, sizeof(*snap->proc));
+}
+
+int image_write_now(const char *dir, const struct ckpt_thread *self, char *detail, size_t size)
+{
+	struct snapshot snap;
+	int err = take_snapshot(&snap, self, detail, size);
+
+	if (err)
+		return err;
+	err = write_file(dir, &snap, detail, size);
+	drop_snapshot(&snap);
 	return err;
 }
 
@@ -156,6 +190,8 @@ static int has_unforkable_memory(void)
 			len += n;
 		buf[len] = '\0';
 		found = len == SMAPS_MAX - 1;	/* too big to tell: be safe */
+		/* writable shared memory keeps changing under a child's feet */
+		found |= strstr(buf, " rw-s ") || strstr(buf, " rwxs ");
 		for (char *l = strstr(buf, "VmFlags:"); l && !found; l = strstr(l + 1, "VmFlags:")) {
 			char *end = strchr(l, '\n');
 
@@ -173,14 +209,13 @@ static int has_unforkable_memory(void)
 	return found;
 }
 
-static void writer_child(const char *dir, pid_t pid, const struct ckpt_process *proc,
-			 const struct ckpt_thread *self, int report)
+static void writer_child(const char *dir, const struct snapshot *snap, int report)
 {
 	char detail[600], line[640];
 	int err, n;
 
 	warnings_to_fd(report);
-	err = write_file(dir, pid, proc, self, detail, sizeof(detail));
+	err = write_file(dir, snap, detail, sizeof(detail));
 	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
 		  snprintf(line, sizeof(line), "DONE %s\n", detail);
 	if (write(report, line, n) != n)
@@ -196,22 +231,19 @@ static void writer_child(const char *dir, pid_t pid, const struct ckpt_process *
 int image_write_forked(const char *dir, const struct ckpt_thread *self, char *detail,
 		       size_t size)
 {
-	struct ckpt_process *proc;
-	pid_t parent = getpid();
+	struct snapshot snap;
 	int p[2], err;
 	long child;
 
 	if (has_unforkable_memory())
 		return EAGAIN;
-	proc = scratch_map(sizeof(*proc));
-	if (!proc)
-		return ENOMEM;
-	err = collect_process(proc);	/* itimers do not survive fork */
-	if (!err && pipe2(p, O_CLOEXEC))
+	err = take_snapshot(&snap, self, detail, size);
+	if (err)
+		return err;
+	if (pipe2(p, O_CLOEXEC)) {
 		err = errno;
-	if (err) {
 		snprintf(detail, size, "forked write: %s", strerror(err));
-		scratch_unmap(proc, sizeof(*proc));
+		drop_snapshot(&snap);
 		return err;
 	}
 	shim_fd_own(p[0]);
@@ -219,12 +251,12 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);	/* exit signal 0 */
 	if (child == 0) {
 		close(p[0]);
-		writer_child(dir, parent, proc, self, p[1]);
+		writer_child(dir, &snap, p[1]);
 	}
 	err = child < 0 ? errno : 0;
 	shim_fd_disown(p[1]);
 	close(p[1]);
-	scratch_unmap(proc, sizeof(*proc));
+	drop_snapshot(&snap);
 	if (err) {
 		shim_fd_disown(p[0]);
 		close(p[0]);
@@ -249,41 +281,55 @@ static void writer_reap(void)
 	writer_pipe = -1;
 }
 
-/* SYNC: wait for the forked writer.  Forwards its warnings; detail gets
- * its DONE keys or its error.  Without a forked writer there is nothing
- * to wait for. */
+static void writer_line(char *line, int *err, char *detail, size_t size)
+{
+	if (!strncmp(line, "WARN ", 5)) {
+		ckpt_warn("%s", line + 5);
+	} else if (!strncmp(line, "DONE ", 5)) {
+		snprintf(detail, size, "%s", line + 5);
+		*err = 0;
+	} else if (!strncmp(line, "FAIL ", 5)) {
+		char *msg = strchr(line + 5, ' ');
+
+		*err = atoi(line + 5);
+		snprintf(detail, size, "%s", msg ? msg + 1 : "forked write failed");
+	}
+}
+
+/* SYNC: wait for the forked writer: its report, line by line until it
+ * closes the pipe, then reap it.  Without a forked writer there is
+ * nothing to wait for. */
 int image_write_wait(char *detail, size_t size)
 {
-	char buf[4096], *line, *nl;
+	char buf[4096];
 	size_t len = 0;
-	ssize_t n;
 	int err = EIO;
 
 	detail[0] = '\0';
 	if (!writer_pid)
 		return 0;
-	while (len < sizeof(buf) - 1 &&
-	       ((n = read(writer_pipe, buf + len, sizeof(buf) - 1 - len)) > 0 ||
-		(n < 0 && errno == EINTR)))
-		len += n > 0 ? n : 0;
-	buf[len] = '\0';
 	snprintf(detail, size, "forked writer died");
-	for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
-		*nl = '\0';
-		if (!strncmp(line, "WARN ", 5)) {
-			ckpt_warn("%s", line + 5);
-		} else if (!strncmp(line, "DONE ", 5)) {
-			snprintf(detail, size, "%s", line + 5);
-			err = 0;
-		} else if (!strncmp(line, "FAIL ", 5)) {
-			char *msg = strchr(line + 5, ' ');
+	for (;;) {
+		ssize_t n = read(writer_pipe, buf + len, sizeof(buf) - 1 - len);
+		char *line, *nl;
 
-			err = atoi(line + 5);
-			snprintf(detail, size, "%s", msg ? msg + 1 : "forked write failed");
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += n;
+		buf[len] = '\0';
+		for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
+			*nl = '\0';
+			writer_line(line, &err, detail, size);
 		}
+		len -= line - buf;
+		memmove(buf, line, len);
+		if (len == sizeof(buf) - 1)
+			len = 0;	/* an overlong line: drop it */
 	}
 	writer_reap();
-	return err ? err : 0;
+	return err;
 }
 
 /* An aborted checkpoint: the child's file is about to be deleted. */
