@@ -57,6 +57,8 @@ static void spawn_thread(const struct ckpt_thread *t, unsigned index)
 	memset(&ca, 0, sizeof(ca));
 	ca.flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
 		   CLONE_SYSVSEM | CLONE_SETTLS;
+	if (t->flags & CKPT_THREAD_CHECKPOINTER)
+		ca.flags &= ~CLONE_FILES;	/* it keeps an fd table of its own */
 	ca.stack = (uint64_t)stack_top - ZONE_STACK_SIZE;
 	ca.stack_size = ZONE_STACK_SIZE;
 	ca.tls = t->fs_base;

@@ -11,11 +11,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <dlfcn.h>
+#include <sys/uio.h>
+#include <asm/prctl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +28,7 @@
 
 #define SUSPEND_TIMEOUT_MS 30000
 #define RESTORE_TIMEOUT_MS 30000
+#define CHECKPOINTER_STACK (1 << 20)
 
 enum { SESSION_EOF = -1, SESSION_RESTARTED = -2 };
 
@@ -92,7 +98,11 @@ static void write_image(char *dir, int forked)
 static int __attribute__((noinline)) phase_write(char *dir, int forked)
 {
 	thread_fill_record(&self_rec);
+	/* a bare clone: no TLS, rseq area or robust list of its own */
 	self_rec.flags = CKPT_THREAD_CHECKPOINTER;
+	self_rec.rseq_addr = 0;
+	self_rec.robust_list = 0;
+	self_rec.clear_child_tid = 0;
 	if (ckpt_save_context(&self_rec.regs))
 		return SESSION_RESTARTED;
 	write_image(dir, forked);
@@ -198,13 +208,21 @@ static int run_session(void)
 	return SESSION_EOF;
 }
 
+/* Our fd table is a copy of the application's: drop the copies (they
+ * would keep pipes and sockets open), keeping stderr for diagnostics. */
+static void close_copied_fds(void)
+{
+	syscall(SYS_close_range, 0, 1, 0);
+	syscall(SYS_close_range, 3, ~0U, 0);
+}
+
 /* Back from an image: the fds and buffers of the old process are gone. */
 static int after_restart(void)
 {
 	int err;
 
 	coord_forget();
-	shim_fd_forget_all();
+	close_copied_fds();	/* ckpt-restart gave us a copy of the restored table */
 	scratch_forget();
 	image_writer_forget();
 	restarting = 1;
@@ -225,16 +243,17 @@ static int after_restart(void)
 	return hello(1);
 }
 
-static void *checkpointer_main(void *arg)
+static int checkpointer_main(void *arg)
 {
 	int err;
 
 	(void)arg;
+	close_copied_fds();
 	err = coord_connect(coord_path);
 	if (err) {
 		shim_log("cannot reach coordinator %s: %s; not checkpointable",
 			 coord_path, strerror(err));
-		return NULL;
+		return 0;
 	}
 	hello(0);
 	while (run_session() == SESSION_RESTARTED) {
@@ -245,23 +264,97 @@ static void *checkpointer_main(void *arg)
 		}
 	}
 	coord_close();
-	return NULL;
+	return 0;
 }
 
+/*
+ * The checkpoint thread's thread pointer: a copy of the main thread's
+ * static TLS and thread control block.  With a TLS of its own, errno and
+ * glibc's per-thread state (cancellation flags around syscalls) are its
+ * own, so nothing it does changes the application's threads, whose memory
+ * it is writing out.  TLS blocks sit below the thread pointer on x86-64;
+ * glibc's TCB (struct pthread) above it is smaller than TCB_COPY.
+ */
+#define TCB_COPY 4096
+
+typedef void (*tls_info_fn)(size_t *size, size_t *align);
+
+/* Memory the checkpoint thread writes to while it saves the image. */
+static uint64_t own_ranges[2][2];
+
+int checkpointer_memory(uint64_t start, uint64_t end)
+{
+	for (int i = 0; i < 2; i++)
+		if (start < own_ranges[i][1] && end > own_ranges[i][0])
+			return 1;
+	return 0;
+}
+
+static void *copy_main_tls(void)
+{
+	tls_info_fn info = (tls_info_fn)dlsym(RTLD_DEFAULT, "_dl_get_tls_static_info");
+	size_t size = 0, align = 64, below, total;
+	uint64_t fs = 0;
+	char *block, *tp;
+
+	if (!info || syscall(SYS_arch_prctl, ARCH_GET_FS, &fs))
+		return NULL;
+	info(&size, &align);
+	if (align < 64)
+		align = 64;
+	below = (size + align - 1) & ~(align - 1);
+	total = below + TCB_COPY + align;
+	block = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (block == MAP_FAILED)
+		return NULL;
+	tp = (char *)(((uint64_t)block + below + align - 1) & ~(uint64_t)(align - 1));
+	own_ranges[0][0] = (uint64_t)block;
+	own_ranges[0][1] = (uint64_t)block + total;
+	/* page by page: the bytes around the main thread's block may be unmapped */
+	for (size_t off = 0; off < below + TCB_COPY; off += 512) {
+		struct iovec dst = { tp - below + off, 512 };
+		struct iovec src = { (char *)fs - below + off, 512 };
+
+		process_vm_readv(getpid(), &dst, 1, &src, 1, 0);
+	}
+	((uint64_t *)tp)[0] = (uint64_t)tp;	/* tcbhead_t.tcb */
+	((uint64_t *)tp)[2] = (uint64_t)tp;	/* tcbhead_t.self */
+	return tp;
+}
+
+/*
+ * The checkpoint thread is a bare clone(), not a pthread, with its own
+ * copy of the TLS (above) and an fd table of its own (it reaches the
+ * application's fds through /proc, fds.c).  The kernel and glibc then see
+ * an application that is as single-threaded as it was: its fd syscalls
+ * keep fdget's fast path and glibc keeps its single-thread fast paths.
+ * The thread must not use malloc, stdio or pthread calls.
+ */
 int checkpointer_start(const char *path)
 {
-	pthread_attr_t attr;
+	/* no CLONE_FILES: a shared fd table makes every fd syscall of the
+	 * application take a reference count (fdget's slow path) */
+	int flags = CLONE_VM | CLONE_FS | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM |
+		    CLONE_SETTLS;
 	sigset_t all, old;
-	pthread_t tid;
-	int err;
+	char *stack;
+	void *tls;
+	int tid;
 
 	snprintf(coord_path, sizeof(coord_path), "%s", path);
+	tls = copy_main_tls();
+	if (!tls)
+		return ENOSYS;
+	stack = mmap(NULL, CHECKPOINTER_STACK, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (stack == MAP_FAILED)
+		return errno;
+	mprotect(stack, 4096, PROT_NONE);		/* guard page */
+	own_ranges[1][0] = (uint64_t)stack;
+	own_ranges[1][1] = (uint64_t)stack + CHECKPOINTER_STACK;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);	/* inherited by the thread */
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	err = pthread_create(&tid, &attr, checkpointer_main, NULL);
-	pthread_attr_destroy(&attr);
+	tid = clone(checkpointer_main, stack + CHECKPOINTER_STACK, flags, NULL, NULL, tls, NULL);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return err;
+	return tid < 0 ? errno : 0;
 }

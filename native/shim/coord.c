@@ -36,8 +36,7 @@ int coord_connect(const char *path)
 		close(fd);
 		return err;
 	}
-	sock = shim_fd_move_high(fd);
-	shim_fd_own(sock);
+	sock = fd;
 	inlen = 0;
 	return 0;
 }
@@ -45,7 +44,6 @@ int coord_connect(const char *path)
 void coord_close(void)
 {
 	if (sock >= 0) {
-		shim_fd_disown(sock);
 		close(sock);
 	}
 	sock = -1;

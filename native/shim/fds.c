@@ -3,6 +3,10 @@
  * plugin that drains pipes whose both ends live in the process (DRAIN) and
  * puts the bytes back (RESUME).  After a restart ckpt-restart has already
  * refilled them from the image.
+ *
+ * The checkpoint thread has an fd table of its own (checkpointer.c), so it
+ * reaches the application's fds through /proc/<pid>/fd and fdinfo: opening
+ * /proc/<pid>/fd/N gives a new open file on the same file or pipe.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -10,59 +14,61 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <linux/kcmp.h>
 #include <unistd.h>
 #include "shim.h"
 
-#define MAX_OWN_FDS 16
 #define MAX_FDS 4096
 #define MAX_PIPES 64
 #define COPY_CHUNK (1 << 20)
 
-static int own_fds[MAX_OWN_FDS] = { [0 ... MAX_OWN_FDS - 1] = -1 };
-
-void shim_fd_own(int fd)
+/* The application's fd, opened anew from our own fd table. */
+static int app_open(pid_t pid, int fd, int flags)
 {
-	for (int i = 0; i < MAX_OWN_FDS; i++)
-		if (own_fds[i] < 0) {
-			own_fds[i] = fd;
-			return;
-		}
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	return open(path, flags | O_CLOEXEC | O_NOCTTY);
 }
 
-void shim_fd_disown(int fd)
+static int app_stat(int fd, struct stat *st)
 {
-	for (int i = 0; i < MAX_OWN_FDS; i++)
-		if (own_fds[i] == fd)
-			own_fds[i] = -1;
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	return stat(path, st);
 }
 
-int shim_fd_is_own(int fd)
+/* Offset and open flags (O_CLOEXEC standing for FD_CLOEXEC) from fdinfo. */
+static int app_fdinfo(int fd, long long *pos, int *flags)
 {
-	for (int i = 0; i < MAX_OWN_FDS; i++)
-		if (own_fds[i] == fd)
-			return 1;
+	char path[64], buf[512], *p;
+	int f, n;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	f = open(path, O_RDONLY | O_CLOEXEC);
+	if (f < 0)
+		return errno;
+	n = read(f, buf, sizeof(buf) - 1);
+	close(f);
+	if (n <= 0)
+		return EIO;
+	buf[n] = '\0';
+	p = strstr(buf, "pos:");
+	*pos = p ? strtoll(p + 4, NULL, 10) : 0;
+	p = strstr(buf, "flags:");
+	*flags = p ? (int)strtol(p + 6, NULL, 8) : 0;
 	return 0;
 }
 
-/* Move a long-lived shim fd near the top of the fd table, so it does not
- * take the low number the application expects to get next. */
-int shim_fd_move_high(int fd)
+static int app_is_tty(const struct stat *st)
 {
-	struct rlimit rl;
-	int high, moved;
+	unsigned maj = major(st->st_rdev);
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur < 256)
-		return fd;
-	high = (rl.rlim_cur > 1024 ? 1024 : (int)rl.rlim_cur) - 64;
-	moved = fcntl(fd, F_DUPFD_CLOEXEC, high);
-	if (moved < 0)
-		return fd;
-	close(fd);
-	return moved;
+	return S_ISCHR(st->st_mode) && (maj == 4 || maj == 5 || (maj >= 136 && maj <= 143));
 }
 
 /* ---- the fd table ---- */
@@ -77,6 +83,7 @@ struct fd_info {
 /* Taken while the process is stopped: a forked writer saves this, not the
  * fd state of the running process (offsets move). */
 struct fd_table {
+	pid_t pid;			/* whose fds: a forked writer is another process */
 	int n;
 	struct fd_info fi[MAX_FDS];
 };
@@ -96,7 +103,7 @@ static int list_fds(int *fds, int max)
 	char buf[4096];
 	int n = 0;
 	long got;
-	int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);	/* the app's */
 
 	if (dfd < 0)
 		return -errno;
@@ -108,7 +115,7 @@ static int list_fds(int *fds, int max)
 			long fd = strtol(d->name, &end, 10);
 
 			off += d->reclen;
-			if (*end || end == d->name || fd == dfd || shim_fd_is_own(fd))
+			if (*end || end == d->name)
 				continue;
 			if (n < max)
 				fds[n++] = fd;
@@ -131,18 +138,22 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	char link[64];
 	ssize_t n;
 
+	long long pos;
+	int flags;
+
 	memset(&fi->rec, 0, sizeof(fi->rec));
 	fi->rec.fd = fd;
 	fi->rec.dup_of = -1;
-	if (fstat(fd, st))
-		return errno;
+	if (app_stat(fd, st) || app_fdinfo(fd, &pos, &flags))
+		return errno ? errno : EIO;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	n = readlink(link, fi->path, sizeof(fi->path) - 1);
 	if (n < 0)
 		return errno;
 	fi->path[n] = '\0';
-	fi->rec.flags = fcntl(fd, F_GETFL);
-	fi->rec.fd_flags = fcntl(fd, F_GETFD);
+	fi->rec.flags = flags & ~O_CLOEXEC;
+	fi->rec.fd_flags = flags & O_CLOEXEC ? FD_CLOEXEC : 0;
+	fi->rec.offset = pos;
 	fi->rec.mode = st->st_mode;
 	fi->dev = st->st_dev;
 	fi->ino = st->st_ino;
@@ -153,15 +164,30 @@ static int pipe_end_present(const int *fds, int nfds, uint64_t ino, int want_wri
 {
 	for (int i = 0; i < nfds; i++) {
 		struct stat st;
+		long long pos;
 		int flags;
 
-		if (fstat(fds[i], &st) || !S_ISFIFO(st.st_mode) || st.st_ino != ino)
+		if (app_stat(fds[i], &st) || !S_ISFIFO(st.st_mode) || st.st_ino != ino ||
+		    app_fdinfo(fds[i], &pos, &flags))
 			continue;
-		flags = fcntl(fds[i], F_GETFL) & O_ACCMODE;
+		flags &= O_ACCMODE;
 		if (want_write ? flags != O_RDONLY : flags != O_WRONLY)
 			return 1;
 	}
 	return 0;
+}
+
+/* The pipe's capacity (F_SETPIPE_SZ may have changed it). */
+static long pipe_size(pid_t pid, int fd)
+{
+	int f = app_open(pid, fd, O_RDONLY | O_NONBLOCK);
+	long size;
+
+	if (f < 0)
+		return 0;
+	size = fcntl(f, F_GETPIPE_SZ);
+	close(f);
+	return size > 0 ? size : 0;
 }
 
 static struct drained_pipe *find_pipe(uint64_t ino)
@@ -182,20 +208,18 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fd
 		if (fi->rec.kind == CKPT_FD_DELETED_FILE && len > 10 &&
 		    !strcmp(fi->path + len - 10, " (deleted)"))
 			fi->path[len - 10] = '\0';
-		fi->rec.offset = lseek(fd, 0, SEEK_CUR);
 		fi->file_size = st->st_size;
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
-		fi->rec.offset = lseek(fd, 0, SEEK_CUR);
 	} else if (S_ISCHR(st->st_mode)) {
-		fi->rec.kind = isatty(fd) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
+		fi->rec.kind = app_is_tty(st) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
 	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5) &&
 		   pipe_end_present(fds, nfds, st->st_ino, 1) &&
 		   pipe_end_present(fds, nfds, st->st_ino, 0)) {
 		fi->rec.kind = (fi->rec.flags & O_ACCMODE) == O_RDONLY ?
 			CKPT_FD_PIPE_READ : CKPT_FD_PIPE_WRITE;
 		fi->rec.pipe_id = st->st_ino;
-		fi->rec.offset = fcntl(fd, F_GETPIPE_SZ);
+		fi->rec.offset = pipe_size(getpid(), fd);
 	} else if (fd <= 2) {
 		fi->rec.kind = CKPT_FD_INHERIT;	/* stdio from outside the job */
 		fi->rec.stdio_fd = fd;
@@ -238,6 +262,7 @@ struct fd_table *fds_collect(void)
 	if (nfds < 0)
 		goto fail;
 	t->n = 0;
+	t->pid = getpid();
 	for (int i = 0; i < nfds; i++) {
 		struct fd_info *fi = &t->fi[t->n];
 		struct stat st;
@@ -265,14 +290,21 @@ void fds_release(struct fd_table *t)
 		scratch_unmap(t, sizeof(*t));
 }
 
-static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
+static int save_file_contents(struct image_writer *w, pid_t pid, int app_fd, uint64_t size)
 {
 	char *buf = scratch_map(COPY_CHUNK);
+	int fd = app_open(pid, app_fd, O_RDONLY);
 	uint64_t off = 0;
 	int err = 0;
 
-	if (!buf)
-		return ENOMEM;
+	if (!buf || fd < 0) {
+		err = fd < 0 ? errno : ENOMEM;
+		if (fd >= 0)
+			close(fd);
+		if (buf)
+			scratch_unmap(buf, COPY_CHUNK);
+		return err;
+	}
 	while (!err && off < size) {
 		size_t want = size - off < COPY_CHUNK ? size - off : COPY_CHUNK;
 		ssize_t n = pread(fd, buf, want, off);
@@ -284,11 +316,12 @@ static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
 		err = iw_append(w, buf, n);
 		off += n;
 	}
+	close(fd);
 	scratch_unmap(buf, COPY_CHUNK);
 	return err;
 }
 
-static int save_one_fd(struct image_writer *w, struct fd_info *fi)
+static int save_one_fd(struct image_writer *w, pid_t pid, struct fd_info *fi)
 {
 	struct ckpt_record rec = { .type = CKPT_REC_FD };
 	struct drained_pipe *p = NULL;
@@ -310,7 +343,7 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 	if (!err)
 		err = iw_append(w, fi->path, fi->rec.path_len);
 	if (!err && fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.data_size)
-		err = save_file_contents(w, fi->rec.fd, fi->rec.data_size);
+		err = save_file_contents(w, pid, fi->rec.fd, fi->rec.data_size);
 	if (!err && fi->rec.data_size && p)
 		err = iw_append(w, p->data, p->len);
 	return err;
@@ -321,7 +354,7 @@ int save_fds(struct image_writer *w, struct fd_table *t)
 	int err = 0;
 
 	for (int i = 0; !err && i < t->n; i++)
-		err = save_one_fd(w, &t->fi[i]);
+		err = save_one_fd(w, t->pid, &t->fi[i]);
 	return err;
 }
 
@@ -329,18 +362,21 @@ int save_fds(struct image_writer *w, struct fd_table *t)
 
 static int drain_one(struct drained_pipe *p)
 {
-	int flags = fcntl(p->read_fd, F_GETFL);
+	int fd = app_open(getpid(), p->read_fd, O_RDONLY | O_NONBLOCK);
 	int err = 0;
 
-	p->cap = fcntl(p->read_fd, F_GETPIPE_SZ);
+	if (fd < 0)
+		return errno;
+	p->cap = fcntl(fd, F_GETPIPE_SZ);
 	if ((int)p->cap <= 0)
 		p->cap = 1 << 16;
 	p->data = scratch_map(p->cap);
-	if (!p->data)
+	if (!p->data) {
+		close(fd);
 		return ENOMEM;
-	fcntl(p->read_fd, F_SETFL, flags | O_NONBLOCK);
+	}
 	while (p->len < p->cap) {
-		ssize_t n = read(p->read_fd, p->data + p->len, p->cap - p->len);
+		ssize_t n = read(fd, p->data + p->len, p->cap - p->len);
 
 		if (n > 0) {
 			p->len += n;
@@ -352,7 +388,7 @@ static int drain_one(struct drained_pipe *p)
 			err = errno;
 		break;
 	}
-	fcntl(p->read_fd, F_SETFL, flags);
+	close(fd);
 	return err;
 }
 
@@ -366,11 +402,13 @@ static int drain_pipes(void)
 	for (int i = 0; i < nfds && !err; i++) {
 		struct stat st;
 		struct drained_pipe *p;
+		long long pos;
 		int acc;
 
-		if (fstat(fds[i], &st) || !S_ISFIFO(st.st_mode))
+		if (app_stat(fds[i], &st) || !S_ISFIFO(st.st_mode) ||
+		    app_fdinfo(fds[i], &pos, &acc))
 			continue;
-		acc = fcntl(fds[i], F_GETFL) & O_ACCMODE;
+		acc &= O_ACCMODE;
 		p = find_pipe(st.st_ino);
 		if (!p) {
 			if (npipes == MAX_PIPES)
@@ -389,23 +427,32 @@ static int drain_pipes(void)
 	return err;
 }
 
+static void refill_one(struct drained_pipe *p)
+{
+	int fd = p->len ? app_open(getpid(), p->write_fd, O_WRONLY) : -1;
+	size_t off = 0;
+
+	while (fd >= 0 && off < p->len) {
+		ssize_t n = write(fd, p->data + off, p->len - off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		off += n;
+	}
+	if (fd >= 0)
+		close(fd);
+}
+
 static void refill_pipes(int restarted)
 {
 	for (int i = 0; i < npipes; i++) {
-		struct drained_pipe *p = &pipes[i];
-		size_t off = 0;
-
-		while (!restarted && off < p->len) {
-			ssize_t n = write(p->write_fd, p->data + off, p->len - off);
-
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			off += n;
-		}
-		if (p->data && !restarted)
-			scratch_unmap(p->data, p->cap);
+		if (restarted)
+			continue;	/* ckpt-restart refilled them; buffers are gone */
+		refill_one(&pipes[i]);
+		if (pipes[i].data)
+			scratch_unmap(pipes[i].data, pipes[i].cap);
 	}
 	npipes = 0;
 }
@@ -429,10 +476,4 @@ void fds_plugin_init(void)
 	static const struct ckpt_plugin fds_plugin = { .name = "fds", .hook = fds_hook };
 
 	ckpt_plugin_register(&fds_plugin);
-}
-
-void shim_fd_forget_all(void)
-{
-	for (int i = 0; i < MAX_OWN_FDS; i++)
-		own_fds[i] = -1;
 }

@@ -68,7 +68,6 @@ struct image_writer *iw_open(int dirfd, const char *name)
 		errno = err;
 		return NULL;
 	}
-	shim_fd_own(w->fd);
 	XXH3_64bits_reset(&w->hash);
 	return w;
 }
@@ -135,7 +134,6 @@ int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3)
 
 	if (!err && fsync(w->fd))
 		err = errno;
-	shim_fd_disown(w->fd);
 	if (close(w->fd) && !err)
 		err = errno;
 	*size = w->offset;
@@ -147,7 +145,6 @@ int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3)
 /* Failed checkpoint: close and remove the partial file. */
 void iw_abort(struct image_writer *w, int dirfd, const char *name)
 {
-	shim_fd_disown(w->fd);
 	close(w->fd);
 	unlinkat(dirfd, name, 0);
 	scratch_unmap(w, sizeof(*w));

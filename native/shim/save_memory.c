@@ -183,8 +183,8 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.pgoff = r->pgoff + (start - r->start),
 	};
 	int readable = r->prot & PROT_READ;
-	uint64_t here = (uint64_t)__builtin_frame_address(0);
-	int own_stack = here >= start && here < end;
+	/* our own stack and TLS change as we go: copy them, then hash */
+	int ours = checkpointer_memory(start, end);
 	int unprotected = 0;
 	long nruns = 0;
 	size_t payload;
@@ -224,11 +224,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		void *p = (void *)(start + s->runs[i].offset);
 		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
 
-		/* our own stack changes as we go: copy it through the buffer */
 		if (copied_kind(r->kind))
 			err = write_copied(s->w, (uint64_t)p, len);
 		else
-			err = own_stack ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
+			err = ours ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
 	}
 	if (unprotected && mprotect((void *)start, end - start, r->prot) && !err)
 		err = errno;

@@ -55,11 +55,6 @@ SHIM_HIDDEN void plugins_clear_failure(void);
 
 /* fds.c: the built-in fd plugin and the fd records */
 SHIM_HIDDEN void fds_plugin_init(void);
-SHIM_HIDDEN void shim_fd_own(int fd);		/* the shim's fds are not saved */
-SHIM_HIDDEN void shim_fd_disown(int fd);
-SHIM_HIDDEN int shim_fd_is_own(int fd);
-SHIM_HIDDEN int shim_fd_move_high(int fd);	/* out of the application's way */
-SHIM_HIDDEN void shim_fd_forget_all(void);	/* after a restart */
 
 /* image_writer.c: buffered, hashed writing of the image file */
 struct image_writer;
@@ -103,5 +98,6 @@ SHIM_HIDDEN void image_writer_forget(void);
 /* checkpointer.c */
 SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
 SHIM_HIDDEN int checkpointer_start(const char *coord_path);
+SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
 #endif

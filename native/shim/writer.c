@@ -104,7 +104,6 @@ static int write_file(const char *dir, const struct snapshot *snap, char *detail
 		snprintf(detail, size, "cannot open %s: %s", dir, strerror(err));
 		return err;
 	}
-	shim_fd_own(dirfd);
 	w = iw_open(dirfd, name);
 	if (!w) {
 		err = errno;
@@ -126,7 +125,6 @@ static int write_file(const char *dir, const struct snapshot *snap, char *detail
 			 (unsigned long long)bytes, (unsigned long long)xxh,
 			 (long long)(shim_now_ns() - t0));
 out:
-	shim_fd_disown(dirfd);
 	close(dirfd);
 	return err;
 }
@@ -246,19 +244,15 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 		drop_snapshot(&snap);
 		return err;
 	}
-	shim_fd_own(p[0]);
-	shim_fd_own(p[1]);
 	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);	/* exit signal 0 */
 	if (child == 0) {
 		close(p[0]);
 		writer_child(dir, &snap, p[1]);
 	}
 	err = child < 0 ? errno : 0;
-	shim_fd_disown(p[1]);
 	close(p[1]);
 	drop_snapshot(&snap);
 	if (err) {
-		shim_fd_disown(p[0]);
 		close(p[0]);
 		snprintf(detail, size, "forked write: clone: %s", strerror(err));
 		return err;
@@ -275,7 +269,6 @@ static void writer_reap(void)
 
 	while (waitpid(writer_pid, &status, __WALL) < 0 && errno == EINTR)
 		;
-	shim_fd_disown(writer_pipe);
 	close(writer_pipe);
 	writer_pid = 0;
 	writer_pipe = -1;
