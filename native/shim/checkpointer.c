@@ -21,7 +21,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 #include "shim.h"
@@ -38,15 +37,6 @@ static char coord_path[108];
 static struct ckpt_thread self_rec;
 static int64_t suspended_at;
 static int restarting;
-
-static const char *hostname(void)
-{
-	static struct utsname u;
-
-	if (!u.nodename[0] && uname(&u))
-		strcpy(u.nodename, "localhost");
-	return u.nodename;
-}
 
 static void unescape(char *s)
 {
@@ -67,7 +57,7 @@ static void unescape(char *s)
 
 static int hello(int restored)
 {
-	return coord_send("HELLO %d %d %s %d", getpid(), restored, hostname(),
+	return coord_send("HELLO %d %d %s %d", getpid(), restored, shim_hostname(),
 			  CKPT_PROTOCOL_VERSION);
 }
 

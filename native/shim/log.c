@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 #include "shim.h"
@@ -30,4 +31,13 @@ int64_t shim_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+const char *shim_hostname(void)
+{
+	static struct utsname u;
+
+	if (!u.nodename[0] && uname(&u))
+		strcpy(u.nodename, "localhost");
+	return u.nodename;
 }

@@ -23,6 +23,7 @@ SHIM_HIDDEN void ckpt_resume_context(const struct ckpt_regs *regs, long ret)
 /* log.c: messages on stderr, never through stdio (locks may be held) */
 SHIM_HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int64_t shim_now_ns(void);
+SHIM_HIDDEN const char *shim_hostname(void);
 
 /* signals.c: the reserved signal, protected from the application */
 SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,15 +23,6 @@
 
 static pid_t writer_pid;		/* forked writer still running, or 0 */
 static int writer_pipe = -1;		/* its report: WARN lines, then DONE/FAIL */
-
-static const char *hostname(void)
-{
-	static struct utsname u;
-
-	if (!u.nodename[0] && uname(&u))
-		strcpy(u.nodename, "localhost");
-	return u.nodename;
-}
 
 static void fill_header(struct ckpt_image_header *h, pid_t pid)
 {
@@ -49,7 +39,7 @@ static void fill_header(struct ckpt_image_header *h, pid_t pid)
 	h->page_size = CKPT_PAGE_SIZE;
 	h->header_size = CKPT_HEADER_SIZE;
 	snprintf(h->engine_version, sizeof(h->engine_version), "%s", CKPT_ENGINE_VERSION);
-	snprintf(h->hostname, sizeof(h->hostname), "%s", hostname());
+	snprintf(h->hostname, sizeof(h->hostname), "%s", shim_hostname());
 	h->pid = pid;
 	h->nthreads = nthreads;
 	h->restart_info = (uint64_t)&shim_restart_info;
@@ -97,7 +87,7 @@ static int write_file(const char *dir, const struct snapshot *snap, char *detail
 	char name[128];
 	int dirfd, err;
 
-	snprintf(name, sizeof(name), "%s-%d.img", hostname(), snap->pid);
+	snprintf(name, sizeof(name), "%s-%d.img", shim_hostname(), snap->pid);
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		err = errno;
