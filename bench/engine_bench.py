@@ -49,9 +49,9 @@ def launch(env, work, job, *argv):
     return proc, out
 
 
-def checkpoint(env, job):
+def checkpoint(env, job, *extra):
     t = time.monotonic()
-    path = Path(ckpt(env, "checkpoint", job).stdout.strip().splitlines()[-1])
+    path = Path(ckpt(env, "checkpoint", job, *extra).stdout.strip().splitlines()[-1])
     wall = time.monotonic() - t
     manifest = yaml.safe_load((path / "manifest.yaml").read_text())
     proc = manifest["processes"][0]
@@ -64,12 +64,13 @@ def kill(env, job, proc):
 
 
 def restart_time(env, image_dir, out):
-    """Seconds from `ckpt restart` until the restored job prints again."""
-    before = out.read_text().count("tick")
+    """Seconds from `ckpt restart` until the restored job writes again (it
+    rewrites its output file from the checkpointed offset: watch the mtime)."""
+    before = out.stat().st_mtime_ns
     t = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "ckpt", "restart", image_dir], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while out.read_text(errors="replace").count("tick") <= before:
+    while out.stat().st_mtime_ns == before:
         if proc.poll() is not None:
             raise RuntimeError("restart failed")
         time.sleep(0.002)
@@ -88,33 +89,56 @@ def table(title, header, rows):
         print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
 
 
-def bench_big(env, work, mib):
+def bench_big(env, work, mib, reps):
+    """Checkpoints of one process, interleaved with baseline writes of the
+    same size, then restarts interleaved with baseline reads: medians."""
     data = work / "baseline.bin"
-    base_write = baseline("write", data, mib)
     proc, out = launch(env, work, "big", BIN / "bigproc", mib)
-    image_dir, wall, info = checkpoint(env, "big")
+    base_write, writes, walls, stops, forked = [], [], [], [], []
+    for _ in range(reps):
+        base_write.append(baseline("write", data, mib))
+        data.unlink()
+        image_dir, wall, info = checkpoint(env, "big")
+        writes.append(info["write_ns"] / 1e9)
+        walls.append(wall)
+        stops.append(info["stopped_ns"] / 1e9)
+    _, _, finfo = checkpoint(env, "big", "--forked")
     kill(env, "big", proc)
     image = image_dir / info["image"]
-    base_read = baseline("read", image)
-    restart_s, rproc = restart_time(env, image_dir, out)
-    ckpt(env, "kill", "big")
-    rproc.wait()
-    data.unlink()
+    base_read, restarts = [], []
+    for _ in range(reps):
+        base_read.append(baseline("read", image))
+        seconds, rproc = restart_time(env, image_dir, out)
+        restarts.append(seconds)
+        ckpt(env, "kill", "big")
+        rproc.wait()
+        time.sleep(1)   # let the killed process's memory go back
+    med = statistics.median
     gib = info["size"] / 2**30
-    write_s = info["write_ns"] / 1e9
-    stopped_s = info["stopped_ns"] / 1e9
+    bw, br = med(base_write), med(base_read)
+    fw = finfo["write_ns"] / 1e9
+
+    def row(what, s, base):
+        return [what, f"{s:.2f}", f"{gib / s:.2f}", f"{base:.2f}" if base else "",
+                f"{base / s:.2f}" if base else ""]
+
     table(f"Checkpoint and restart of a {mib} MiB incompressible process "
-          f"(image {info['size'] / 2**20:.0f} MiB)",
+          f"(image {info['size'] / 2**20:.0f} MiB, median of {reps})",
           ["what", "seconds", "GiB/s", "baseline s", "ratio (>=0.8)"],
-          [["image write (shim)", f"{write_s:.2f}", f"{gib / write_s:.2f}",
-            f"{base_write:.2f}", f"{base_write / write_s:.2f}"],
-           ["checkpoint, wall", f"{wall:.2f}", f"{gib / wall:.2f}", f"{base_write:.2f}",
-            f"{base_write / wall:.2f}"],
-           ["app stopped", f"{stopped_s:.2f}", "", "", ""],
-           ["restart to running", f"{restart_s:.2f}", f"{gib / restart_s:.2f}",
-            f"{base_read:.2f}", f"{base_read / restart_s:.2f}"]])
+          [row("image write (shim)", med(writes), bw),
+           row("checkpoint, wall", med(walls), bw),
+           ["app stopped", f"{med(stops):.2f}", "", "", ""],
+           row("forked: image write", fw, bw),
+           ["forked: app stopped", f"{finfo['stopped_ns'] / 1e9:.3f}", "", "", ""],
+           row("restart to running", med(restarts), br)])
     print("  baselines: write = sequential write()+fsync of the same bytes; "
           "restart = read() of the image into fresh memory")
+    print(f"  all runs, s: baseline write {fmt(base_write)}  image write {fmt(writes)}  "
+          f"baseline read {fmt(base_read)}  restart {fmt(restarts)}")
+
+
+def fmt(values):
+    return "/".join(f"{v:.2f}" for v in values)
 
 
 def bench_sparse(env, work):
@@ -131,14 +155,15 @@ def run_loop(env, kind, n, shim):
     if not shim:
         argv = [BIN / "loops", kind, n]
         return float(subprocess.run(list(map(str, argv)), capture_output=True, text=True, check=True).stdout)
-    proc = subprocess.run([sys.executable, "-m", "ckpt", "launch", "--", BIN / "loops", kind, n],
+    proc = subprocess.run([sys.executable, "-m", "ckpt", "launch", "--", str(BIN / "loops"), kind,
+                           str(n)],
                           env=env, capture_output=True, text=True, check=True)
     return float(proc.stdout)
 
 
 def bench_overhead(env, reps):
-    loops = {"compute": 200_000_000, "syscalls": 1_000_000, "clock": 20_000_000,
-             "malloc": 20_000_000}
+    loops = {"compute": 1_000_000_000, "syscalls": 3_000_000, "clock": 60_000_000,
+             "malloc": 60_000_000}
     rows = []
     for kind, n in loops.items():
         plain, shim = [], []
@@ -155,7 +180,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=2048)
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", REPO / "native"], check=True)
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
@@ -164,7 +189,7 @@ def main():
         env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
                    CKPT_CONFIG=str(work / "none.yaml"))
         print(f"ckpt engine benchmarks, work dir {work}")
-        bench_big(env, work, args.mib)
+        bench_big(env, work, args.mib, args.reps)
         bench_sparse(env, work)
         bench_overhead(env, args.reps)
 
