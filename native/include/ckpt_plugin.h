@@ -6,7 +6,8 @@
  *
  * Hooks run in the checkpoint thread while every other thread of the
  * process is parked: they must not take locks the application may hold
- * (no malloc, no stdio).  A hook returns 0 or a positive errno, and may
+ * (no malloc, no stdio, no __thread variables).  That thread has an fd
+ * table of its own: the application's fd N is /proc/<pid>/fd/N there.  A hook returns 0 or a positive errno, and may
  * set a one-line message with ckpt_hook_fail().
  */
 #ifndef CKPT_PLUGIN_H

@@ -8,21 +8,21 @@
  * coordinator named in shim_restart_info and runs the restart phases.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
-#include <dlfcn.h>
-#include <sys/uio.h>
-#include <asm/prctl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include <asm/prctl.h>
 #include "shim.h"
 
 #define SUSPEND_TIMEOUT_MS 30000
@@ -65,7 +65,7 @@ static void reply(enum ckpt_phase phase, int err, const char *detail)
 {
 	if (err)
 		coord_send("FAIL %s %d %s", ckpt_phase_name(phase), err,
-			   detail && *detail ? detail : strerror(err));
+			   detail && *detail ? detail : shim_strerror(err));
 	else
 		coord_send("DONE %s 0%s%s", ckpt_phase_name(phase),
 			   detail && *detail ? " " : "", detail ? detail : "");
@@ -204,6 +204,8 @@ static void close_copied_fds(void)
 {
 	syscall(SYS_close_range, 0, 1, 0);
 	syscall(SYS_close_range, 3, ~0U, 0);
+	if (fcntl(STDERR_FILENO, F_GETFD) < 0)	/* keep 2 for diagnostics only */
+		open("/dev/null", O_WRONLY);
 }
 
 /* Back from an image: the fds and buffers of the old process are gone. */
@@ -218,7 +220,7 @@ static int after_restart(void)
 	restarting = 1;
 	err = quiesce_wait_restored(RESTORE_TIMEOUT_MS);
 	if (err) {
-		shim_log("restart: threads did not come back: %s", strerror(err));
+		shim_log("restart: threads did not come back: %s", shim_strerror(err));
 		return err;
 	}
 	/* ckpt-restart's code is no longer used: reserve its range again */
@@ -227,7 +229,7 @@ static int after_restart(void)
 	err = coord_connect(shim_restart_info.coord_path);
 	if (err) {
 		shim_log("restart: cannot reach coordinator %s: %s",
-			 shim_restart_info.coord_path, strerror(err));
+			 shim_restart_info.coord_path, shim_strerror(err));
 		return err;
 	}
 	return hello(1);
@@ -242,7 +244,7 @@ static int checkpointer_main(void *arg)
 	err = coord_connect(coord_path);
 	if (err) {
 		shim_log("cannot reach coordinator %s: %s; not checkpointable",
-			 coord_path, strerror(err));
+			 coord_path, shim_strerror(err));
 		return 0;
 	}
 	hello(0);
@@ -300,12 +302,17 @@ static void *copy_main_tls(void)
 	tp = (char *)(((uint64_t)block + below + align - 1) & ~(uint64_t)(align - 1));
 	own_ranges[0][0] = (uint64_t)block;
 	own_ranges[0][1] = (uint64_t)block + total;
-	/* page by page: the bytes around the main thread's block may be unmapped */
+	/* in pieces: the bytes around the main thread's block may be unmapped;
+	 * the TCB's head (guards, locale, errno just below) must be there */
 	for (size_t off = 0; off < below + TCB_COPY; off += 512) {
 		struct iovec dst = { tp - below + off, 512 };
 		struct iovec src = { (char *)fs - below + off, 512 };
+		int vital = off + 512 > below - 512 && off < below + 512;
 
-		process_vm_readv(getpid(), &dst, 1, &src, 1, 0);
+		if (process_vm_readv(getpid(), &dst, 1, &src, 1, 0) != 512 && vital) {
+			munmap(block, total);
+			return NULL;
+		}
 	}
 	((uint64_t *)tp)[0] = (uint64_t)tp;	/* tcbhead_t.tcb */
 	((uint64_t *)tp)[2] = (uint64_t)tp;	/* tcbhead_t.self */

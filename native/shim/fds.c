@@ -64,11 +64,16 @@ static int app_fdinfo(int fd, long long *pos, int *flags)
 	return 0;
 }
 
-static int app_is_tty(const struct stat *st)
+/* Terminals: the pty and console majors, or a terminal's device name. */
+static int app_is_tty(const struct stat *st, const char *path)
 {
 	unsigned maj = major(st->st_rdev);
 
-	return S_ISCHR(st->st_mode) && (maj == 4 || maj == 5 || (maj >= 136 && maj <= 143));
+	if (!S_ISCHR(st->st_mode))
+		return 0;
+	return maj == 4 || maj == 5 || (maj >= 136 && maj <= 143) ||
+	       !strncmp(path, "/dev/tty", 8) || !strncmp(path, "/dev/pts/", 9) ||
+	       !strncmp(path, "/dev/hvc", 8) || !strcmp(path, "/dev/console");
 }
 
 /* ---- the fd table ---- */
@@ -77,13 +82,13 @@ struct fd_info {
 	struct ckpt_fd rec;
 	uint64_t dev, ino;
 	uint64_t file_size;		/* a deleted file's contents to save */
+	int held;			/* ours, on the deleted file, or -1 */
 	char path[CKPT_PATH_MAX];
 };
 
 /* Taken while the process is stopped: a forked writer saves this, not the
  * fd state of the running process (offsets move). */
 struct fd_table {
-	pid_t pid;			/* whose fds: a forked writer is another process */
 	int n;
 	struct fd_info fi[MAX_FDS];
 };
@@ -212,7 +217,7 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fd
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
 	} else if (S_ISCHR(st->st_mode)) {
-		fi->rec.kind = app_is_tty(st) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
+		fi->rec.kind = app_is_tty(st, fi->path) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
 	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5) &&
 		   pipe_end_present(fds, nfds, st->st_ino, 1) &&
 		   pipe_end_present(fds, nfds, st->st_ino, 0)) {
@@ -262,16 +267,19 @@ struct fd_table *fds_collect(void)
 	if (nfds < 0)
 		goto fail;
 	t->n = 0;
-	t->pid = getpid();
 	for (int i = 0; i < nfds; i++) {
 		struct fd_info *fi = &t->fi[t->n];
 		struct stat st;
 
 		if (describe_fd(fds[i], fi, &st))
 			continue;	/* closed meanwhile */
+		fi->held = -1;
 		find_dup(t, fi);
 		if (fi->rec.dup_of < 0)
 			classify_fd(fi, &st, fds, nfds);
+		/* held now: a forked writer reads it after the job moved on */
+		if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
+			fi->held = app_open(getpid(), fi->rec.fd, O_RDONLY);
 		t->n++;
 	}
 	scratch_unmap(fds, MAX_FDS * sizeof(int));
@@ -286,24 +294,24 @@ fail:
 
 void fds_release(struct fd_table *t)
 {
-	if (t)
-		scratch_unmap(t, sizeof(*t));
+	if (!t)
+		return;
+	for (int i = 0; i < t->n; i++)
+		if (t->fi[i].held >= 0)
+			close(t->fi[i].held);
+	scratch_unmap(t, sizeof(*t));
 }
 
-static int save_file_contents(struct image_writer *w, pid_t pid, int app_fd, uint64_t size)
+static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
 {
 	char *buf = scratch_map(COPY_CHUNK);
-	int fd = app_open(pid, app_fd, O_RDONLY);
 	uint64_t off = 0;
 	int err = 0;
 
-	if (!buf || fd < 0) {
-		err = fd < 0 ? errno : ENOMEM;
-		if (fd >= 0)
-			close(fd);
+	if (fd < 0 || !buf) {
 		if (buf)
 			scratch_unmap(buf, COPY_CHUNK);
-		return err;
+		return fd < 0 ? EBADF : ENOMEM;
 	}
 	while (!err && off < size) {
 		size_t want = size - off < COPY_CHUNK ? size - off : COPY_CHUNK;
@@ -316,12 +324,11 @@ static int save_file_contents(struct image_writer *w, pid_t pid, int app_fd, uin
 		err = iw_append(w, buf, n);
 		off += n;
 	}
-	close(fd);
 	scratch_unmap(buf, COPY_CHUNK);
 	return err;
 }
 
-static int save_one_fd(struct image_writer *w, pid_t pid, struct fd_info *fi)
+static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 {
 	struct ckpt_record rec = { .type = CKPT_REC_FD };
 	struct drained_pipe *p = NULL;
@@ -343,7 +350,7 @@ static int save_one_fd(struct image_writer *w, pid_t pid, struct fd_info *fi)
 	if (!err)
 		err = iw_append(w, fi->path, fi->rec.path_len);
 	if (!err && fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.data_size)
-		err = save_file_contents(w, pid, fi->rec.fd, fi->rec.data_size);
+		err = save_file_contents(w, fi->held, fi->rec.data_size);
 	if (!err && fi->rec.data_size && p)
 		err = iw_append(w, p->data, p->len);
 	return err;
@@ -354,7 +361,7 @@ int save_fds(struct image_writer *w, struct fd_table *t)
 	int err = 0;
 
 	for (int i = 0; !err && i < t->n; i++)
-		err = save_one_fd(w, t->pid, &t->fi[i]);
+		err = save_one_fd(w, &t->fi[i]);
 	return err;
 }
 

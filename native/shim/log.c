@@ -1,5 +1,6 @@
 /* Diagnostics of the shim: formatted on the stack, written with write(2),
  * because the application's threads may hold stdio and malloc locks. */
+#define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,4 +41,14 @@ const char *shim_hostname(void)
 	if (!u.nodename[0] && uname(&u))
 		strcpy(u.nodename, "localhost");
 	return u.nodename;
+}
+
+/* strerror() may malloc and take locale locks (translations, unknown
+ * errnos), and glibc believes the process single-threaded: the checkpoint
+ * thread uses the untranslated, static descriptions instead. */
+const char *shim_strerror(int err)
+{
+	const char *desc = strerrordesc_np(err);
+
+	return desc ? desc : "unknown error";
 }

@@ -32,14 +32,14 @@ __attribute__((constructor)) static void shim_init(void)
 		return;
 	err = reserve_restart_range();
 	if (err && err != EEXIST)	/* EEXIST: inherited across fork */
-		shim_log("cannot reserve the restart address range: %s", strerror(err));
+		shim_log("cannot reserve the restart address range: %s", shim_strerror(err));
 	err = signals_init(quiesce_handler);
 	if (err) {
-		shim_log("cannot install the checkpoint signal: %s", strerror(err));
+		shim_log("cannot install the checkpoint signal: %s", shim_strerror(err));
 		return;
 	}
 	fds_plugin_init();
 	err = checkpointer_start(coord);
 	if (err)
-		shim_log("cannot start the checkpoint thread: %s", strerror(err));
+		shim_log("cannot start the checkpoint thread: %s", shim_strerror(err));
 }

@@ -56,7 +56,7 @@ int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size)
 		err = p->hook(ctx, p->arg);
 		if (err) {
 			snprintf(why, why_size, "plugin %s: %s", p->name,
-				 failure[0] ? failure : strerror(err));
+				 failure[0] ? failure : shim_strerror(err));
 			return err;
 		}
 	}

@@ -100,7 +100,13 @@ static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable
 {
 	if (copied_kind(kind)) {
 		uint64_t page[CKPT_PAGE_SIZE / 8];
+		unsigned char in_core = 1;
 
+		/* a hole of shared memory would be allocated by reading it;
+		 * mincore sees pages any process touched */
+		if (kind == CKPT_VMA_SHARED_ANON &&
+		    (mincore((void *)addr, CKPT_PAGE_SIZE, &in_core) || !in_core))
+			return 0;
 		return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page) &&
 		       !page_is_zero(page);
 	}
@@ -191,7 +197,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	int err;
 
 	if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
-		if (!readable && !copied_kind(r->kind) && any_page_present(s, start, end)) {
+		if (!readable && (copied_kind(r->kind) || any_page_present(s, start, end))) {
 			/* a PROT_NONE or write-only region holding data */
 			if (mprotect((void *)start, end - start, r->prot | PROT_READ))
 				return errno;

@@ -24,6 +24,7 @@ SHIM_HIDDEN void ckpt_resume_context(const struct ckpt_regs *regs, long ret)
 SHIM_HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int64_t shim_now_ns(void);
 SHIM_HIDDEN const char *shim_hostname(void);
+SHIM_HIDDEN const char *shim_strerror(int err);
 
 /* signals.c: the reserved signal, protected from the application */
 SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));

@@ -91,13 +91,13 @@ static int write_file(const char *dir, const struct snapshot *snap, char *detail
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		err = errno;
-		snprintf(detail, size, "cannot open %s: %s", dir, strerror(err));
+		snprintf(detail, size, "cannot open %s: %s", dir, shim_strerror(err));
 		return err;
 	}
 	w = iw_open(dirfd, name);
 	if (!w) {
 		err = errno;
-		snprintf(detail, size, "cannot create %s/%s: %s", dir, name, strerror(err));
+		snprintf(detail, size, "cannot create %s/%s: %s", dir, name, shim_strerror(err));
 		goto out;
 	}
 	err = write_records(w, snap);
@@ -109,7 +109,7 @@ static int write_file(const char *dir, const struct snapshot *snap, char *detail
 			unlinkat(dirfd, name, 0);
 	}
 	if (err)
-		snprintf(detail, size, "writing %s/%s: %s", dir, name, strerror(err));
+		snprintf(detail, size, "writing %s/%s: %s", dir, name, shim_strerror(err));
 	else
 		snprintf(detail, size, "file=%s size=%llu xxh3=%016llx write_ns=%lld", name,
 			 (unsigned long long)bytes, (unsigned long long)xxh,
@@ -132,7 +132,7 @@ static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
 		return ENOMEM;
 	err = collect_process(snap->proc);	/* itimers do not survive fork */
 	if (err) {
-		snprintf(detail, size, "reading process state: %s", strerror(err));
+		snprintf(detail, size, "reading process state: %s", shim_strerror(err));
 	} else {
 		snap->fds = fds_collect();
 		if (!snap->fds) {
@@ -230,7 +230,7 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 		return err;
 	if (pipe2(p, O_CLOEXEC)) {
 		err = errno;
-		snprintf(detail, size, "forked write: %s", strerror(err));
+		snprintf(detail, size, "forked write: %s", shim_strerror(err));
 		drop_snapshot(&snap);
 		return err;
 	}
@@ -244,7 +244,7 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 	drop_snapshot(&snap);
 	if (err) {
 		close(p[0]);
-		snprintf(detail, size, "forked write: clone: %s", strerror(err));
+		snprintf(detail, size, "forked write: clone: %s", shim_strerror(err));
 		return err;
 	}
 	writer_pid = child;
