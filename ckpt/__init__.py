@@ -17,7 +17,6 @@ Modules, one concept each:
   manifest     manifest.yaml, checkpoint numbering, publish, `latest`
   image        image header and checksum verification
   client       the CLI's side of the coordinator socket
-  fakeshim     a Python stand-in for the shim, for tests
 """
 
 # The engine version recorded in every manifest; restart refuses images

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ckpt import manifest as m
 from ckpt.cli import main
-from ckpt.fakeshim import make_image
+from tests.fakeshim import make_image
 from ckpt.launch import check_program, job_environment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ FAKE_RESTART = """#!/bin/sh
 coord=$2
 for last; do :; done
 pid=$(basename "$last" .img); pid=${pid#proc-}
-CKPT_COORD=$coord FAKESHIM_RESTORED=1 FAKESHIM_PID=$pid exec "$PYTHON" -m ckpt.fakeshim
+CKPT_COORD=$coord FAKESHIM_RESTORED=1 FAKESHIM_PID=$pid exec "$PYTHON" -m tests.fakeshim
 """
 
 
@@ -210,7 +210,7 @@ def test_launch_checkpoint_kill_restart_round_trip(env, tmp_path, fake_native):
     images = tmp_path / "images"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "ckpt", "launch", "--job-id", "rt1", "--ckpt-dir", str(images),
-         "--", sys.executable, "-m", "ckpt.fakeshim"],
+         "--", sys.executable, "-m", "tests.fakeshim"],
         env=environ, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_job("rt1", environ)
@@ -274,7 +274,7 @@ def test_launch_forwards_sigterm(env, tmp_path, fake_native):
 def test_periodic_checkpoints(env, tmp_path, fake_native):
     launcher = subprocess.Popen(
         [sys.executable, "-m", "ckpt", "launch", "--job-id", "per", "--ckpt-dir", str(tmp_path),
-         "--interval", "0.2", "--", sys.executable, "-m", "ckpt.fakeshim"],
+         "--interval", "0.2", "--", sys.executable, "-m", "tests.fakeshim"],
         env=native_env(fake_native), cwd=str(REPO), stderr=subprocess.PIPE)
     try:
         for _ in range(200):

@@ -13,7 +13,7 @@ from ckpt import coordinator as coordinator_module
 from ckpt import manifest as m
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
-from ckpt.fakeshim import FakeProcess
+from tests.fakeshim import FakeProcess
 from ckpt.image import verify_checkpoint
 from ckpt.wire import unescape
 

@@ -4,7 +4,7 @@ import pytest
 from ckpt import ENGINE_VERSION
 from ckpt import manifest as m
 from ckpt.errors import CkptError
-from ckpt.fakeshim import make_image
+from tests.fakeshim import make_image
 from ckpt.headers import cffi_block, load_headers
 from ckpt.image import check_header, file_xxh3, verify_checkpoint
 

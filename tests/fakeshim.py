@@ -2,7 +2,7 @@
 
 It speaks the process side of docs/PROTOCOL.md and writes images with a
 valid header, so the coordinator, manifest and restart checks can be
-exercised without native code.  `python3 -m ckpt.fakeshim` runs one fake
+exercised without native code.  `python3 -m tests.fakeshim` runs one fake
 process against $CKPT_COORD until the coordinator goes away.
 """
 
