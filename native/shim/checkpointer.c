@@ -211,7 +211,7 @@ static void close_copied_fds(void)
 /* Back from an image: the fds and buffers of the old process are gone. */
 static int after_restart(void)
 {
-	int err;
+	int err, exe_err;
 
 	coord_forget();
 	close_copied_fds();	/* ckpt-restart gave us a copy of the restored table */
@@ -226,13 +226,17 @@ static int after_restart(void)
 	/* ckpt-restart's code is no longer used: reserve its range again */
 	mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+	exe_err = restore_exe_link();
 	err = coord_connect(shim_restart_info.coord_path);
 	if (err) {
 		shim_log("restart: cannot reach coordinator %s: %s",
 			 shim_restart_info.coord_path, shim_strerror(err));
 		return err;
 	}
-	return hello(1);
+	err = hello(1);
+	if (exe_err)
+		ckpt_warn("/proc/self/exe names ckpt-restart: %s", shim_strerror(exe_err));
+	return err;
 }
 
 static int checkpointer_main(void *arg)

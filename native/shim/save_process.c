@@ -6,11 +6,13 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <linux/prctl.h>
 #include "shim.h"
 
 static ssize_t read_file(const char *path, char *buf, size_t size)
@@ -100,6 +102,10 @@ static void read_limits_and_timers(struct ckpt_process *p)
 	}
 }
 
+/* The executable as it was at the last checkpoint: a restarted process
+ * finds it here (this variable is part of the image). */
+static char checkpointed_exe[CKPT_PATH_MAX];
+
 /* Signals pending for the whole process: an interval timer's SIGALRM
  * that is pending (blocked while we park) is also not re-armed yet. */
 static uint64_t shared_pending(void)
@@ -139,7 +145,47 @@ int collect_process(struct ckpt_process *p)
 	n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);
 	if (n > 0)
 		p->exe[n] = '\0';
+	memcpy(checkpointed_exe, p->exe, sizeof(checkpointed_exe));
 	return 0;
+}
+
+/*
+ * After a restart /proc/self/exe names ckpt-restart: the kernel lets
+ * PR_SET_MM_MAP replace it only once ckpt-restart's file is no longer
+ * mapped, which is the case once the checkpoint thread gave the reserved
+ * range back.  Needs CAP_SYS_ADMIN in our user namespace, which the
+ * restarted process has (nobody exec'd since the namespace was made).
+ */
+int restore_exe_link(void)
+{
+	struct ckpt_process *p = scratch_map(sizeof(*p));
+	struct prctl_mm_map map;
+	ssize_t n;
+	int fd, err = 0;
+
+	if (!p)
+		return ENOMEM;
+	fd = checkpointed_exe[0] ? open(checkpointed_exe, O_RDONLY | O_CLOEXEC) : -1;
+	if (fd < 0 || read_mm_fields(p)) {
+		err = fd < 0 ? ENOENT : EIO;
+		goto out;
+	}
+	n = read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+	map = (struct prctl_mm_map){
+		.start_code = p->start_code, .end_code = p->end_code,
+		.start_data = p->start_data, .end_data = p->end_data,
+		.start_brk = p->start_brk, .brk = p->brk, .start_stack = p->start_stack,
+		.arg_start = p->arg_start, .arg_end = p->arg_end,
+		.env_start = p->env_start, .env_end = p->env_end,
+		.auxv = (__u64 *)p->auxv, .auxv_size = n > 0 ? n : 0, .exe_fd = fd,
+	};
+	if (prctl(PR_SET_MM, PR_SET_MM_MAP, &map, sizeof(map), 0))
+		err = errno;
+out:
+	if (fd >= 0)
+		close(fd);
+	scratch_unmap(p, sizeof(*p));
+	return err;
 }
 
 int save_threads(struct image_writer *w, const struct ckpt_thread *self)
