@@ -143,3 +143,12 @@ def test_unwritable_ckpt_dir_abandons_checkpoint(unprivileged_session):
     assert job.output() == reference
     assert "\tok" in s.ckpt("images", s.images / "ro").stdout
     assert restart_and_finish(s, first, job) == reference
+
+
+def test_exited_main_thread_is_refused_and_job_keeps_running(session):
+    reference = session.reference("main_exits")
+    job = Job(session, "main-exits", "main_exits")
+    job.wait_ready()
+    one_line(session.ckpt("checkpoint", job.id, check=False), "main thread has exited")
+    assert job.wait() == 0
+    assert job.output() == reference

@@ -128,6 +128,11 @@ static void phase_suspend(unsigned seq)
 	int err;
 
 	suspended_at = shim_now_ns();
+	if (quiesce_leader_gone()) {
+		reply(CKPT_PHASE_SUSPEND, ENOTSUP,
+		      "the main thread has exited (pthread_exit): not supported yet");
+		return;
+	}
 	err = quiesce_suspend(SUSPEND_TIMEOUT_MS);
 	if (err) {
 		reply(CKPT_PHASE_SUSPEND, err, err == ETIMEDOUT ?

@@ -270,6 +270,13 @@ static int all_restored(void)
 	return 1;
 }
 
+/* The main thread called pthread_exit: /proc/self then shows no memory and
+ * no fds, and a restart has no main thread to recreate. */
+int quiesce_leader_gone(void)
+{
+	return thread_is_zombie(getpid());
+}
+
 int quiesce_wait_restored(int timeout_ms)
 {
 	return wait_until(all_restored, shim_now_ns() + (int64_t)timeout_ms * 1000000);

@@ -38,6 +38,7 @@ struct parked_thread {
 SHIM_HIDDEN int quiesce_suspend(int timeout_ms);
 SHIM_HIDDEN void quiesce_resume(void);
 SHIM_HIDDEN int quiesce_wait_restored(int timeout_ms);
+SHIM_HIDDEN int quiesce_leader_gone(void);
 SHIM_HIDDEN unsigned quiesce_count(void);
 SHIM_HIDDEN const struct parked_thread *quiesce_thread(unsigned i);
 SHIM_HIDDEN void quiesce_handler(int sig, siginfo_t *si, void *uc);
