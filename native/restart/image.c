@@ -167,18 +167,12 @@ static void load_records(struct image *img, uint64_t file_size)
 void image_load(struct image *img, const char *path, const char *xxh3)
 {
 	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
 	memset(img, 0, sizeof(*img));
 	img->file = path;
-	if (fd < 0)
-		die("%s: %s", path, strerror(errno));
-	/* keep it above every fd the image will restore */
-	img->fd = fcntl(fd, F_DUPFD_CLOEXEC, MAX_FDS + 16);
+	/* restore_fds() moves it above every fd number of the image */
+	img->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (img->fd < 0)
-		img->fd = fd;
-	else
-		close(fd);
+		die("%s: %s", path, strerror(errno));
 	if (fstat(img->fd, &st))
 		die("%s: %s", path, strerror(errno));
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)

@@ -46,16 +46,12 @@ static int app_stat(int fd, struct stat *st)
 static int app_fdinfo(int fd, long long *pos, int *flags)
 {
 	char path[64], buf[512], *p;
-	int f, n;
+	ssize_t n;
 
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	f = open(path, O_RDONLY | O_CLOEXEC);
-	if (f < 0)
-		return errno;
-	n = read(f, buf, sizeof(buf) - 1);
-	close(f);
+	n = shim_read_proc(path, buf, sizeof(buf) - 1);
 	if (n <= 0)
-		return EIO;
+		return n < 0 ? -n : EIO;
 	buf[n] = '\0';
 	p = strstr(buf, "pos:");
 	*pos = p ? strtoll(p + 4, NULL, 10) : 0;

@@ -190,14 +190,10 @@ static int signal_new_threads(void)
 static int thread_is_zombie(pid_t tid)
 {
 	char path[64], buf[256], *c;
-	int fd, n;
+	ssize_t n;
 
 	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	n = shim_read_proc(path, buf, sizeof(buf) - 1);
 	if (n <= 0)
 		return 0;
 	buf[n] = '\0';

@@ -297,16 +297,11 @@ static int parse_maps_line(char *line, struct region *r)
 
 static ssize_t read_maps(char *buf, size_t size)
 {
-	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-	size_t len = 0;
-	ssize_t n;
+	ssize_t len = shim_read_proc("/proc/self/maps", buf, size - 1);
 
-	if (fd < 0)
-		return -errno;
-	while (len < size - 1 && (n = read(fd, buf + len, size - 1 - len)) > 0)
-		len += n;
-	close(fd);
-	if (len >= size - 1)
+	if (len < 0)
+		return len;
+	if ((size_t)len >= size - 1)
 		return -E2BIG;
 	buf[len] = '\0';
 	return len;

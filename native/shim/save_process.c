@@ -15,30 +15,16 @@
 #include <linux/prctl.h>
 #include "shim.h"
 
-static ssize_t read_file(const char *path, char *buf, size_t size)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	size_t len = 0;
-	ssize_t n;
-
-	if (fd < 0)
-		return -1;
-	while (len < size && (n = read(fd, buf + len, size - len)) > 0)
-		len += n;
-	close(fd);
-	return len;
-}
-
 /* The mm fields of /proc/self/stat (fields 26-28 and 45-51, see proc(5)). */
 static int read_mm_fields(struct ckpt_process *p)
 {
 	char buf[2048];
-	ssize_t n = read_file("/proc/self/stat", buf, sizeof(buf) - 1);
+	ssize_t n = shim_read_proc("/proc/self/stat", buf, sizeof(buf) - 1);
 	char *c;
 	int field = 2;
 
 	if (n <= 0)
-		return errno ? errno : EIO;
+		return n < 0 ? -n : EIO;
 	buf[n] = '\0';
 	c = strrchr(buf, ')');		/* comm may contain spaces */
 	if (!c)
@@ -111,7 +97,7 @@ static char checkpointed_exe[CKPT_PATH_MAX];
 static uint64_t shared_pending(void)
 {
 	char buf[4096], *line;
-	ssize_t n = read_file("/proc/self/status", buf, sizeof(buf) - 1);
+	ssize_t n = shim_read_proc("/proc/self/status", buf, sizeof(buf) - 1);
 
 	if (n <= 0)
 		return 0;
@@ -135,7 +121,7 @@ int collect_process(struct ckpt_process *p)
 	err = read_mm_fields(p);
 	if (err)
 		return err;
-	n = read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+	n = shim_read_proc("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
 	p->auxv_words = n > 0 ? n / 8 : 0;
 	read_sigactions(p);
 	read_limits_and_timers(p);
@@ -170,7 +156,7 @@ int restore_exe_link(void)
 		err = fd < 0 ? ENOENT : EIO;
 		goto out;
 	}
-	n = read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+	n = shim_read_proc("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
 	map = (struct prctl_mm_map){
 		.start_code = p->start_code, .end_code = p->end_code,
 		.start_data = p->start_data, .end_data = p->end_data,

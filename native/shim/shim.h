@@ -26,6 +26,9 @@ SHIM_HIDDEN int64_t shim_now_ns(void);
 SHIM_HIDDEN const char *shim_hostname(void);
 SHIM_HIDDEN const char *shim_strerror(int err);
 
+/* procfs.c */
+SHIM_HIDDEN ssize_t shim_read_proc(const char *path, char *buf, size_t size);
+
 /* signals.c: the reserved signal, protected from the application */
 SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));
 

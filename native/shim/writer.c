@@ -168,14 +168,10 @@ int image_write_now(const char *dir, const struct ckpt_thread *self, char *detai
 static int has_unforkable_memory(void)
 {
 	char *buf = scratch_map(SMAPS_MAX);
-	int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
-	size_t len = 0;
-	ssize_t n;
+	ssize_t len = buf ? shim_read_proc("/proc/self/smaps", buf, SMAPS_MAX - 1) : -1;
 	int found = 1;
 
-	if (buf && fd >= 0) {
-		while (len < SMAPS_MAX - 1 && (n = read(fd, buf + len, SMAPS_MAX - 1 - len)) > 0)
-			len += n;
+	if (len >= 0) {
 		buf[len] = '\0';
 		found = len == SMAPS_MAX - 1;	/* too big to tell: be safe */
 		/* writable shared memory keeps changing under a child's feet */
@@ -190,8 +186,6 @@ static int has_unforkable_memory(void)
 				*end = '\n';
 		}
 	}
-	if (fd >= 0)
-		close(fd);
 	if (buf)
 		scratch_unmap(buf, SMAPS_MAX);
 	return found;
