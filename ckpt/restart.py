@@ -12,9 +12,21 @@ from ckpt.session import JobSession, announce
 RESTART_REFUSED = 2  # ckpt-restart's exit status before its point of no return
 
 
-def restart_command(binary, socket_path, job_id, image_path, xxh3):
-    return [str(binary), "--coord", socket_path, "--job-id", job_id,
-            "--xxh3", str(xxh3), str(image_path)]
+def restart_command(binary, socket_path, job_id, images):
+    """One ckpt-restart per host: it rebuilds that host's process tree.
+
+    images: (path, xxh3) pairs, the tree's root first."""
+    argv = [str(binary), "--coord", socket_path, "--job-id", job_id]
+    for _path, xxh3 in images:
+        argv += ["--xxh3", str(xxh3)]
+    return argv + [str(path) for path, _xxh3 in images]
+
+
+def images_by_host(checkpoint_dir, processes):
+    hosts = {}
+    for proc in processes:
+        hosts.setdefault(proc["host"], []).append((checkpoint_dir / proc["image"], proc["xxh3"]))
+    return hosts
 
 
 def restart(image_dir, config_for):
@@ -38,9 +50,9 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary):
                           config=config, restarted_from=manifest["checkpoint"]) as job:
         env = dict(os.environ, CKPT_COORD=job.socket_path, CKPT_JOB_ID=job_id)
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
-        pids = [job.spawn(restart_command(binary, job.socket_path, job_id,
-                                          checkpoint_dir / proc["image"], proc["xxh3"]), env)
-                for proc in processes]
+        # one host for now: multi-host restart starts one per host remotely
+        pids = [job.spawn(restart_command(binary, job.socket_path, job_id, images), env)
+                for images in images_by_host(checkpoint_dir, processes).values()]
         await _restore(job, pids, [proc["pid"] for proc in processes])
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()

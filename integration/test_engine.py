@@ -19,6 +19,7 @@ PROGRAMS = {
     "rseq_vdso": ["250", "10"],
     "join": ["300", "10"],
     "sharedmem": ["250", "10", "."],
+    "proctree": ["300", "10"],
 }
 
 
@@ -53,7 +54,7 @@ def test_forked_checkpoints(session, app):
         assert restart_and_finish(session, image, job) == reference
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files"])
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]

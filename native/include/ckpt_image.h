@@ -17,7 +17,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 1
+#define CKPT_IMAGE_VERSION 2
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
 #define CKPT_PAGE_SIZE 4096
@@ -70,7 +70,9 @@ enum ckpt_vma_kind {
 	CKPT_VMA_HEAP = 5,		/* [heap]: anonymous, saved pages */
 	CKPT_VMA_STACK = 6,		/* [stack]: anonymous, grows down */
 	CKPT_VMA_VDSO = 7,		/* [vvar] [vvar_vclock] [vdso]: moved, no data */
-	CKPT_VMA_DELETED_FILE = 8	/* private map of an unlinked file: all pages saved */
+	CKPT_VMA_DELETED_FILE = 8,	/* private map of an unlinked file: all pages saved */
+	CKPT_VMA_SHARED_MEMFILE = 9	/* shared map of a file in memory (/dev/shm):
+					 * saved pages, the file rewritten at restart */
 };
 
 struct ckpt_vma {
@@ -86,6 +88,8 @@ struct ckpt_vma {
 	uint64_t data_size;
 	uint64_t file_size;		/* identity of a mapped file */
 	int64_t file_mtime_ns;
+	uint64_t shm_id;		/* shared memory object (inode): pairs its
+					 * mappings, across processes too */
 };
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or
@@ -137,6 +141,13 @@ struct ckpt_rlim {
 #define CKPT_AUXV_WORDS 64
 #define CKPT_PATH_MAX 4096
 
+#define CKPT_MAX_ZOMBIES 256
+
+struct ckpt_zombie {
+	int32_t pid;
+	int32_t status;			/* as waitpid() reports it */
+};
+
 struct ckpt_process {
 	uint32_t umask;
 	int32_t pgid;
@@ -154,6 +165,9 @@ struct ckpt_process {
 	struct ckpt_rlim rlimits[CKPT_NRLIMITS];
 	char cwd[CKPT_PATH_MAX];
 	char exe[CKPT_PATH_MAX];
+	uint32_t nzombies;		/* children that exited, not yet waited for */
+	uint32_t pad2;
+	struct ckpt_zombie zombies[CKPT_MAX_ZOMBIES];
 };
 
 enum ckpt_fd_kind {
@@ -161,7 +175,7 @@ enum ckpt_fd_kind {
 	CKPT_FD_DELETED_FILE = 2,	/* unlinked regular file: contents saved */
 	CKPT_FD_DEVICE = 3,		/* /dev/null and other char devices: reopened */
 	CKPT_FD_TTY = 4,		/* terminal: the restarter's terminal */
-	CKPT_FD_PIPE_READ = 5,		/* pipe inside the process: contents saved */
+	CKPT_FD_PIPE_READ = 5,		/* pipe: contents saved by its readers */
 	CKPT_FD_PIPE_WRITE = 6,
 	CKPT_FD_INHERIT = 7,		/* stdio to outside the job: restarter's */
 	CKPT_FD_EXTERNAL = 8,		/* unsupported: /dev/null at restart */
@@ -177,7 +191,8 @@ struct ckpt_fd {
 	uint32_t mode;
 	uint32_t path_len;		/* bytes of path after this struct */
 	uint64_t data_size;		/* bytes of data after the path */
-	uint64_t pipe_id;		/* inode: pairs the two ends of a pipe */
+	uint64_t object_id;		/* inode of a pipe or a deleted file: the
+					 * same object in every process */
 	int32_t stdio_fd;		/* CKPT_FD_INHERIT: which restarter fd */
 	int32_t dup_of;			/* lower fd sharing this open file, or -1 */
 };

@@ -28,22 +28,25 @@ int restart_fd_base(void)
 
 /* Every fd ckpt-restart holds lives at or above fd_base, out of the way of
  * the numbers it restores; the fd limit must leave room for them. */
-static void choose_fd_base(struct image *img)
+static void choose_fd_base(struct image *imgs, unsigned n)
 {
 	struct rlimit rl;
+	unsigned long need = 16;
 	int highest = 2;
 
-	for (unsigned i = 0; i < img->nfds; i++)
-		if (img->fds[i].f.fd > highest)
-			highest = img->fds[i].f.fd;
+	for (unsigned i = 0; i < n; i++) {
+		for (unsigned j = 0; j < imgs[i].nfds; j++)
+			if (imgs[i].fds[j].f.fd > highest)
+				highest = imgs[i].fds[j].f.fd;
+		need += 3 * imgs[i].nfds + imgs[i].nvmas + 1;
+	}
 	fd_base = highest + 1;
-	if (getrlimit(RLIMIT_NOFILE, &rl) ||
-	    rl.rlim_cur < (rlim_t)fd_base + 2 * img->nfds + img->nvmas + 16)
-		die("the image uses fd %d: RLIMIT_NOFILE (%llu) is too low to restore it", highest,
-		    (unsigned long long)rl.rlim_cur);
+	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur < (rlim_t)fd_base + need)
+		die("the images use fd %d: RLIMIT_NOFILE (%llu) is too low to restore them",
+		    highest, (unsigned long long)rl.rlim_cur);
 }
 
-static int move_high(int fd, const char *what)
+int move_high(int fd, const char *what)
 {
 	int high;
 
@@ -65,20 +68,26 @@ static void keep_stdio(void)
 	set_error_fd(stdio_fds[2] >= 0 ? stdio_fds[2] : 2);
 }
 
-/* Everything inherited from whoever ran us goes, but what we keep. */
+/* Everything inherited from whoever ran us goes, other images' fds too,
+ * but what this process restores from. */
 static void close_others(void)
 {
-	int keep[4] = { image_fd, stdio_fds[0], stdio_fds[1], stdio_fds[2] };
-	unsigned lo = 0;
+	unsigned max = 5 + MAX_FDS * 3, nkeep = 0, lo = 0;
+	int *keep = arena_alloc(sizeof(int) * max);
 
-	for (int i = 0; i < 4; i++)	/* sort, then close the gaps */
-		for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+	keep[nkeep++] = image_fd;
+	keep[nkeep++] = tree_report_fd();
+	for (int i = 0; i < 3; i++)
+		keep[nkeep++] = stdio_fds[i];
+	nkeep += shared_fds(keep + nkeep, max - nkeep);
+	for (unsigned i = 1; i < nkeep; i++)	/* sort, then close the gaps */
+		for (unsigned j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
 			int t = keep[j];
 
 			keep[j] = keep[j - 1];
 			keep[j - 1] = t;
 		}
-	for (int i = 0; i < 4; i++) {
+	for (unsigned i = 0; i < nkeep; i++) {
 		if (keep[i] < 0 || (unsigned)keep[i] < lo)
 			continue;
 		if ((unsigned)keep[i] > lo)
@@ -88,7 +97,7 @@ static void close_others(void)
 	syscall(SYS_close_range, lo, ~0U, 0);
 }
 
-static void write_all(int fd, const char *p, size_t len, const char *what)
+void write_all(int fd, const char *p, size_t len, const char *what)
 {
 	while (len) {
 		ssize_t n = write(fd, p, len);
@@ -145,40 +154,34 @@ static int restarter_stdio(int which)
 	return fcntl(src, F_DUPFD_CLOEXEC, 0);
 }
 
-struct pipe_ends {
-	uint64_t id;
-	int end[2];			/* read, write; above HIGH_FD */
-};
-
-/* The pipe a record belongs to, created (and refilled) when first met. */
-static struct pipe_ends *get_pipe(struct image *img, struct pipe_ends *pipes,
-				  unsigned *npipes, const struct loaded_fd *lf)
+/* A memfd (or other shared memory object) held as an fd: a new open file
+ * on the object that the restart shares with every mapping of it. */
+static int open_shm(const struct loaded_fd *lf, int shm)
 {
-	struct pipe_ends *pe;
-	int p[2];
+	char path[64];
+	int fd;
 
-	for (unsigned i = 0; i < *npipes; i++)
-		if (pipes[i].id == lf->f.pipe_id)
-			return &pipes[i];
-	if (pipe2(p, O_CLOEXEC))
-		die("cannot recreate pipe: %s", strerror(errno));
-	pe = &pipes[(*npipes)++];
-	pe->id = lf->f.pipe_id;
-	pe->end[0] = move_high(p[0], "pipe");
-	pe->end[1] = move_high(p[1], "pipe");
-	if (lf->f.offset > 0)		/* the saved pipe capacity */
-		fcntl(pe->end[1], F_SETPIPE_SZ, (int)lf->f.offset);
-	for (unsigned i = 0; i < img->nfds; i++) {
-		const struct loaded_fd *o = &img->fds[i];
-
-		if (o->f.kind == CKPT_FD_PIPE_READ && o->f.pipe_id == pe->id && o->f.data_size)
-			write_all(pe->end[1], o->data, o->f.data_size, "pipe");
-	}
-	return pe;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", shm);
+	fd = open(path, (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+	if (fd < 0 || lseek(fd, lf->f.offset, SEEK_SET) < 0)
+		die("cannot reopen shared memory %s: %s", lf->path, strerror(errno));
+	return fd;
 }
 
-static int open_one(struct image *img, const struct loaded_fd *lf,
-		    struct pipe_ends *pipes, unsigned *npipes)
+/* An end of a pipe of the job, or, for a pipe to outside the job, what
+ * the restarter has (stdio) or /dev/null. */
+static int open_pipe_end(const struct loaded_fd *lf)
+{
+	int end = shared_pipe_end(lf->f.object_id, lf->f.kind == CKPT_FD_PIPE_WRITE);
+
+	if (end >= 0)
+		return fcntl(end, F_DUPFD_CLOEXEC, 0);
+	if (lf->f.stdio_fd >= 0)
+		return restarter_stdio(lf->f.stdio_fd);
+	return open("/dev/null", O_RDWR | O_CLOEXEC);
+}
+
+static int open_one(const struct loaded_fd *lf)
 {
 	switch (lf->f.kind) {
 	case CKPT_FD_FILE:
@@ -191,7 +194,8 @@ static int open_one(struct image *img, const struct loaded_fd *lf,
 		return fd;
 	}
 	case CKPT_FD_DELETED_FILE: {
-		int fd = open_deleted(lf);
+		int shm = shared_shm_fd(lf->f.object_id);
+		int fd = shm >= 0 ? open_shm(lf, shm) : open_deleted(lf);
 
 		if (fd < 0 || lseek(fd, lf->f.offset, SEEK_SET) < 0)
 			die("cannot restore deleted file %s: %s", lf->path, strerror(errno));
@@ -201,11 +205,8 @@ static int open_one(struct image *img, const struct loaded_fd *lf,
 	case CKPT_FD_INHERIT:
 		return restarter_stdio(lf->f.kind == CKPT_FD_TTY ? lf->f.fd : lf->f.stdio_fd);
 	case CKPT_FD_PIPE_READ:
-	case CKPT_FD_PIPE_WRITE: {
-		struct pipe_ends *pe = get_pipe(img, pipes, npipes, lf);
-
-		return fcntl(pe->end[lf->f.kind == CKPT_FD_PIPE_WRITE], F_DUPFD_CLOEXEC, 0);
-	}
+	case CKPT_FD_PIPE_WRITE:
+		return open_pipe_end(lf);
 	default:
 		return open("/dev/null", O_RDWR | O_CLOEXEC);
 	}
@@ -221,20 +222,25 @@ static int dup_placed(struct image *img, const int *placed, unsigned idx)
 	    img->fds[idx].f.fd, img->fds[idx].f.dup_of);
 }
 
+/* In ckpt-restart itself, before anything is created: every fd it holds
+ * from now on lives above every fd number of every image. */
+void prepare_fds(struct image *imgs, unsigned n)
+{
+	choose_fd_base(imgs, n);
+	for (unsigned i = 0; i < n; i++)
+		imgs[i].fd = move_high(imgs[i].fd, "an image");
+	keep_stdio();
+}
+
 void restore_fds(struct image *img)
 {
-	struct pipe_ends *pipes = arena_alloc(sizeof(*pipes) * (img->nfds + 1));
 	int *placed = arena_alloc(sizeof(int) * (img->nfds + 1));
-	unsigned npipes = 0;
 
-	choose_fd_base(img);
-	img->fd = image_fd = move_high(img->fd, "the image");
-	keep_stdio();
+	image_fd = img->fd;
 	close_others();
 	for (unsigned i = 0; i < img->nfds; i++)
 		placed[i] = move_high(img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
-				      open_one(img, &img->fds[i], pipes, &npipes),
-				      img->fds[i].path);
+				      open_one(&img->fds[i]), img->fds[i].path);
 	for (unsigned i = 0; i < img->nfds; i++) {
 		const struct ckpt_fd *f = &img->fds[i].f;
 
@@ -244,10 +250,7 @@ void restore_fds(struct image *img)
 			fcntl(f->fd, F_SETFL, f->flags);
 		close(placed[i]);
 	}
-	for (unsigned i = 0; i < npipes; i++) {
-		close(pipes[i].end[0]);
-		close(pipes[i].end[1]);
-	}
+	shared_close_pipes();
 }
 
 /* Just before jumping into the image: the restarter's own fds go away. */
@@ -257,4 +260,5 @@ void close_restart_fds(void)
 		if (stdio_fds[i] >= 0)
 			syscall(SYS_close, stdio_fds[i]);
 	syscall(SYS_close, image_fd);
+	syscall(SYS_close, tree_report_fd());
 }

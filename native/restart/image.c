@@ -15,7 +15,7 @@
 #include <xxhash.h>
 #include "restart.h"
 
-static void read_exact(struct image *img, void *buf, size_t len, uint64_t off)
+void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off)
 {
 	size_t done = 0;
 
@@ -75,7 +75,7 @@ static void *read_payload(struct image *img, size_t len, uint64_t off)
 {
 	char *p = arena_alloc(len + 1);
 
-	read_exact(img, p, len, off);
+	read_exact_at(img, p, len, off);
 	p[len] = '\0';
 	return p;
 }
@@ -85,12 +85,12 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	struct loaded_vma *lv;
 	size_t meta;
 
-	if (img->nvmas == MAX_VMAS)
+	if (img->nvmas == img->max_vmas || img->nvmas == MAX_VMAS)
 		die("%s: too many memory regions", img->file);
 	lv = &img->vmas[img->nvmas++];
 	if (size < sizeof(lv->v))
 		die("%s: corrupt memory record", img->file);
-	read_exact(img, &lv->v, sizeof(lv->v), off);
+	read_exact_at(img, &lv->v, sizeof(lv->v), off);
 	meta = lv->v.path_len + lv->v.nruns * sizeof(struct ckpt_run);
 	if (lv->v.nruns > size / sizeof(struct ckpt_run) || sizeof(lv->v) + meta > size ||
 	    lv->v.end <= lv->v.start || lv->v.data_offset + lv->v.data_size > off + size)
@@ -108,7 +108,7 @@ static void load_fd(struct image *img, uint64_t off, uint64_t size)
 	struct loaded_fd *lf;
 	char *payload;
 
-	if (img->nfds == MAX_FDS)
+	if (img->nfds == img->max_fds || img->nfds == MAX_FDS)
 		die("%s: too many file descriptors", img->file);
 	lf = &img->fds[img->nfds++];
 	if (size < sizeof(lf->f))
@@ -132,7 +132,7 @@ static void load_records(struct image *img, uint64_t file_size)
 
 		if (off + sizeof(rec) > file_size)
 			die("%s: truncated image (no end record)", img->file);
-		read_exact(img, &rec, sizeof(rec), off);
+		read_exact_at(img, &rec, sizeof(rec), off);
 		off += sizeof(rec);
 		if (rec.size > file_size - off)
 			die("%s: truncated image", img->file);
@@ -143,9 +143,9 @@ static void load_records(struct image *img, uint64_t file_size)
 			img->proc = read_payload(img, rec.size, off);
 			break;
 		case CKPT_REC_THREAD:
-			if (rec.size != sizeof(struct ckpt_thread) || img->nthreads == MAX_THREADS)
+			if (rec.size != sizeof(struct ckpt_thread) || img->nthreads == img->max_threads)
 				die("%s: corrupt thread record", img->file);
-			read_exact(img, &img->threads[img->nthreads++], rec.size, off);
+			read_exact_at(img, &img->threads[img->nthreads++], rec.size, off);
 			break;
 		case CKPT_REC_VMA:
 			load_vma(img, off, rec.size);
@@ -164,6 +164,23 @@ static void load_records(struct image *img, uint64_t file_size)
 	}
 }
 
+/* How many records of each kind, so many images fit in the arena. */
+static void count_records(struct image *img, uint64_t file_size, unsigned count[])
+{
+	uint64_t off = CKPT_HEADER_SIZE;
+	struct ckpt_record rec;
+
+	while (off + sizeof(rec) <= file_size) {
+		read_exact_at(img, &rec, sizeof(rec), off);
+		off += sizeof(rec);
+		if (rec.type == CKPT_REC_END || rec.size > file_size - off)
+			return;
+		if (rec.type < CKPT_REC_END)
+			count[rec.type]++;
+		off += rec.size;
+	}
+}
+
 void image_load(struct image *img, const char *path, const char *xxh3)
 {
 	struct stat st;
@@ -177,13 +194,19 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 		die("%s: %s", path, strerror(errno));
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
-	read_exact(img, &img->hdr, sizeof(img->hdr), 0);
+	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
 	if (xxh3)		/* damage first: it explains any odd header */
 		check_checksum(img, xxh3, st.st_size);
 	check_header(img);
-	img->threads = arena_alloc(MAX_THREADS * sizeof(*img->threads));
-	img->vmas = arena_alloc(MAX_VMAS * sizeof(*img->vmas));
-	img->fds = arena_alloc(MAX_FDS * sizeof(*img->fds));
+	unsigned count[CKPT_REC_END + 1] = { 0 };
+
+	count_records(img, st.st_size, count);
+	img->threads = arena_alloc((count[CKPT_REC_THREAD] + 1) * sizeof(*img->threads));
+	img->vmas = arena_alloc((count[CKPT_REC_VMA] + 1) * sizeof(*img->vmas));
+	img->fds = arena_alloc((count[CKPT_REC_FD] + 1) * sizeof(*img->fds));
+	img->max_threads = count[CKPT_REC_THREAD];
+	img->max_vmas = count[CKPT_REC_VMA];
+	img->max_fds = count[CKPT_REC_FD];
 	load_records(img, st.st_size);
 	if (!img->proc || !img->nthreads)
 		die("%s: image has no process or thread record", path);

@@ -9,6 +9,13 @@
 #include <sys/syscall.h>
 
 static int error_fd = 2;
+static void (*on_failure)(int status);
+
+/* A restored process of a tree tells pid 1 and brings the restart down. */
+void set_failure_hook(void (*hook)(int status))
+{
+	on_failure = hook;
+}
 
 int get_error_fd(void)
 {
@@ -33,6 +40,8 @@ void die(const char *fmt, ...)
 		n = sizeof(line) - 2;
 	line[n++] = '\n';
 	sys3(SYS_write, error_fd, line, n);
+	if (on_failure)
+		on_failure(EXIT_RESTART_FAILED);
 	sys1(SYS_exit_group, EXIT_RESTART_FAILED);
 	__builtin_unreachable();
 }
@@ -62,6 +71,8 @@ void fatal(const char *what, long err)
 	line[n++] = ')';
 	line[n++] = '\n';
 	sys3(SYS_write, error_fd, line, n);
+	if (on_failure)
+		on_failure(EXIT_RESTORE_FAILED);
 	sys1(SYS_exit_group, EXIT_RESTORE_FAILED);
 	__builtin_unreachable();
 }

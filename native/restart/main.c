@@ -1,7 +1,10 @@
 /*
- * ckpt-restart: restores one process image (docs/PROTOCOL.md, "ckpt-restart").
+ * ckpt-restart: restores the process images of one host, as one process
+ * tree in one fresh pid namespace (docs/PROTOCOL.md, "ckpt-restart").
  *
- *   ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX] IMAGE
+ *   ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX]... IMAGE...
+ *
+ * The n-th --xxh3 is the checksum of the n-th image.
  *
  * Statically linked at CKPT_RESERVE_START, a range every checkpointed
  * process keeps free, so it can replace the whole address space around
@@ -21,14 +24,14 @@
 #include "restart.h"
 #include "sys.h"
 
-static struct image img;
+static struct image imgs[MAX_IMAGES];
 static struct restart_args args;
 static char coord_copy[108];
 static char job_copy[64];
 
 static void usage(void)
 {
-	die("usage: ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX] IMAGE");
+	die("usage: ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX]... IMAGE...");
 }
 
 static void parse_args(int argc, char **argv)
@@ -45,15 +48,24 @@ static void parse_args(int argc, char **argv)
 		switch (c) {
 		case 'c': args.coord = optarg; break;
 		case 'j': args.job_id = optarg; break;
-		case 'x': args.xxh3 = optarg; break;
+		case 'x':
+			if (args.nxxh3 == MAX_IMAGES)
+				die("too many --xxh3");
+			args.xxh3[args.nxxh3++] = optarg;
+			break;
 		default: usage();
 		}
 	}
-	if (optind != argc - 1 || !args.coord || !args.job_id)
+	if (optind == argc || !args.coord || !args.job_id)
 		usage();
+	if (argc - optind > MAX_IMAGES)
+		die("too many images (at most %d)", MAX_IMAGES);
+	if (args.nxxh3 && args.nxxh3 != (unsigned)(argc - optind))
+		die("%u checksums for %d images", args.nxxh3, argc - optind);
 	if (strlen(args.coord) >= sizeof(((struct ckpt_restart_info *)0)->coord_path))
 		die("coordinator socket path too long: %s", args.coord);
-	args.image = argv[optind];
+	for (int i = optind; i < argc; i++)
+		args.image[args.nimages++] = argv[i];
 	/* argv lives on the old stack, which restore_memory() unmaps */
 	snprintf(coord_copy, sizeof(coord_copy), "%s", args.coord);
 	snprintf(job_copy, sizeof(job_copy), "%s", args.job_id);
@@ -115,23 +127,38 @@ static void mark(const char *what)
 	sys3(SYS_write, get_error_fd(), line + 1, n - 1);
 }
 
-/* The restored process, born with its original pid. */
-static int restorer(void *unused)
+/* A restored process, born with its original pid. */
+static int restorer(void *arg)
 {
+	struct image *img = arg;
 	sigset_t all;
 
-	(void)unused;
 	mark("in the new namespace");
-	restore_process_early(&img);
-	restore_fds(&img);
-	prepare_memory(&img);
+	tree_enter(img);
+	restore_process_early(img);
+	restore_fds(img);
+	prepare_memory(img);
+	tree_report_restored(img);
 	sigfillset(&all);
 	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, 8);
 	/* point of no return */
-	restore_memory(&img);
+	restore_memory(img);
+	shared_close_shms();
 	mark("memory restored");
-	restore_process_late(&img, &args);
-	restore_threads(&img);
+	restore_process_late(img, &args);
+	restore_threads(img);
+}
+
+static void check_pids(struct image *imgs, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		if (imgs[i].hdr.pid <= 1)
+			die("%s: cannot restore pid %d", imgs[i].file, imgs[i].hdr.pid);
+		for (unsigned j = 0; j < i; j++)
+			if (imgs[j].hdr.pid == imgs[i].hdr.pid)
+				die("%s and %s: both are pid %d", imgs[j].file, imgs[i].file,
+				    imgs[i].hdr.pid);
+	}
 }
 
 int main(int argc, char **argv)
@@ -145,8 +172,14 @@ int main(int argc, char **argv)
 	if (err)
 		die("the restart address range is in use: %s", strerror(err));
 	raise_fd_limit();
-	image_load(&img, args.image, args.xxh3);
-	mark("image checked and loaded");
+	for (unsigned i = 0; i < args.nimages; i++)
+		image_load(&imgs[i], args.image[i], args.nxxh3 ? args.xxh3[i] : NULL);
+	check_pids(imgs, args.nimages);
+	mark("images checked and loaded");
+	prepare_fds(imgs, args.nimages);
+	tree_init(imgs, args.nimages, restorer);
+	shared_create(imgs, args.nimages);
+	mark("shared objects created");
 	enter_namespaces();
-	return run_init(&img, restorer, NULL);
+	return run_init(tree_run);
 }

@@ -223,11 +223,25 @@ static void map_region(struct image *img, unsigned idx)
 	case CKPT_VMA_STACK:
 		flags |= MAP_GROWSDOWN | MAP_ANONYMOUS;
 		break;
+	case CKPT_VMA_SHARED_ANON:
+	case CKPT_VMA_SHARED_MEMFILE:
+		fd = shared_shm_fd(v->shm_id);
+		if (fd >= 0) {		/* the object holds the pages already */
+			prot = v->prot;
+			break;
+		}
+		flags |= MAP_ANONYMOUS;
+		break;
 	default:
 		flags |= MAP_ANONYMOUS;
 		break;
 	}
 	r = sys6(SYS_mmap, v->start, len, prot, flags, fd, fd >= 0 ? (long)v->pgoff : 0);
+	if ((v->kind == CKPT_VMA_SHARED_ANON || v->kind == CKPT_VMA_SHARED_MEMFILE) && fd >= 0) {
+		if (r < 0 || (uint64_t)r != v->start)
+			fatal("mapping shared memory", r < 0 ? r : -EFAULT);
+		return;
+	}
 	if (r < 0)
 		fatal("mapping a saved region", r);
 	if ((uint64_t)r != v->start)

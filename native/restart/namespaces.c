@@ -19,8 +19,6 @@
 #include <unistd.h>
 #include "restart.h"
 
-static pid_t restored_pid;
-
 static void write_file(const char *path, const char *text)
 {
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
@@ -58,10 +56,12 @@ static void mount_proc(void)
 		die("cannot mount a fresh /proc: %s", strerror(errno));
 }
 
+static pid_t init_pid;
+
 static void forward_signal(int sig)
 {
-	if (restored_pid > 0)
-		kill(restored_pid, sig);
+	if (init_pid > 0)
+		kill(init_pid, sig);	/* pid 1 passes it to the root process */
 }
 
 static int exit_status(int status)
@@ -71,49 +71,22 @@ static int exit_status(int status)
 	return 128 + WTERMSIG(status);
 }
 
-/* pid 1 of the namespace: creates the restored process with its pid, reaps
- * orphans, and exits with the restored process's status. */
-static int init_main(struct image *img, int (*restorer)(void *), void *arg)
-{
-	pid_t pid = img->hdr.pid;
-	struct clone_args ca;
-	int status;
-
-	mount_proc();
-	if (pid <= 1)
-		die("cannot restore pid %d", pid);
-	memset(&ca, 0, sizeof(ca));
-	ca.exit_signal = SIGCHLD;
-	ca.stack = (uint64_t)zone_stack(0) - ZONE_STACK_SIZE;
-	ca.stack_size = ZONE_STACK_SIZE;
-	ca.set_tid = (uint64_t)&pid;
-	ca.set_tid_size = 1;
-	restored_pid = clone3_run(&ca, sizeof(ca), restorer, arg);
-	if (restored_pid < 0)
-		die("cannot create process %d (clone3 set_tid): %s", pid, strerror(-restored_pid));
-	signal(SIGINT, forward_signal);
-	signal(SIGTERM, forward_signal);
-	signal(SIGHUP, forward_signal);
-	for (;;) {
-		pid_t got = waitpid(-1, &status, 0);
-
-		if (got == restored_pid)
-			return exit_status(status);
-		if (got < 0 && errno != EINTR)
-			return EXIT_RESTORE_FAILED;
-	}
-}
-
-int run_init(struct image *img, int (*restorer)(void *), void *arg)
+/* Forks pid 1 of the new pid namespace, which mounts its /proc and runs
+ * init_main; we wait for it and pass on its status. */
+int run_init(int (*init_main)(void))
 {
 	int status;
 	pid_t init = fork();
 
 	if (init < 0)
 		die("cannot fork: %s", strerror(errno));
-	if (init == 0)
-		_exit(init_main(img, restorer, arg));
-	restored_pid = init;
+	if (init == 0) {
+		mount_proc();
+		_exit(init_main());
+	}
+	init_pid = init;
+	shared_close_pipes();	/* the job's now, in the namespace */
+	shared_close_shms();
 	signal(SIGINT, forward_signal);
 	signal(SIGTERM, forward_signal);
 	signal(SIGHUP, forward_signal);

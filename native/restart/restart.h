@@ -47,13 +47,18 @@ struct image {
 	unsigned nvmas;
 	struct loaded_fd *fds;
 	unsigned nfds;
+	unsigned max_threads, max_vmas, max_fds;	/* room in the arrays */
 };
+
+#define MAX_IMAGES 1024
 
 struct restart_args {
 	const char *coord;
 	const char *job_id;
-	const char *xxh3;
-	const char *image;
+	const char *xxh3[MAX_IMAGES];
+	unsigned nxxh3;
+	const char *image[MAX_IMAGES];
+	unsigned nimages;
 };
 
 /* arena.c */
@@ -66,17 +71,37 @@ void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void set_error_fd(int fd);
 int get_error_fd(void);
 void fatal(const char *what, long err) __attribute__((noreturn));
+void set_failure_hook(void (*hook)(int status));
 
 /* image.c */
 void image_load(struct image *img, const char *path, const char *xxh3);
+void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off);
 
 /* namespaces.c */
 void enter_namespaces(void);
-int run_init(struct image *img, int (*restorer)(void *), void *arg);
+int run_init(int (*init_main)(void));
+
+/* tree.c */
+void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *));
+int tree_run(void);
+void tree_enter(struct image *img);
+void tree_report_restored(struct image *img);
+int tree_report_fd(void);
+
+/* shared.c */
+void shared_create(struct image *imgs, unsigned n);
+int shared_pipe_end(uint64_t id, int write_end);
+int shared_shm_fd(uint64_t id);
+unsigned shared_fds(int *out, unsigned max);
+void shared_close_pipes(void);
+void shared_close_shms(void);
 
 /* fds.c */
+void prepare_fds(struct image *imgs, unsigned n);
 void restore_fds(struct image *img);
 int restart_fd_base(void);
+int move_high(int fd, const char *what);
+void write_all(int fd, const char *p, size_t len, const char *what);
 void close_restart_fds(void);
 
 /* memory.c */

@@ -232,7 +232,9 @@ static int after_restart(void)
 	mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 	exe_err = restore_exe_link();
-	err = coord_connect(shim_restart_info.coord_path);
+	/* children forked from now on join the new coordinator */
+	snprintf(coord_path, sizeof(coord_path), "%s", shim_restart_info.coord_path);
+	err = coord_connect(coord_path);
 	if (err) {
 		shim_log("restart: cannot reach coordinator %s: %s",
 			 shim_restart_info.coord_path, shim_strerror(err));
@@ -347,7 +349,8 @@ int checkpointer_start(const char *path)
 	void *tls;
 	int tid;
 
-	snprintf(coord_path, sizeof(coord_path), "%s", path);
+	if (path != coord_path)
+		snprintf(coord_path, sizeof(coord_path), "%s", path);
 	tls = copy_main_tls();
 	if (!tls)
 		return ENOSYS;
@@ -363,4 +366,33 @@ int checkpointer_start(const char *path)
 	tid = clone(checkpointer_main, stack + CHECKPOINTER_STACK, flags, NULL, NULL, tls, NULL);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return tid < 0 ? errno : 0;
+}
+
+/*
+ * fork() copies only the calling thread: the child needs a checkpoint
+ * thread of its own.  The parent's checkpoint thread's stack and TLS are
+ * dead copies here, and its connection, scratch buffers and forked writer
+ * belong to the parent.
+ */
+static void checkpointer_atfork_child(void)
+{
+	int err;
+
+	for (int i = 0; i < 2; i++)
+		if (own_ranges[i][1])
+			munmap((void *)own_ranges[i][0], own_ranges[i][1] - own_ranges[i][0]);
+	memset(own_ranges, 0, sizeof(own_ranges));
+	coord_forget();
+	scratch_forget();
+	image_writer_forget();
+	restarting = 0;
+	err = checkpointer_start(coord_path);
+	if (err)
+		shim_log("forked child %d: cannot start the checkpoint thread: %s",
+			 getpid(), shim_strerror(err));
+}
+
+int checkpointer_follow_forks(void)
+{
+	return pthread_atfork(NULL, NULL, checkpointer_atfork_child);
 }

@@ -1,8 +1,8 @@
 /*
  * File descriptors: the fd records of the image, and the built-in "fds"
- * plugin that drains pipes whose both ends live in the process (DRAIN) and
- * puts the bytes back (RESUME).  After a restart ckpt-restart has already
- * refilled them from the image.
+ * plugin that copies the bytes in each pipe the process reads from (DRAIN,
+ * with tee(2): nothing is consumed).  ckpt-restart refills each pipe once,
+ * from the first image that carries it.
  *
  * The checkpoint thread has an fd table of its own (checkpointer.c), so it
  * reaches the application's fds through /proc/<pid>/fd and fdinfo: opening
@@ -22,7 +22,7 @@
 #include "shim.h"
 
 #define MAX_FDS 4096
-#define MAX_PIPES 64
+#define MAX_PIPES 256
 #define COPY_CHUNK (1 << 20)
 
 /* The application's fd, opened anew from our own fd table. */
@@ -89,14 +89,14 @@ struct fd_table {
 	struct fd_info fi[MAX_FDS];
 };
 
-struct drained_pipe {
+struct pipe_copy {
 	uint64_t ino;
-	int read_fd, write_fd;
+	int read_fd;
 	char *data;
 	size_t len, cap;
 };
 
-static struct drained_pipe pipes[MAX_PIPES];
+static struct pipe_copy pipes[MAX_PIPES];
 static int npipes;
 
 static int list_fds(int *fds, int max)
@@ -161,23 +161,6 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	return 0;
 }
 
-static int pipe_end_present(const int *fds, int nfds, uint64_t ino, int want_write)
-{
-	for (int i = 0; i < nfds; i++) {
-		struct stat st;
-		long long pos;
-		int flags;
-
-		if (app_stat(fds[i], &st) || !S_ISFIFO(st.st_mode) || st.st_ino != ino ||
-		    app_fdinfo(fds[i], &pos, &flags))
-			continue;
-		flags &= O_ACCMODE;
-		if (want_write ? flags != O_RDONLY : flags != O_WRONLY)
-			return 1;
-	}
-	return 0;
-}
-
 /* The pipe's capacity (F_SETPIPE_SZ may have changed it). */
 static long pipe_size(pid_t pid, int fd)
 {
@@ -191,7 +174,7 @@ static long pipe_size(pid_t pid, int fd)
 	return size > 0 ? size : 0;
 }
 
-static struct drained_pipe *find_pipe(uint64_t ino)
+static struct pipe_copy *find_pipe(uint64_t ino)
 {
 	for (int i = 0; i < npipes; i++)
 		if (pipes[i].ino == ino)
@@ -199,7 +182,7 @@ static struct drained_pipe *find_pipe(uint64_t ino)
 	return NULL;
 }
 
-static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fds, int nfds)
+static void classify_fd(struct fd_info *fi, const struct stat *st)
 {
 	size_t len = strlen(fi->path);
 	int fd = fi->rec.fd;
@@ -210,17 +193,20 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, const int *fd
 		    !strcmp(fi->path + len - 10, " (deleted)"))
 			fi->path[len - 10] = '\0';
 		fi->file_size = st->st_size;
+		/* a memfd may also be mapped */
+		fi->rec.object_id = shim_object_id(st->st_dev, st->st_ino);
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
 	} else if (S_ISCHR(st->st_mode)) {
 		fi->rec.kind = app_is_tty(st, fi->path) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
-	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5) &&
-		   pipe_end_present(fds, nfds, st->st_ino, 1) &&
-		   pipe_end_present(fds, nfds, st->st_ino, 0)) {
+	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5)) {
+		/* whether the other end is in the job, the restart decides from
+		 * all the images; a stdio pipe to outside is the restarter's */
 		fi->rec.kind = (fi->rec.flags & O_ACCMODE) == O_RDONLY ?
 			CKPT_FD_PIPE_READ : CKPT_FD_PIPE_WRITE;
-		fi->rec.pipe_id = st->st_ino;
+		fi->rec.object_id = st->st_ino;
 		fi->rec.offset = pipe_size(getpid(), fd);
+		fi->rec.stdio_fd = fd <= 2 ? fd : -1;
 	} else if (fd <= 2) {
 		fi->rec.kind = CKPT_FD_INHERIT;	/* stdio from outside the job */
 		fi->rec.stdio_fd = fd;
@@ -244,7 +230,7 @@ static void find_dup(struct fd_table *t, struct fd_info *fi)
 		    syscall(SYS_kcmp, pid, pid, KCMP_FILE, o->rec.fd, fi->rec.fd) == 0) {
 			fi->rec.dup_of = o->rec.fd;
 			fi->rec.kind = o->rec.kind;
-			fi->rec.pipe_id = o->rec.pipe_id;
+			fi->rec.object_id = o->rec.object_id;
 			fi->rec.stdio_fd = o->rec.stdio_fd;
 			return;
 		}
@@ -272,7 +258,7 @@ struct fd_table *fds_collect(void)
 		fi->held = -1;
 		find_dup(t, fi);
 		if (fi->rec.dup_of < 0)
-			classify_fd(fi, &st, fds, nfds);
+			classify_fd(fi, &st);
 		/* held now: a forked writer reads it after the job moved on */
 		if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
 			fi->held = app_open(getpid(), fi->rec.fd, O_RDONLY);
@@ -327,14 +313,14 @@ static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
 static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 {
 	struct ckpt_record rec = { .type = CKPT_REC_FD };
-	struct drained_pipe *p = NULL;
+	struct pipe_copy *p = NULL;
 	int err;
 
 	fi->rec.path_len = strlen(fi->path);
 	if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
 		fi->rec.data_size = fi->file_size;
 	if (fi->rec.kind == CKPT_FD_PIPE_READ) {
-		p = find_pipe(fi->rec.pipe_id);
+		p = find_pipe(fi->rec.object_id);
 		/* one read end carries the bytes; dups of it carry none */
 		if (p && p->read_fd == fi->rec.fd)
 			fi->rec.data_size = p->len;
@@ -361,103 +347,85 @@ int save_fds(struct image_writer *w, struct fd_table *t)
 	return err;
 }
 
-/* ---- the fds plugin: drain and refill pipes inside the process ---- */
+/* ---- the fds plugin: a copy of what is in each pipe ---- */
 
-static int drain_one(struct drained_pipe *p)
+/* tee(2) copies a pipe's bytes into our own pipe without consuming them:
+ * the job's pipes are left exactly as they were. */
+static int copy_one(struct pipe_copy *p)
 {
-	int fd = app_open(getpid(), p->read_fd, O_RDONLY | O_NONBLOCK);
+	int src = app_open(getpid(), p->read_fd, O_RDONLY | O_NONBLOCK);
+	int tmp[2] = { -1, -1 };
 	int err = 0;
+	ssize_t got;
 
-	if (fd < 0)
+	if (src < 0)
 		return errno;
-	p->cap = fcntl(fd, F_GETPIPE_SZ);
+	p->cap = fcntl(src, F_GETPIPE_SZ);
 	if ((int)p->cap <= 0)
 		p->cap = 1 << 16;
 	p->data = scratch_map(p->cap);
-	if (!p->data) {
-		close(fd);
-		return ENOMEM;
+	if (!p->data || pipe2(tmp, O_CLOEXEC | O_NONBLOCK)) {
+		err = p->data ? errno : ENOMEM;
+		goto out;
 	}
-	while (p->len < p->cap) {
-		ssize_t n = read(fd, p->data + p->len, p->cap - p->len);
+	if (fcntl(tmp[1], F_SETPIPE_SZ, (int)p->cap) < (int)p->cap) {
+		err = errno ? errno : ENOSPC;
+		goto out;
+	}
+	got = tee(src, tmp[1], p->cap, SPLICE_F_NONBLOCK);
+	if (got < 0 && errno != EAGAIN) {
+		err = errno;
+		goto out;
+	}
+	while (got > 0 && p->len < (size_t)got) {
+		ssize_t n = read(tmp[0], p->data + p->len, got - p->len);
 
-		if (n > 0) {
-			p->len += n;
-			continue;
+		if (n <= 0) {
+			err = n < 0 ? errno : EIO;
+			break;
 		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno != EAGAIN)
-			err = errno;
-		break;
+		p->len += n;
 	}
-	close(fd);
+out:
+	if (tmp[0] >= 0) {
+		close(tmp[0]);
+		close(tmp[1]);
+	}
+	close(src);
 	return err;
 }
 
-static int drain_pipes(void)
+static void release_pipes(void)
+{
+	for (int i = 0; i < npipes; i++)
+		if (pipes[i].data)
+			scratch_unmap(pipes[i].data, pipes[i].cap);
+	npipes = 0;
+}
+
+/* The first read end of each pipe carries the pipe's bytes in the image. */
+static int copy_pipes(void)
 {
 	int fds[MAX_FDS];
 	int nfds = list_fds(fds, MAX_FDS);
 	int err = 0;
 
-	npipes = 0;
+	release_pipes();
 	for (int i = 0; i < nfds && !err; i++) {
 		struct stat st;
-		struct drained_pipe *p;
 		long long pos;
 		int acc;
 
 		if (app_stat(fds[i], &st) || !S_ISFIFO(st.st_mode) ||
-		    app_fdinfo(fds[i], &pos, &acc))
+		    app_fdinfo(fds[i], &pos, &acc) || (acc & O_ACCMODE) != O_RDONLY ||
+		    find_pipe(st.st_ino))
 			continue;
-		acc &= O_ACCMODE;
-		p = find_pipe(st.st_ino);
-		if (!p) {
-			if (npipes == MAX_PIPES)
-				continue;	/* saved as is, without contents */
-			p = &pipes[npipes++];
-			*p = (struct drained_pipe){ .ino = st.st_ino, .read_fd = -1, .write_fd = -1 };
-		}
-		if (acc == O_RDONLY && p->read_fd < 0)
-			p->read_fd = fds[i];
-		else if (acc != O_RDONLY && p->write_fd < 0)
-			p->write_fd = fds[i];
+		if (npipes == MAX_PIPES)
+			return EMFILE;
+		pipes[npipes] = (struct pipe_copy){ .ino = st.st_ino, .read_fd = fds[i] };
+		err = copy_one(&pipes[npipes++]);
 	}
-	for (int i = 0; i < npipes && !err; i++)
-		if (pipes[i].read_fd >= 0 && pipes[i].write_fd >= 0)
-			err = drain_one(&pipes[i]);
 	return err;
-}
-
-static void refill_one(struct drained_pipe *p)
-{
-	int fd = p->len ? app_open(getpid(), p->write_fd, O_WRONLY) : -1;
-	size_t off = 0;
-
-	while (fd >= 0 && off < p->len) {
-		ssize_t n = write(fd, p->data + off, p->len - off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		off += n;
-	}
-	if (fd >= 0)
-		close(fd);
-}
-
-static void refill_pipes(int restarted)
-{
-	for (int i = 0; i < npipes; i++) {
-		if (restarted)
-			continue;	/* ckpt-restart refilled them; buffers are gone */
-		refill_one(&pipes[i]);
-		if (pipes[i].data)
-			scratch_unmap(pipes[i].data, pipes[i].cap);
-	}
-	npipes = 0;
 }
 
 static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
@@ -465,9 +433,12 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	(void)arg;
 	switch (ctx->phase) {
 	case CKPT_PHASE_DRAIN:
-		return drain_pipes();
+		return copy_pipes();
 	case CKPT_PHASE_RESUME:
-		refill_pipes(ctx->restarted);
+		if (ctx->restarted)
+			npipes = 0;	/* the buffers belonged to the old process */
+		else
+			release_pipes();
 		return 0;
 	default:
 		return 0;

@@ -40,6 +40,11 @@ __attribute__((constructor)) static void shim_init(void)
 	}
 	fds_plugin_init();
 	err = checkpointer_start(coord);
-	if (err)
+	if (err) {
 		shim_log("cannot start the checkpoint thread: %s", shim_strerror(err));
+		return;
+	}
+	err = checkpointer_follow_forks();
+	if (err)
+		shim_log("cannot follow forked children: %s", shim_strerror(err));
 }

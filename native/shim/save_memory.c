@@ -13,7 +13,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
+#include <linux/magic.h>
 #include <unistd.h>
 #include "shim.h"
 
@@ -25,7 +28,7 @@
 #define PM_FILE (1ULL << 61)		/* file page or shared anonymous */
 
 struct region {
-	uint64_t start, end, pgoff, inode;
+	uint64_t start, end, pgoff, inode, dev;
 	uint32_t prot, shared, kind;
 	const char *path;
 };
@@ -60,6 +63,15 @@ static int is_deleted(const char *path)
 	return n > 10 && !strcmp(path + n - 10, " (deleted)");
 }
 
+/* tmpfs: a shared map of a file there is memory the job owns (POSIX shm,
+ * MPI segments in /dev/shm), gone with the node: its pages are saved. */
+static int in_memory_fs(const char *path)
+{
+	struct statfs sfs;
+
+	return statfs(path, &sfs) == 0 && sfs.f_type == TMPFS_MAGIC;
+}
+
 static uint32_t classify(const struct region *r)
 {
 	const char *p = r->path;
@@ -70,9 +82,10 @@ static uint32_t classify(const struct region *r)
 		return CKPT_VMA_HEAP;
 	if (!strcmp(p, "[stack]"))
 		return CKPT_VMA_STACK;
+	if (r->shared && p[0] == '/' && r->inode && !is_deleted(p))
+		return in_memory_fs(p) ? CKPT_VMA_SHARED_MEMFILE : CKPT_VMA_SHARED_FILE;
 	if (r->shared)
-		return p[0] == '/' && r->inode && !is_deleted(p) ?
-			CKPT_VMA_SHARED_FILE : CKPT_VMA_SHARED_ANON;
+		return CKPT_VMA_SHARED_ANON;
 	if (p[0] == '/' && r->inode)
 		return is_deleted(p) ? CKPT_VMA_DELETED_FILE : CKPT_VMA_FILE;
 	return CKPT_VMA_ANON;
@@ -86,7 +99,13 @@ static uint32_t classify(const struct region *r)
  */
 static int copied_kind(uint32_t kind)
 {
-	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_DELETED_FILE;
+	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_DELETED_FILE ||
+	       kind == CKPT_VMA_SHARED_MEMFILE;
+}
+
+static int shared_memory_kind(uint32_t kind)
+{
+	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_SHARED_MEMFILE;
 }
 
 static ssize_t copy_self(void *dst, uint64_t addr, size_t len)
@@ -104,7 +123,7 @@ static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable
 
 		/* a hole of shared memory would be allocated by reading it;
 		 * mincore sees pages any process touched */
-		if (kind == CKPT_VMA_SHARED_ANON &&
+		if (shared_memory_kind(kind) &&
 		    (mincore((void *)addr, CKPT_PAGE_SIZE, &in_core) || !in_core))
 			return 0;
 		return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page) &&
@@ -172,7 +191,8 @@ static void file_identity(const struct region *r, struct ckpt_vma *v)
 {
 	struct stat st;
 
-	if (r->kind != CKPT_VMA_FILE && r->kind != CKPT_VMA_SHARED_FILE)
+	if (r->kind != CKPT_VMA_FILE && r->kind != CKPT_VMA_SHARED_FILE &&
+	    r->kind != CKPT_VMA_SHARED_MEMFILE)
 		return;
 	if (stat(r->path, &st) == 0 && st.st_ino == r->inode) {
 		v->file_size = st.st_size;
@@ -187,6 +207,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.start = start, .end = end, .prot = r->prot, .shared = r->shared,
 		.kind = r->kind, .path_len = strlen(r->path),
 		.pgoff = r->pgoff + (start - r->start),
+		.shm_id = shared_memory_kind(r->kind) ? shim_object_id(r->dev, r->inode) : 0,
 	};
 	int readable = r->prot & PROT_READ;
 	/* our own stack and TLS change as we go: copy them, then hash */
@@ -280,11 +301,13 @@ static int parse_maps_line(char *line, struct region *r)
 {
 	char perms[8];
 	unsigned long long start, end, pgoff, inode;
+	unsigned maj, min;
 	int pos = 0;
 
-	if (sscanf(line, "%llx-%llx %7s %llx %*x:%*x %llu %n", &start, &end, perms,
-		   &pgoff, &inode, &pos) < 5)
+	if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms,
+		   &pgoff, &maj, &min, &inode, &pos) < 7)
 		return EIO;
+	r->dev = makedev(maj, min);
 	r->start = start;
 	r->end = end;
 	r->pgoff = pgoff;

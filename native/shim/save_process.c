@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -106,6 +107,72 @@ static uint64_t shared_pending(void)
 	return line ? strtoull(line + 8, NULL, 16) : 0;
 }
 
+/* One /proc/<pid>/stat: is it our child, and a zombie?  (No
+ * /proc/<pid>/task/<tid>/children on every kernel: we look at them all.) */
+static int zombie_child(pid_t pid, pid_t self, int *status)
+{
+	char path[64], buf[1024], *c;
+	ssize_t n;
+	int field = 2;
+	long ppid = 0;
+	char state = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	n = shim_read_proc(path, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	c = strrchr(buf, ')');
+	if (!c)
+		return 0;
+	for (c++; *c && field < 52; ) {
+		while (*c == ' ')
+			c++;
+		field++;
+		if (field == 3)
+			state = *c;
+		else if (field == 4)
+			ppid = strtol(c, NULL, 10);
+		else if (field == 52)
+			*status = (int)strtol(c, NULL, 10);
+		while (*c && *c != ' ')
+			c++;
+		if (field == 4 && (ppid != self || state != 'Z'))
+			return 0;
+	}
+	return field == 52;
+}
+
+/* Children that exited and were not waited for: a restart recreates them
+ * as zombies, so the parent's waitpid() still gets their status. */
+static void collect_zombies(struct ckpt_process *p)
+{
+	char buf[4096];
+	pid_t self = getpid();
+	long got;
+	int dfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd < 0)
+		return;
+	while ((got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < got;) {
+			struct { uint64_t ino; int64_t off; unsigned short reclen;
+				 unsigned char type; char name[]; } *d = (void *)(buf + off);
+			pid_t pid = (pid_t)strtol(d->name, NULL, 10);
+			int status = 0;
+
+			off += d->reclen;
+			if (pid <= 0 || p->nzombies == CKPT_MAX_ZOMBIES ||
+			    !zombie_child(pid, self, &status))
+				continue;
+			p->zombies[p->nzombies].pid = pid;
+			p->zombies[p->nzombies].status = status;
+			p->nzombies++;
+		}
+	}
+	close(dfd);
+}
+
 /* Collected in the process itself: a forked writer has no itimers. */
 int collect_process(struct ckpt_process *p)
 {
@@ -126,6 +193,7 @@ int collect_process(struct ckpt_process *p)
 	read_sigactions(p);
 	read_limits_and_timers(p);
 	p->shared_pending = shared_pending();
+	collect_zombies(p);
 	if (!getcwd(p->cwd, sizeof(p->cwd)))
 		return errno;
 	n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);

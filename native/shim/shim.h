@@ -20,6 +20,12 @@ SHIM_HIDDEN int ckpt_save_context(struct ckpt_regs *regs) __attribute__((returns
 SHIM_HIDDEN void ckpt_resume_context(const struct ckpt_regs *regs, long ret)
 	__attribute__((noreturn));
 
+/* One object (shared memory, pipe) on this host, whatever maps or holds it. */
+static inline uint64_t shim_object_id(uint64_t dev, uint64_t ino)
+{
+	return ino ^ (dev << 48);
+}
+
 /* log.c: messages on stderr, never through stdio (locks may be held) */
 SHIM_HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int64_t shim_now_ns(void);
@@ -105,6 +111,7 @@ SHIM_HIDDEN void image_writer_forget(void);
 /* checkpointer.c */
 SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
 SHIM_HIDDEN int checkpointer_start(const char *coord_path);
+SHIM_HIDDEN int checkpointer_follow_forks(void);
 SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
 #endif

@@ -1,0 +1,303 @@
+/*
+ * The process tree of a restart.  pid 1 of the namespace creates the
+ * roots (processes whose parent is not in the job); each restored process
+ * first takes its session and process group, then creates its own
+ * children and its unwaited-for zombies, all with their original pids
+ * (clone3 set_tid), and only then restores itself.  So parents, sessions
+ * and process groups come back as they were, and waitpid() works.
+ *
+ * A process that fails to restore says why on stderr, reports its status
+ * to pid 1 on a pipe and kills the namespace's other processes: pid 1
+ * then ends the restart with that status.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "restart.h"
+#include "sys.h"
+
+static struct image *images;
+static unsigned nimages;
+static int (*restore_one)(void *);
+static int report[2] = { -1, -1 };
+static struct image *root;		/* its exit ends the job */
+static pid_t root_pid;
+
+static struct image *image_of(pid_t pid)
+{
+	for (unsigned i = 0; i < nimages; i++)
+		if (images[i].hdr.pid == pid)
+			return &images[i];
+	return NULL;
+}
+
+static pid_t spawn(pid_t pid, void *stack_top, int (*fn)(void *), void *arg)
+{
+	struct clone_args ca;
+	long r;
+
+	memset(&ca, 0, sizeof(ca));
+	ca.exit_signal = SIGCHLD;
+	if (stack_top) {
+		ca.stack = (uint64_t)stack_top - ZONE_STACK_SIZE;
+		ca.stack_size = ZONE_STACK_SIZE;
+	}
+	ca.set_tid = (uint64_t)&pid;
+	ca.set_tid_size = 1;
+	r = clone3_run(&ca, sizeof(ca), fn, arg);
+	if (r < 0)
+		die("cannot create process %d (clone3 set_tid): %s", pid, strerror(-r));
+	return r;
+}
+
+/* A child that exited before the checkpoint, never waited for: it exits
+ * again the same way and stays a zombie until its parent waits. */
+static int zombie_main(void *arg)
+{
+	const struct ckpt_zombie *z = arg;
+	struct rlimit no_core = { 0, 0 };
+	sigset_t none;
+
+	if (!WIFSIGNALED(z->status))
+		return WEXITSTATUS(z->status);
+	setrlimit(RLIMIT_CORE, &no_core);
+	signal(WTERMSIG(z->status), SIG_DFL);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	/* raw: glibc's raise() would use the parent's cached tid */
+	sys2(SYS_kill, sys0(SYS_getpid), WTERMSIG(z->status));
+	return 128 + WTERMSIG(z->status);
+}
+
+static void restore_failed(int status);
+
+static void take_session_and_group(const struct ckpt_process *p, pid_t pid)
+{
+	if (p->sid == pid)
+		setsid();
+	else if (p->pgid == pid)
+		setpgid(0, 0);
+}
+
+void tree_enter(struct image *img)
+{
+	pid_t pid = img->hdr.pid;
+	const struct ckpt_process *p = img->proc;
+
+	set_failure_hook(restore_failed);
+	take_session_and_group(p, pid);
+	for (unsigned i = 0; i < nimages; i++)
+		if (images[i].proc->ppid == pid && &images[i] != img)
+			spawn(images[i].hdr.pid, NULL, restore_one, &images[i]);
+	for (unsigned i = 0; i < p->nzombies && i < CKPT_MAX_ZOMBIES; i++)
+		if (!image_of(p->zombies[i].pid))
+			spawn(p->zombies[i].pid, NULL, zombie_main, (void *)&p->zombies[i]);
+	/* a group whose leader is a sibling or a child exists by now, or soon */
+	if (p->pgid != pid && p->pgid != p->sid && getpgid(0) != p->pgid && image_of(p->pgid))
+		setpgid(0, p->pgid);
+}
+
+struct report {
+	int32_t pid;
+	int32_t status;			/* 0: reached its point of no return */
+};
+
+static void send_report(int32_t pid, int32_t status)
+{
+	struct report r = { pid, status };
+
+	sys3(SYS_write, report[1], &r, sizeof(r));
+}
+
+/* Raw system calls: this may run after the point of no return. */
+static void restore_failed(int status)
+{
+	send_report(sys0(SYS_getpid), status);
+	sys2(SYS_kill, -1, SIGKILL);	/* every process of the namespace but pid 1 */
+}
+
+void tree_report_restored(struct image *img)
+{
+	send_report(img->hdr.pid, 0);
+}
+
+int tree_report_fd(void)
+{
+	return report[1];
+}
+
+/* The first failure reported, or 0. */
+static int failure_reported(void)
+{
+	struct report r;
+
+	while (read(report[0], &r, sizeof(r)) == sizeof(r))
+		if (r.status)
+			return r.status;
+	return 0;
+}
+
+static int exit_status(int status)
+{
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return 128 + WTERMSIG(status);
+}
+
+static void forward_signal(int sig)
+{
+	if (root_pid > 0)
+		kill(root_pid, sig);
+}
+
+/* The process whose exit ends the job: the first image with no parent in
+ * the job (the launcher's child comes first in the manifest). */
+static struct image *root_image(void)
+{
+	for (unsigned i = 0; i < nimages; i++)
+		if (!image_of(images[i].proc->ppid))
+			return &images[i];
+	die("the images form no process tree (every parent is in the job)");
+}
+
+void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *))
+{
+	images = imgs;
+	nimages = n;
+	restore_one = restorer;
+	root = root_image();
+	root_pid = root->hdr.pid;
+	if (pipe2(report, O_CLOEXEC))
+		die("cannot create a pipe: %s", strerror(errno));
+	report[0] = move_high(report[0], "the restart's report pipe");
+	report[1] = move_high(report[1], "the restart's report pipe");
+}
+
+/*
+ * Stand-ins for what the job's root had outside the job: its parent (the
+ * launcher), its session and its process group.  Each is a process with
+ * that pid, so getppid(), getsid() and getpgid() in the job answer as
+ * before, and kill(-pgid) reaches the same processes.  The session's
+ * stand-in holds the group's, which sleeps, and the parent's, which
+ * creates the roots and exits with the first one's status.
+ */
+static int outside(pid_t pid)
+{
+	return pid > 1 && !image_of(pid);
+}
+
+static int wait_for(pid_t pid)
+{
+	int status;
+
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return EXIT_RESTORE_FAILED;
+	return exit_status(status);
+}
+
+/* The roots (parent outside the job) whose parent is, or is not, ppid. */
+static void spawn_roots(void *stack, pid_t ppid, int is_parent)
+{
+	for (unsigned i = 0; i < nimages; i++) {
+		pid_t pp = images[i].proc->ppid;
+
+		if (!image_of(pp) && (pp == ppid) == is_parent)
+			spawn(images[i].hdr.pid, stack, restore_one, &images[i]);
+	}
+}
+
+/* A stand-in holds none of the job's pipes, or they would never end. */
+static void stand_in_drop_fds(void)
+{
+	syscall(SYS_close_range, 3, ~0U, 0);
+}
+
+static int group_stand_in(void *unused)
+{
+	(void)unused;
+	stand_in_drop_fds();
+	setpgid(0, 0);
+	for (;;)
+		pause();
+	return 0;
+}
+
+static int parent_stand_in(void *stack)
+{
+	pid_t self = getpid(), sid = root->proc->sid, pgid = root->proc->pgid;
+
+	if (sid == self)
+		setsid();
+	else if (pgid == self)
+		setpgid(0, 0);
+	else if (outside(pgid) || image_of(pgid) == root)
+		setpgid(0, pgid);	/* may fail: then the group is ours */
+	spawn_roots(stack, self, 1);
+	stand_in_drop_fds();
+	return wait_for(root_pid);
+}
+
+static int session_stand_in(void *stack)
+{
+	pid_t pgid = root->proc->pgid, parent = root->proc->ppid, child;
+
+	setsid();
+	if (outside(pgid) && pgid != getpid() && pgid != parent)
+		spawn(pgid, NULL, group_stand_in, NULL);
+	child = spawn(parent, NULL, parent_stand_in, stack);
+	stand_in_drop_fds();
+	return wait_for(child);
+}
+
+/* pid 1 of the namespace: creates the stand-ins and the roots, reaps, and
+ * exits with the root's status, or the status of a process that failed
+ * to restore. */
+int tree_run(void)
+{
+	void *stack = zone_stack(0);
+	pid_t sid = root->proc->sid, parent = root->proc->ppid, top;
+	int status;
+
+	if (!stack)
+		die("cannot allocate a stack in the restart range");
+	if (outside(parent) && outside(sid) && sid != parent)
+		top = spawn(sid, NULL, session_stand_in, stack);
+	else if (outside(parent))
+		top = spawn(parent, NULL, parent_stand_in, stack);
+	else
+		top = -1;
+	/* the roots under the parent's stand-in are its to create */
+	spawn_roots(stack, top < 0 ? -1 : parent, 0);
+	if (top < 0)
+		top = root_pid;
+	close(report[1]);
+	/* held on to, they would keep the job's pipes from ever ending */
+	shared_close_pipes();
+	shared_close_shms();
+	fcntl(report[0], F_SETFL, O_NONBLOCK);
+	signal(SIGINT, forward_signal);
+	signal(SIGTERM, forward_signal);
+	signal(SIGHUP, forward_signal);
+	for (;;) {
+		pid_t got = waitpid(-1, &status, 0);
+		int failed;
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			return EXIT_RESTORE_FAILED;
+		failed = failure_reported();	/* the process said why on stderr */
+		if (failed)
+			return failed;
+		if (got == top)
+			return exit_status(status);
+	}
+}
