@@ -20,6 +20,8 @@ PROGRAMS = {
     "join": ["300", "10"],
     "sharedmem": ["250", "10", "."],
     "proctree": ["300", "10"],
+    "sockets": ["300", "10", "."],
+    "eventfds": ["300", "10"],
 }
 
 
@@ -54,7 +56,7 @@ def test_forked_checkpoints(session, app):
         assert restart_and_finish(session, image, job) == reference
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree"])
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]

@@ -179,7 +179,28 @@ enum ckpt_fd_kind {
 	CKPT_FD_PIPE_WRITE = 6,
 	CKPT_FD_INHERIT = 7,		/* stdio to outside the job: restarter's */
 	CKPT_FD_EXTERNAL = 8,		/* unsupported: /dev/null at restart */
-	CKPT_FD_DIRECTORY = 9
+	CKPT_FD_DIRECTORY = 9,
+	CKPT_FD_SOCKET = 10,		/* Unix or TCP/UDP socket: queue saved */
+	CKPT_FD_EVENTFD = 11,		/* value[0]: count, value[1]: semaphore */
+	CKPT_FD_EPOLL = 12,		/* data: struct ckpt_epoll_entry[] */
+	CKPT_FD_TIMERFD = 13,		/* value: clock, flags, interval, next (ns),
+					 * expirations not read yet */
+	CKPT_FD_SIGNALFD = 14		/* value[0]: the signal mask */
+};
+
+#define CKPT_SOCK_LISTENING 1
+#define CKPT_SOCK_CONNECTED 2
+#define CKPT_SOCK_BOUND 4		/* has a local address of its own */
+
+struct ckpt_sockaddr {
+	uint32_t len;
+	uint8_t addr[128];		/* struct sockaddr_storage */
+};
+
+struct ckpt_epoll_entry {
+	int32_t fd;
+	uint32_t events;
+	uint64_t data;
 };
 
 struct ckpt_fd {
@@ -195,6 +216,16 @@ struct ckpt_fd {
 					 * same object in every process */
 	int32_t stdio_fd;		/* CKPT_FD_INHERIT: which restarter fd */
 	int32_t dup_of;			/* lower fd sharing this open file, or -1 */
+	/* CKPT_FD_SOCKET; the data are the bytes of its receive queue,
+	 * datagrams each after a uint32_t length */
+	uint64_t peer_id;		/* object_id of the connected peer socket */
+	int32_t sock_domain;		/* AF_UNIX, AF_INET, AF_INET6 */
+	int32_t sock_type;		/* SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET */
+	uint32_t sock_flags;		/* CKPT_SOCK_* */
+	int32_t sock_backlog;
+	struct ckpt_sockaddr sock_local;
+	struct ckpt_sockaddr sock_peer;
+	uint64_t value[6];		/* eventfd, timerfd, signalfd state */
 };
 
 struct ckpt_plugin_blob {

@@ -11,11 +11,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/timerfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "restart.h"
+
+#ifndef TFD_IOC_SET_TICKS
+#define TFD_IOC_SET_TICKS _IOW('T', 0, uint64_t)	/* <linux/timerfd.h> */
+#endif
 
 static int stdio_fds[3] = { -1, -1, -1 };	/* the restarter's own stdio */
 static int image_fd = -1;
@@ -181,6 +191,64 @@ static int open_pipe_end(const struct loaded_fd *lf)
 	return open("/dev/null", O_RDWR | O_CLOEXEC);
 }
 
+/* eventfd, timerfd, signalfd, and an empty epoll set (filled once every
+ * fd is in place). */
+static int open_event_fd(const struct ckpt_fd *f)
+{
+	int fd = -1;
+
+	switch (f->kind) {
+	case CKPT_FD_EVENTFD:
+		fd = eventfd(f->value[0] > 0xffffffffULL ? 0 : (unsigned)f->value[0],
+			     EFD_CLOEXEC | (f->value[1] ? EFD_SEMAPHORE : 0));
+		if (fd >= 0 && f->value[0] > 0xffffffffULL) {
+			uint64_t v = f->value[0];
+
+			if (write(fd, &v, sizeof(v)) != sizeof(v))
+				die("cannot restore an eventfd count: %s", strerror(errno));
+		}
+		break;
+	case CKPT_FD_TIMERFD: {
+		struct itimerspec its = {
+			.it_interval = { f->value[2] / 1000000000, f->value[2] % 1000000000 },
+			.it_value = { f->value[3] / 1000000000, f->value[3] % 1000000000 },
+		};
+
+		uint64_t ticks = f->value[4];
+
+		/* expired and not read yet (it_value reads 0): it re-arms on
+		 * read, one interval on */
+		if (!f->value[3] && f->value[2])
+			its.it_value = its.it_interval;
+		fd = timerfd_create((int)f->value[0], TFD_CLOEXEC);
+		/* the time left, relative: an absolute deadline would have
+		 * been given on the clock of the old host */
+		if (fd >= 0 && timerfd_settime(fd, 0, &its, NULL))
+			die("cannot restore a timerfd: %s", strerror(errno));
+		if (fd >= 0 && ticks && ioctl(fd, TFD_IOC_SET_TICKS, &ticks))
+			warn("fd %d: %llu timer expirations not read yet are lost: %s", f->fd,
+			     (unsigned long long)ticks, strerror(errno));
+		break;
+	}
+	case CKPT_FD_SIGNALFD: {
+		sigset_t mask;
+
+		sigemptyset(&mask);
+		for (int sig = 1; sig < CKPT_NSIG; sig++)
+			if (f->value[0] & (1ULL << (sig - 1)))
+				sigaddset(&mask, sig);
+		fd = signalfd(-1, &mask, SFD_CLOEXEC);
+		break;
+	}
+	case CKPT_FD_EPOLL:
+		fd = epoll_create1(EPOLL_CLOEXEC);
+		break;
+	}
+	if (fd < 0)
+		die("cannot recreate fd %d: %s", f->fd, strerror(errno));
+	return fd;
+}
+
 static int open_one(const struct loaded_fd *lf)
 {
 	switch (lf->f.kind) {
@@ -207,9 +275,46 @@ static int open_one(const struct loaded_fd *lf)
 	case CKPT_FD_PIPE_READ:
 	case CKPT_FD_PIPE_WRITE:
 		return open_pipe_end(lf);
+	case CKPT_FD_SOCKET: {
+		int s = shared_socket_fd(lf->f.object_id);
+
+		return s >= 0 ? fcntl(s, F_DUPFD_CLOEXEC, 0) : open("/dev/null", O_RDWR | O_CLOEXEC);
+	}
+	case CKPT_FD_EVENTFD:
+	case CKPT_FD_TIMERFD:
+	case CKPT_FD_SIGNALFD:
+	case CKPT_FD_EPOLL:
+		return open_event_fd(&lf->f);
 	default:
 		return open("/dev/null", O_RDWR | O_CLOEXEC);
 	}
+}
+
+/* The interest lists, now that the fds they name are in place. */
+static void fill_epoll_sets(struct image *img)
+{
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct loaded_fd *lf = &img->fds[i];
+		const struct ckpt_epoll_entry *e = (const void *)lf->data;
+		size_t n = lf->f.data_size / sizeof(*e);
+
+		if (lf->f.kind != CKPT_FD_EPOLL || lf->f.dup_of >= 0)
+			continue;
+		for (size_t k = 0; k < n; k++) {
+			struct epoll_event ev = { .events = e[k].events, .data.u64 = e[k].data };
+
+			if (epoll_ctl(lf->f.fd, EPOLL_CTL_ADD, e[k].fd, &ev))
+				warn("pid %d: epoll fd %d cannot watch fd %d again: %s",
+				     img->hdr.pid, lf->f.fd, e[k].fd, strerror(errno));
+		}
+	}
+}
+
+static int keeps_file_flags(uint32_t kind)
+{
+	return kind == CKPT_FD_PIPE_READ || kind == CKPT_FD_PIPE_WRITE ||
+	       kind == CKPT_FD_SOCKET || kind == CKPT_FD_EVENTFD || kind == CKPT_FD_TIMERFD ||
+	       kind == CKPT_FD_SIGNALFD || kind == CKPT_FD_EPOLL;
 }
 
 /* Another fd on the open file of a lower fd (fds 1 and 2 of `>log 2>&1`). */
@@ -246,10 +351,11 @@ void restore_fds(struct image *img)
 
 		if (dup3(placed[i], f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0)
 			die("cannot place fd %d: %s", f->fd, strerror(errno));
-		if (f->kind == CKPT_FD_PIPE_READ || f->kind == CKPT_FD_PIPE_WRITE)
+		if (keeps_file_flags(f->kind))	/* O_NONBLOCK */
 			fcntl(f->fd, F_SETFL, f->flags);
 		close(placed[i]);
 	}
+	fill_epoll_sets(img);
 	shared_close_pipes();
 }
 

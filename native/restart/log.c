@@ -46,6 +46,21 @@ void die(const char *fmt, ...)
 	__builtin_unreachable();
 }
 
+void warn(const char *fmt, ...)
+{
+	char line[1024];
+	va_list ap;
+	int n = snprintf(line, sizeof(line), "ckpt-restart: warning: ");
+
+	va_start(ap, fmt);
+	n += vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof(line) - 2)
+		n = sizeof(line) - 2;
+	line[n++] = '\n';
+	sys3(SYS_write, error_fd, line, n);
+}
+
 /* After the point of no return: no formatting library, the process is lost. */
 void fatal(const char *what, long err)
 {

@@ -72,6 +72,7 @@ void set_error_fd(int fd);
 int get_error_fd(void);
 void fatal(const char *what, long err) __attribute__((noreturn));
 void set_failure_hook(void (*hook)(int status));
+void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* image.c */
 void image_load(struct image *img, const char *path, const char *xxh3);
@@ -92,6 +93,7 @@ int tree_report_fd(void);
 void shared_create(struct image *imgs, unsigned n);
 int shared_pipe_end(uint64_t id, int write_end);
 int shared_shm_fd(uint64_t id);
+int shared_socket_fd(uint64_t id);
 unsigned shared_fds(int *out, unsigned max);
 void shared_close_pipes(void);
 void shared_close_shms(void);

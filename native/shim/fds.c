@@ -79,6 +79,7 @@ struct fd_info {
 	uint64_t dev, ino;
 	uint64_t file_size;		/* a deleted file's contents to save */
 	int held;			/* ours, on the deleted file, or -1 */
+	struct fd_payload payload;	/* socket queue, epoll interest list */
 	char path[CKPT_PATH_MAX];
 };
 
@@ -186,6 +187,7 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 {
 	size_t len = strlen(fi->path);
 	int fd = fi->rec.fd;
+	int err = 0;
 
 	if (S_ISREG(st->st_mode)) {
 		fi->rec.kind = st->st_nlink == 0 ? CKPT_FD_DELETED_FILE : CKPT_FD_FILE;
@@ -207,13 +209,23 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 		fi->rec.object_id = st->st_ino;
 		fi->rec.offset = pipe_size(getpid(), fd);
 		fi->rec.stdio_fd = fd <= 2 ? fd : -1;
+	} else if (S_ISSOCK(st->st_mode) &&
+		   !(err = socket_describe(fd, st->st_ino, &fi->rec, &fi->payload))) {
+		return;
+	} else if (!strncmp(fi->path, "anon_inode:", 11) &&
+		   !(err = event_fd_describe(fd, fi->path, &fi->rec, &fi->payload))) {
+		return;
 	} else if (fd <= 2) {
 		fi->rec.kind = CKPT_FD_INHERIT;	/* stdio from outside the job */
 		fi->rec.stdio_fd = fd;
 	} else {
 		fi->rec.kind = CKPT_FD_EXTERNAL;
-		ckpt_warn("fd %d (%s) is not supported yet: it will be /dev/null after restart",
-			  fd, fi->path);
+		if (err)
+			ckpt_warn("fd %d (%s): %s: it will be /dev/null after restart",
+				  fd, fi->path, shim_strerror(err));
+		else
+			ckpt_warn("fd %d (%s) is not supported yet: it will be /dev/null after restart",
+				  fd, fi->path);
 	}
 }
 
@@ -256,6 +268,7 @@ struct fd_table *fds_collect(void)
 		if (describe_fd(fds[i], fi, &st))
 			continue;	/* closed meanwhile */
 		fi->held = -1;
+		fi->payload = (struct fd_payload){ 0 };
 		find_dup(t, fi);
 		if (fi->rec.dup_of < 0)
 			classify_fd(fi, &st);
@@ -278,9 +291,12 @@ void fds_release(struct fd_table *t)
 {
 	if (!t)
 		return;
-	for (int i = 0; i < t->n; i++)
+	for (int i = 0; i < t->n; i++) {
 		if (t->fi[i].held >= 0)
 			close(t->fi[i].held);
+		if (t->fi[i].payload.data)
+			scratch_unmap(t->fi[i].payload.data, t->fi[i].payload.cap);
+	}
 	scratch_unmap(t, sizeof(*t));
 }
 
@@ -325,6 +341,8 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 		if (p && p->read_fd == fi->rec.fd)
 			fi->rec.data_size = p->len;
 	}
+	if (fi->payload.len)
+		fi->rec.data_size = fi->payload.len;
 	rec.size = sizeof(fi->rec) + fi->rec.path_len + fi->rec.data_size;
 	err = iw_append(w, &rec, sizeof(rec));
 	if (!err)
@@ -335,6 +353,8 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 		err = save_file_contents(w, fi->held, fi->rec.data_size);
 	if (!err && fi->rec.data_size && p)
 		err = iw_append(w, p->data, p->len);
+	if (!err && fi->payload.len)
+		err = iw_append(w, fi->payload.data, fi->payload.len);
 	return err;
 }
 
@@ -428,12 +448,31 @@ static int copy_pipes(void)
 	return err;
 }
 
+/* Sockets: TCP bytes on their way land in their receive queue first. */
+static int settle_sockets(void)
+{
+	int fds[MAX_FDS], socks[MAX_FDS];
+	int nfds = list_fds(fds, MAX_FDS), n = 0, err;
+	char why[200];
+
+	for (int i = 0; i < nfds; i++) {
+		struct stat st;
+
+		if (!app_stat(fds[i], &st) && S_ISSOCK(st.st_mode))
+			socks[n++] = fds[i];
+	}
+	err = sockets_settle(socks, n, why, sizeof(why));
+	if (err)
+		ckpt_hook_fail("%s", why);
+	return err;
+}
+
 static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 {
 	(void)arg;
 	switch (ctx->phase) {
 	case CKPT_PHASE_DRAIN:
-		return copy_pipes();
+		return copy_pipes() ?: settle_sockets();
 	case CKPT_PHASE_RESUME:
 		if (ctx->restarted)
 			npipes = 0;	/* the buffers belonged to the old process */

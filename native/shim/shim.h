@@ -68,6 +68,22 @@ SHIM_HIDDEN void plugins_clear_failure(void);
 /* fds.c: the built-in fd plugin and the fd records */
 SHIM_HIDDEN void fds_plugin_init(void);
 
+/* Bytes an fd record carries after its path (socket queue, epoll set),
+ * in a scratch buffer. */
+struct fd_payload {
+	char *data;
+	size_t len, cap;
+};
+
+/* sockets.c */
+SHIM_HIDDEN int app_getfd(int fd);
+SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q);
+SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_size);
+
+/* event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
+SHIM_HIDDEN int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec,
+				  struct fd_payload *q);
+
 /* image_writer.c: buffered, hashed writing of the image file */
 struct image_writer;
 SHIM_HIDDEN struct image_writer *iw_open(int dirfd, const char *name);

@@ -1,0 +1,239 @@
+/*
+ * Sockets of the application: what each one is (domain, type, addresses,
+ * listening or connected, and for Unix sockets the peer's inode from
+ * sock_diag), and a copy of the bytes waiting in its receive queue, taken
+ * with MSG_PEEK so nothing is consumed.
+ *
+ * /proc/<pid>/fd/N cannot open a socket: pidfd_getfd() hands the
+ * checkpoint thread the application's own open file.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <time.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
+#include <linux/sockios.h>
+#include "shim.h"
+
+#define DGRAM_MAX (256 << 10)
+
+int app_getfd(int fd)
+{
+	int pidfd = syscall(SYS_pidfd_open, getpid(), 0);
+	int ours;
+
+	if (pidfd < 0)
+		return -1;
+	ours = syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+	close(pidfd);
+	if (ours >= 0)
+		fcntl(ours, F_SETFD, FD_CLOEXEC);
+	return ours;
+}
+
+/* The inode of a Unix socket's peer, 0 if it has none. */
+static uint64_t unix_peer(uint64_t ino)
+{
+	struct {
+		struct nlmsghdr nlh;
+		struct unix_diag_req req;
+	} msg = {
+		.nlh = { .nlmsg_len = sizeof(msg), .nlmsg_type = SOCK_DIAG_BY_FAMILY,
+			 .nlmsg_flags = NLM_F_REQUEST },
+		.req = { .sdiag_family = AF_UNIX, .udiag_states = ~0U, .udiag_ino = ino,
+			 .udiag_show = UDIAG_SHOW_PEER, .udiag_cookie = { ~0U, ~0U } },
+	};
+	char buf[4096];
+	uint64_t peer = 0;
+	ssize_t n;
+	int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+
+	if (nl < 0)
+		return 0;
+	if (send(nl, &msg, sizeof(msg), 0) != sizeof(msg))
+		goto out;
+	n = recv(nl, buf, sizeof(buf), 0);
+	for (struct nlmsghdr *h = (void *)buf; n > 0 && NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+		struct unix_diag_msg *m = NLMSG_DATA(h);
+		struct rtattr *a = (void *)(m + 1);
+		int len = h->nlmsg_len - NLMSG_LENGTH(sizeof(*m));
+
+		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY)
+			break;
+		for (; RTA_OK(a, len); a = RTA_NEXT(a, len))
+			if (a->rta_type == UNIX_DIAG_PEER)
+				peer = *(uint32_t *)RTA_DATA(a);
+	}
+out:
+	close(nl);
+	return peer;
+}
+
+static int get_int(int s, int level, int opt)
+{
+	int v = 0;
+	socklen_t len = sizeof(v);
+
+	return getsockopt(s, level, opt, &v, &len) ? -1 : v;
+}
+
+static void get_addresses(int s, struct ckpt_fd *rec)
+{
+	socklen_t len = sizeof(rec->sock_local.addr);
+
+	if (getsockname(s, (struct sockaddr *)rec->sock_local.addr, &len) == 0)
+		rec->sock_local.len = len;
+	len = sizeof(rec->sock_peer.addr);
+	if (getpeername(s, (struct sockaddr *)rec->sock_peer.addr, &len) == 0) {
+		rec->sock_peer.len = len;
+		rec->sock_flags |= CKPT_SOCK_CONNECTED;
+	}
+	/* a Unix address is just the family when the socket has no name */
+	if (rec->sock_local.len > sizeof(sa_family_t))
+		rec->sock_flags |= CKPT_SOCK_BOUND;
+}
+
+/* Kernels before 6.9 have no SO_PEEK_OFF for TCP: one peek of all that
+ * is queued does for a stream; datagrams cannot be walked. */
+static int peek_without_offset(int s, int stream, struct fd_payload *q)
+{
+	int inq = 0;
+	ssize_t n;
+
+	if (!stream)
+		return EOPNOTSUPP;
+	if (ioctl(s, SIOCINQ, &inq) || inq <= 0)
+		return 0;
+	if ((size_t)inq > q->cap)
+		return ENOBUFS;
+	n = recv(s, q->data, inq, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0)
+		return errno == EAGAIN ? 0 : errno;
+	q->len = n;
+	return 0;
+}
+
+/* Stream: the queued bytes.  Datagrams: each after its uint32_t length.
+ * SO_PEEK_OFF walks the queue without consuming it. */
+static int peek_queue(int s, int type, struct fd_payload *q)
+{
+	int stream = type == SOCK_STREAM;
+	int old_off = get_int(s, SOL_SOCKET, SO_PEEK_OFF);
+	int zero = 0, err = 0;
+
+	q->len = 0;
+	/* queued bytes stay under SO_RCVBUF; datagrams take 4 more each */
+	q->cap = 2 * (size_t)get_int(s, SOL_SOCKET, SO_RCVBUF) + DGRAM_MAX + 16;
+	q->data = scratch_map(q->cap);
+	if (!q->data)
+		return ENOMEM;
+	if (setsockopt(s, SOL_SOCKET, SO_PEEK_OFF, &zero, sizeof(zero)))
+		return peek_without_offset(s, stream, q);
+	for (;;) {
+		size_t room = q->cap - q->len;
+		ssize_t n;
+
+		if (room < (stream ? 1 : DGRAM_MAX + 4)) {
+			err = ENOBUFS;
+			break;
+		}
+		n = recv(s, q->data + q->len + (stream ? 0 : 4), stream ? room : DGRAM_MAX,
+			 MSG_PEEK | MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno != EAGAIN)
+			err = errno;
+		if (n <= 0)
+			break;
+		if (!stream) {
+			uint32_t len32 = n;
+
+			memcpy(q->data + q->len, &len32, 4);
+			n += 4;
+		}
+		q->len += n;
+	}
+	setsockopt(s, SOL_SOCKET, SO_PEEK_OFF, &old_off, sizeof(old_off));
+	return err;
+}
+
+/*
+ * TCP bytes still on their way (sent, not yet acknowledged) are in no
+ * receive queue: wait until every receiver has them.  The whole job is
+ * suspended by now, so only a full receive buffer keeps them out.
+ */
+#define TCP_SETTLE_MS 2000
+
+static int tcp_unacked(int s)
+{
+	int outq = 0;
+
+	if (get_int(s, SOL_SOCKET, SO_PROTOCOL) != IPPROTO_TCP || ioctl(s, SIOCOUTQ, &outq))
+		return 0;
+	return outq;
+}
+
+int sockets_settle(const int *fds, int nfds, char *why, size_t why_size)
+{
+	int64_t deadline = shim_now_ns() + TCP_SETTLE_MS * 1000000LL;
+
+	for (int i = 0; i < nfds; i++) {
+		int s = app_getfd(fds[i]);
+		int left;
+
+		if (s < 0)
+			continue;
+		while ((left = tcp_unacked(s)) > 0 && shim_now_ns() < deadline) {
+			struct timespec ts = { 0, 1000000 };
+
+			nanosleep(&ts, NULL);
+		}
+		close(s);
+		if (left > 0) {
+			snprintf(why, why_size, "fd %d: %d TCP bytes not taken by the receiver "
+				 "(its buffer is full?)", fds[i], left);
+			return EBUSY;
+		}
+	}
+	return 0;
+}
+
+/* Fills the socket fields of rec; q gets the receive queue. */
+int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
+{
+	int s = app_getfd(fd);
+	int err = 0;
+
+	if (s < 0)
+		return errno;
+	rec->kind = CKPT_FD_SOCKET;
+	rec->object_id = ino;
+	rec->sock_domain = get_int(s, SOL_SOCKET, SO_DOMAIN);
+	rec->sock_type = get_int(s, SOL_SOCKET, SO_TYPE);
+	if (get_int(s, SOL_SOCKET, SO_ACCEPTCONN) == 1) {
+		rec->sock_flags |= CKPT_SOCK_LISTENING;
+		rec->sock_backlog = 128;
+	}
+	get_addresses(s, rec);
+	if (rec->sock_domain == AF_UNIX)
+		rec->peer_id = unix_peer(ino);
+	if (rec->peer_id)
+		rec->sock_flags |= CKPT_SOCK_CONNECTED;
+	rec->value[0] = get_int(s, SOL_SOCKET, SO_SNDBUF);
+	rec->value[1] = get_int(s, SOL_SOCKET, SO_RCVBUF);
+	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
+		err = peek_queue(s, rec->sock_type, q);
+	close(s);
+	return err;
+}
