@@ -18,6 +18,7 @@ from ckpt.headers import load_headers
 from ckpt.wire import escape, split_line, unescape
 
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
+TERMINATE_TIMEOUT = 2.0  # a process busy elsewhere is killed without it
 
 
 def stderr_warning(message):
@@ -208,6 +209,8 @@ class Coordinator:
                 procs = await self._first_processes()
                 final = await CheckpointRun(self, procs, kill, forked).run()
                 warnings = self.checkpoint_warnings()
+                if kill:
+                    await self._reset_connections()
             finally:
                 self._warnings = None
         self.checkpoints_taken += 1
@@ -262,13 +265,36 @@ class Coordinator:
             except CkptError as exc:
                 self.warn(f"periodic checkpoint failed: {exc.message}")
 
-    def kill(self):
-        """SIGKILL every known process by its real pid; the launcher then exits."""
-        for proc in list(self.processes):
+    async def _reset_connections(self):
+        """TERMINATE: the processes are about to die; their TCP connections
+        end with a reset, so no TIME_WAIT holds the ports a restart on this
+        host wants back."""
+        procs = self._matching()
+        if procs:
             try:
-                os.kill(proc.real_pid, signal.SIGKILL)
-            except OSError:
-                pass
+                await self.barrier("TERMINATE", procs, timeout=TERMINATE_TIMEOUT)
+            except PhaseError:
+                pass  # they die all the same
+
+    async def terminate(self):
+        """`ckpt kill`: reset connections (unless a checkpoint is in the
+        way: then at once), then kill."""
+        if not self._busy.locked():
+            async with self._busy:
+                await self._reset_connections()
+        self.kill()
+
+    def kill(self):
+        """SIGKILL every known process by its real pid; the launcher then exits.
+
+        All are stopped first: a process must not see another die (a pipe
+        that ends, a parent gone) and act on it."""
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for proc in list(self.processes):
+                try:
+                    os.kill(proc.real_pid, sig)
+                except OSError:
+                    pass
         if self.on_kill is not None:
             self.on_kill()
         self.killed.set()
@@ -293,7 +319,7 @@ class Coordinator:
         elif command == "STATUS":
             reply = "OK " + json.dumps(self.status(), separators=(",", ":"))
         elif command == "KILL":
-            self.kill()
+            await self.terminate()
             reply = "OK"
         else:
             reply = f"ERR unknown command {command!r}"

@@ -260,7 +260,7 @@ def test_status_and_unknown_command(workdir):
     run(scenario())
 
 
-def test_checkpoint_kill_publishes_then_kills_without_resume(workdir, monkeypatch):
+def test_checkpoint_kill_publishes_then_terminates_and_kills_without_resume(workdir, monkeypatch):
     signalled = []
     monkeypatch.setattr(coordinator_module.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
 
@@ -269,8 +269,9 @@ def test_checkpoint_kill_publishes_then_kills_without_resume(workdir, monkeypatc
             fake = await h.process(1)
             reply = await h.client("CHECKPOINT kill")
             assert reply.startswith("OK ") and reply.endswith("ckpt-0001")
-            assert names(fake) == ["SUSPEND", "DRAIN", "WRITE"]
-            assert signalled == [(os.getpid(), 9)]  # real pid from SO_PEERCRED
+            # no RESUME: TERMINATE lets the job reset its TCP connections
+            assert names(fake) == ["SUSPEND", "DRAIN", "WRITE", "TERMINATE"]
+            assert signalled == [(os.getpid(), 19), (os.getpid(), 9)]  # stopped, then killed
             assert h.killed and h.coord.killed.is_set()
             verify_checkpoint(h.job_dir / "latest")
     run(scenario())

@@ -71,8 +71,10 @@ enum ckpt_vma_kind {
 	CKPT_VMA_STACK = 6,		/* [stack]: anonymous, grows down */
 	CKPT_VMA_VDSO = 7,		/* [vvar] [vvar_vclock] [vdso]: moved, no data */
 	CKPT_VMA_DELETED_FILE = 8,	/* private map of an unlinked file: all pages saved */
-	CKPT_VMA_SHARED_MEMFILE = 9	/* shared map of a file in memory (/dev/shm):
+	CKPT_VMA_SHARED_MEMFILE = 9,	/* shared map of a file in memory (/dev/shm):
 					 * saved pages, the file rewritten at restart */
+	CKPT_VMA_SYSV_SHM = 10		/* System V shared memory: saved pages, the
+					 * segment made again with its id */
 };
 
 struct ckpt_vma {
@@ -90,6 +92,11 @@ struct ckpt_vma {
 	int64_t file_mtime_ns;
 	uint64_t shm_id;		/* shared memory object (inode): pairs its
 					 * mappings, across processes too */
+	int32_t sysv_id;		/* CKPT_VMA_SYSV_SHM: shmid, key, mode */
+	int32_t sysv_key;
+	uint32_t sysv_mode;		/* permissions, SHM_DEST (removed, still attached) */
+	uint32_t pad;
+	uint64_t sysv_size;
 };
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or
@@ -185,7 +192,11 @@ enum ckpt_fd_kind {
 	CKPT_FD_EPOLL = 12,		/* data: struct ckpt_epoll_entry[] */
 	CKPT_FD_TIMERFD = 13,		/* value: clock, flags, interval, next (ns),
 					 * expirations not read yet */
-	CKPT_FD_SIGNALFD = 14		/* value[0]: the signal mask */
+	CKPT_FD_SIGNALFD = 14,		/* value[0]: the signal mask */
+	CKPT_FD_PTY_MASTER = 15,	/* /dev/ptmx; object_id: the pty's number */
+	CKPT_FD_PTY_SLAVE = 16,		/* /dev/pts/N; value: c_iflag, c_oflag,
+					 * c_cflag, c_lflag */
+	CKPT_FD_FIFO = 17		/* named pipe: reopened, bytes like a pipe's */
 };
 
 #define CKPT_SOCK_LISTENING 1
@@ -225,7 +236,8 @@ struct ckpt_fd {
 	int32_t sock_backlog;
 	struct ckpt_sockaddr sock_local;
 	struct ckpt_sockaddr sock_peer;
-	uint64_t value[6];		/* eventfd, timerfd, signalfd state */
+	uint64_t value[6];		/* eventfd, timerfd, signalfd state; socket:
+					 * SO_SNDBUF, SO_RCVBUF, IPV6_V6ONLY */
 };
 
 struct ckpt_plugin_blob {

@@ -22,7 +22,11 @@ enum ckpt_phase {
 	CKPT_PHASE_REFILL = 5,	/* GET peers' ids, refill drained data */
 	/* forked write: after RESUME, wait for the copy-on-write child */
 	CKPT_PHASE_SYNC = 6,
-	CKPT_PHASE_COUNT = 7
+	/* the job is about to be killed (ckpt kill, checkpoint --kill):
+	 * TCP connections are reset, so no TIME_WAIT keeps their ports
+	 * from a restart on this host */
+	CKPT_PHASE_TERMINATE = 7,
+	CKPT_PHASE_COUNT = 8
 };
 
 #define CKPT_PROTOCOL_VERSION 1
@@ -32,7 +36,7 @@ enum ckpt_phase {
 static inline const char *ckpt_phase_name(enum ckpt_phase p)
 {
 	static const char *const names[CKPT_PHASE_COUNT] = {
-		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL", "SYNC",
+		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL", "SYNC", "TERMINATE",
 	};
 	return (unsigned)p < CKPT_PHASE_COUNT ? names[p] : "?";
 }

@@ -172,7 +172,8 @@ static int open_shm(const struct loaded_fd *lf, int shm)
 	int fd;
 
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", shm);
-	fd = open(path, (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+	/* through a /proc link: shm_open()'s O_NOFOLLOW would refuse it */
+	fd = open(path, (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC | O_NOFOLLOW)) | O_CLOEXEC);
 	if (fd < 0 || lseek(fd, lf->f.offset, SEEK_SET) < 0)
 		die("cannot reopen shared memory %s: %s", lf->path, strerror(errno));
 	return fd;
@@ -189,6 +190,23 @@ static int open_pipe_end(const struct loaded_fd *lf)
 	if (lf->f.stdio_fd >= 0)
 		return restarter_stdio(lf->f.stdio_fd);
 	return open("/dev/null", O_RDWR | O_CLOEXEC);
+}
+
+/* A named pipe, made again if it is gone; opened without blocking (no
+ * reader or writer is there yet), its blocking mode set back after. */
+static int open_fifo(const struct loaded_fd *lf)
+{
+	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
+	int fd;
+
+	if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
+		die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
+	if ((flags & O_ACCMODE) == O_WRONLY)	/* O_WRONLY alone: ENXIO without a reader */
+		flags = (flags & ~O_ACCMODE) | O_RDWR;
+	fd = open(lf->path, flags | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		die("cannot reopen fifo %s: %s", lf->path, strerror(errno));
+	return fd;
 }
 
 /* eventfd, timerfd, signalfd, and an empty epoll set (filled once every
@@ -280,6 +298,17 @@ static int open_one(const struct loaded_fd *lf)
 
 		return s >= 0 ? fcntl(s, F_DUPFD_CLOEXEC, 0) : open("/dev/null", O_RDWR | O_CLOEXEC);
 	}
+	case CKPT_FD_PTY_MASTER:
+	case CKPT_FD_PTY_SLAVE: {
+		int end = shared_pty_end(lf->f.object_id, lf->f.kind == CKPT_FD_PTY_MASTER);
+
+		if (end >= 0)
+			return fcntl(end, F_DUPFD_CLOEXEC, 0);
+		/* a terminal outside the job: the restarter's */
+		return restarter_stdio(lf->f.kind == CKPT_FD_PTY_SLAVE ? lf->f.stdio_fd : 2);
+	}
+	case CKPT_FD_FIFO:
+		return open_fifo(lf);
 	case CKPT_FD_EVENTFD:
 	case CKPT_FD_TIMERFD:
 	case CKPT_FD_SIGNALFD:
@@ -312,7 +341,7 @@ static void fill_epoll_sets(struct image *img)
 
 static int keeps_file_flags(uint32_t kind)
 {
-	return kind == CKPT_FD_PIPE_READ || kind == CKPT_FD_PIPE_WRITE ||
+	return kind == CKPT_FD_PIPE_READ || kind == CKPT_FD_PIPE_WRITE || kind == CKPT_FD_FIFO ||
 	       kind == CKPT_FD_SOCKET || kind == CKPT_FD_EVENTFD || kind == CKPT_FD_TIMERFD ||
 	       kind == CKPT_FD_SIGNALFD || kind == CKPT_FD_EPOLL;
 }

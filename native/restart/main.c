@@ -178,8 +178,8 @@ int main(int argc, char **argv)
 	mark("images checked and loaded");
 	prepare_fds(imgs, args.nimages);
 	tree_init(imgs, args.nimages, restorer);
-	shared_create(imgs, args.nimages);
-	mark("shared objects created");
 	enter_namespaces();
+	shared_create(imgs, args.nimages);	/* System V segments: in the new IPC namespace */
+	mark("shared objects created");
 	return run_init(tree_run);
 }

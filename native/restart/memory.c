@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -203,6 +204,30 @@ static void read_run(struct image *img, uint64_t addr, uint64_t len, uint64_t of
 	}
 }
 
+/*
+ * A System V segment: attached again where it was (its first region;
+ * the others are pieces of that attachment, with their own protection),
+ * and removed again if it had been (it lives while attached).
+ */
+static void attach_sysv(const struct ckpt_vma *v)
+{
+	int id = shared_sysv_id(v->shm_id);
+	long r;
+
+	if (id < 0)
+		fatal("a System V segment was not recreated", -ENOENT);
+	if (v->pgoff == 0) {
+		r = sys3(SYS_shmat, id, v->start, (v->prot & PROT_WRITE) ? 0 : SHM_RDONLY);
+		if (r < 0 || (uint64_t)r != v->start)
+			fatal("attaching a System V segment", r < 0 ? r : -EFAULT);
+		if (v->sysv_mode & SHM_DEST)
+			sys3(SYS_shmctl, id, IPC_RMID, 0);
+	}
+	r = sys3(SYS_mprotect, v->start, v->end - v->start, v->prot);
+	if (r < 0)
+		fatal("protecting a System V segment", r);
+}
+
 static void map_region(struct image *img, unsigned idx)
 {
 	const struct loaded_vma *lv = &img->vmas[idx];
@@ -215,6 +240,9 @@ static void map_region(struct image *img, unsigned idx)
 
 	switch (v->kind) {
 	case CKPT_VMA_VDSO:
+		return;
+	case CKPT_VMA_SYSV_SHM:
+		attach_sysv(v);
 		return;
 	case CKPT_VMA_FILE:
 	case CKPT_VMA_SHARED_FILE:

@@ -32,7 +32,8 @@ void enter_namespaces(void)
 {
 	uid_t uid = geteuid();
 	gid_t gid = getegid();
-	int flags = CLONE_NEWPID | CLONE_NEWNS;
+	/* an IPC namespace of its own: System V segments get their ids back */
+	int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC;
 	char map[64];
 
 	if (uid != 0)

@@ -10,11 +10,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <stdlib.h>
+#include <termios.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
 #include <unistd.h>
 #include "restart.h"
 #include "sys.h"
@@ -32,7 +39,9 @@ struct shared_shm {
 	uint64_t id;
 	uint64_t size;
 	const struct loaded_vma *file;	/* a /dev/shm file, or NULL: a memfd */
-	int fd;
+	int fd;				/* -1 for a System V segment */
+	int sysv;
+	int sysv_id;
 };
 
 /* A range of a shm object already filled from some image. */
@@ -53,6 +62,14 @@ static struct shared_shm *shms;
 static unsigned nshms;
 static struct shared_socket *socks;
 static unsigned nsocks;
+
+struct shared_pty {
+	uint64_t id;			/* the old pty's number */
+	int master, slave;
+};
+
+static struct shared_pty *ptys;
+static unsigned nptys;
 
 static int is_pipe(const struct loaded_fd *lf)
 {
@@ -138,16 +155,12 @@ static int already_filled(const struct filled *done, unsigned ndone, uint64_t id
 	return 0;
 }
 
-/* One region's saved pages, read straight into the object. */
-static void fill_from(struct image *img, const struct loaded_vma *lv, int fd)
+/* One region's saved pages, read straight into the object mapped at p. */
+static void fill_at(struct image *img, const struct loaded_vma *lv, char *p)
 {
 	const struct ckpt_vma *v = &lv->v;
-	uint64_t len = v->end - v->start;
-	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, v->pgoff);
 	uint64_t off = v->data_offset;
 
-	if (p == MAP_FAILED)
-		die("cannot fill shared memory: %s", strerror(errno));
 	for (uint64_t r = 0; r < v->nruns; r++) {
 		uint64_t bytes = lv->runs[r].npages * CKPT_PAGE_SIZE;
 
@@ -155,13 +168,55 @@ static void fill_from(struct image *img, const struct loaded_vma *lv, int fd)
 		read_exact_at(img, p + lv->runs[r].offset, bytes, off);
 		off += bytes;
 	}
+}
+
+static void fill_from(struct image *img, const struct loaded_vma *lv, const struct shared_shm *s)
+{
+	const struct ckpt_vma *v = &lv->v;
+	uint64_t len = v->end - v->start;
+	char *p;
+
+	if (s->sysv) {
+		p = shmat(s->sysv_id, NULL, 0);
+		if (p == (void *)-1)
+			die("cannot fill System V segment %d: %s", s->sysv_id, strerror(errno));
+		fill_at(img, lv, p + v->pgoff);
+		shmdt(p);
+		return;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, v->pgoff);
+	if (p == MAP_FAILED)
+		die("cannot fill shared memory: %s", strerror(errno));
+	fill_at(img, lv, p);
 	munmap(p, len);
+}
+
+/* A System V segment with its old id, in the restart's IPC namespace. */
+static void create_sysv(struct shared_shm *s, const struct ckpt_vma *v)
+{
+	char id[16];
+	int fd = open("/proc/sys/kernel/shm_next_id", O_WRONLY | O_CLOEXEC);
+	int got;
+
+	snprintf(id, sizeof(id), "%d", v->sysv_id);
+	if (fd < 0 || write(fd, id, strlen(id)) != (ssize_t)strlen(id))
+		die("cannot choose the System V segment id %d: %s", v->sysv_id, strerror(errno));
+	close(fd);
+	got = shmget(v->sysv_key ? v->sysv_key : IPC_PRIVATE, v->sysv_size,
+		     IPC_CREAT | IPC_EXCL | (v->sysv_mode & 0777));
+	if (got < 0)
+		die("cannot recreate System V segment %d: %s", v->sysv_id, strerror(errno));
+	if (got != v->sysv_id)
+		die("System V segment %d came back as %d", v->sysv_id, got);
+	s->sysv = 1;
+	s->sysv_id = got;
+	s->fd = -1;
 }
 
 static int is_shared_memory(const struct ckpt_vma *v)
 {
-	return v->shm_id &&
-	       (v->kind == CKPT_VMA_SHARED_ANON || v->kind == CKPT_VMA_SHARED_MEMFILE);
+	return v->shm_id && (v->kind == CKPT_VMA_SHARED_ANON ||
+			     v->kind == CKPT_VMA_SHARED_MEMFILE || v->kind == CKPT_VMA_SYSV_SHM);
 }
 
 /* A memfd; or the /dev/shm file, at its checkpointed size, whose pages
@@ -201,15 +256,18 @@ static void create_shms(struct image *imgs, unsigned n)
 			s = find_shm(v->shm_id);
 			if (!s) {
 				s = &shms[nshms++];
+				memset(s, 0, sizeof(*s));
 				s->id = v->shm_id;
-				s->size = 0;
 				s->file = v->kind == CKPT_VMA_SHARED_MEMFILE ? &imgs[i].vmas[j] : NULL;
+				if (v->kind == CKPT_VMA_SYSV_SHM)
+					create_sysv(s, v);
 			}
 			if (v->pgoff + (v->end - v->start) > s->size)
 				s->size = v->pgoff + (v->end - v->start);
 		}
 	for (unsigned i = 0; i < nshms; i++)
-		shms[i].fd = move_high(open_shm_object(&shms[i]), "shared memory");
+		if (!shms[i].sysv)
+			shms[i].fd = move_high(open_shm_object(&shms[i]), "shared memory");
 	/* every process saved what it mapped: fill each range once */
 	for (unsigned i = 0; i < n; i++)
 		for (unsigned j = 0; j < imgs[i].nvmas; j++) {
@@ -219,7 +277,7 @@ static void create_shms(struct image *imgs, unsigned n)
 			if (!is_shared_memory(&lv->v) ||
 			    already_filled(done, ndone, lv->v.shm_id, lo, hi))
 				continue;
-			fill_from(&imgs[i], lv, find_shm(lv->v.shm_id)->fd);
+			fill_from(&imgs[i], lv, find_shm(lv->v.shm_id));
 			done[ndone++] = (struct filled){ lv->v.shm_id, lo, hi };
 		}
 }
@@ -253,7 +311,23 @@ static int new_socket(const struct ckpt_fd *f)
 		die("cannot recreate a socket: %s", strerror(errno));
 	if (f->sock_domain != AF_UNIX)
 		setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (f->sock_domain == AF_INET6 && f->value[2])
+		setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
 	return move_high(s, "a socket");
+}
+
+static const char *addr_text(const struct ckpt_sockaddr *a, char *buf, size_t size)
+{
+	const struct sockaddr_in *in = (const void *)a->addr;
+	const struct sockaddr_in6 *in6 = (const void *)a->addr;
+	char host[INET6_ADDRSTRLEN] = "?";
+
+	if (in->sin_family == AF_INET)
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+	else if (in->sin_family == AF_INET6)
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+	snprintf(buf, size, "%s:%u", host, ntohs(in->sin_port));
+	return buf;
 }
 
 /* A Unix socket file left by the checkpointed process is in the way. */
@@ -276,8 +350,15 @@ static void bind_as_before(int s, const struct shared_socket *ss)
 		die("cannot bind socket %s: %s: %s", f->sock_local.addr + 2, ss->img->proc->cwd,
 		    strerror(errno));
 	unlink_stale_name(f);
-	if (bind(s, sa(&f->sock_local), f->sock_local.len))
-		die("cannot bind a socket to its address again: %s", strerror(errno));
+	if (bind(s, sa(&f->sock_local), f->sock_local.len)) {
+		char at[128];
+
+		if (f->sock_domain == AF_UNIX)
+			snprintf(at, sizeof(at), "%s", f->sock_local.addr + 2);
+		else
+			addr_text(&f->sock_local, at, sizeof(at));
+		die("cannot bind a socket to %s again: %s", at, strerror(errno));
+	}
 }
 
 /* The record of the other end of a connection inside the job. */
@@ -299,23 +380,56 @@ static const struct loaded_fd *peer_record(const struct loaded_fd *lf)
 	return NULL;
 }
 
-/* A TCP connection with both ends in the job, on the same ports: through
- * a listener of a moment on the accepting end's address. */
+/* A listener of a moment at b's address (or any port of it), the other
+ * end bound to a's (or not): 0, or errno. */
+static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b, int keep_ports,
+			       int *fa, int *fb)
+{
+	struct ckpt_sockaddr at = b->sock_local;
+	socklen_t len = sizeof(at.addr);
+	int l = new_socket(b), err = 0;
+
+	if (!keep_ports)
+		((struct sockaddr_in *)at.addr)->sin_port = 0;	/* same for IPv6 */
+	*fa = -1;
+	if (bind(l, sa(&at), at.len) || listen(l, 1) ||
+	    getsockname(l, (struct sockaddr *)at.addr, &len)) {
+		err = errno;
+		goto out;
+	}
+	*fa = new_socket(a);
+	if ((keep_ports && bind(*fa, sa(&a->sock_local), a->sock_local.len)) ||
+	    connect(*fa, sa(&at), at.len)) {
+		err = errno;
+		close(*fa);
+		goto out;
+	}
+	*fb = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+	if (*fb < 0) {
+		err = errno;
+		close(*fa);
+		goto out;
+	}
+	*fb = move_high(*fb, "a socket");
+out:
+	close(l);
+	return err;
+}
+
+/* A TCP connection with both ends in the job: on its old ports if they
+ * are free; a restart on the same host soon after finds them taken by
+ * the old connection's TIME_WAIT, and then new ports do (as in DMTCP:
+ * the application keeps its fds, only getsockname() tells). */
 static void tcp_pair(const struct ckpt_fd *a, const struct ckpt_fd *b, int *fa, int *fb)
 {
-	int l = new_socket(b);
+	char la[64], lb[64];
+	int err = tcp_connect_through(a, b, 1, fa, fb);
 
-	if (bind(l, sa(&b->sock_local), b->sock_local.len) || listen(l, 1))
-		die("cannot reconnect a TCP connection (port in use?): %s", strerror(errno));
-	*fa = new_socket(a);
-	if (bind(*fa, sa(&a->sock_local), a->sock_local.len) ||
-	    connect(*fa, sa(&b->sock_local), b->sock_local.len))
-		die("cannot reconnect a TCP connection: %s", strerror(errno));
-	*fb = accept4(l, NULL, NULL, SOCK_CLOEXEC);
-	if (*fb < 0)
-		die("cannot reconnect a TCP connection: %s", strerror(errno));
-	*fb = move_high(*fb, "a socket");
-	close(l);
+	if (err == EADDRINUSE)
+		err = tcp_connect_through(a, b, 0, fa, fb);
+	if (err)
+		die("cannot reconnect TCP %s-%s: %s", addr_text(&a->sock_local, la, sizeof(la)),
+		    addr_text(&b->sock_local, lb, sizeof(lb)), strerror(err));
 }
 
 static void connect_pair(struct shared_socket *a, struct shared_socket *b)
@@ -382,6 +496,29 @@ static void refill_socket(const struct loaded_fd *lf, int peer)
 	}
 }
 
+/* Datagrams waiting on a named socket (from whoever sent them): sent to
+ * its name again, from a socket of a moment. */
+static void refill_by_name(const struct loaded_fd *lf)
+{
+	const char *p = lf->data, *end = lf->data + lf->f.data_size;
+	int s = socket(lf->f.sock_domain, lf->f.sock_type | SOCK_CLOEXEC, 0);
+
+	if (s < 0)
+		die("cannot refill a socket: %s", strerror(errno));
+	while (p + 4 <= end) {
+		uint32_t len;
+
+		memcpy(&len, p, 4);
+		if (p + 4 + len > end)
+			die("corrupt socket queue record");
+		if (sendto(s, p + 4, len, MSG_NOSIGNAL, sa(&lf->f.sock_local),
+			   lf->f.sock_local.len) != (ssize_t)len)
+			die("cannot refill a socket: %s", strerror(errno));
+		p += 4 + len;
+	}
+	close(s);
+}
+
 static void collect_sockets(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;
@@ -438,10 +575,88 @@ static void create_sockets(struct image *imgs, unsigned n)
 		peer = peer_record(lf);
 		if (peer)
 			refill_socket(lf, find_socket(peer->f.object_id)->fd);
+		else if (lf->f.sock_type != SOCK_STREAM && (lf->f.sock_flags & CKPT_SOCK_BOUND))
+			refill_by_name(lf);
 		else
 			warn("%zu bytes queued on a socket from outside the job are dropped",
 			     (size_t)lf->f.data_size);
 	}
+}
+
+/* ---- pseudo-terminals with both ends in the job ---- */
+
+static struct shared_pty *find_pty(uint64_t id)
+{
+	for (unsigned i = 0; i < nptys; i++)
+		if (ptys[i].id == id)
+			return &ptys[i];
+	return NULL;
+}
+
+static const struct ckpt_fd *pty_slave_record(struct image *imgs, unsigned n, uint64_t id)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++)
+			if (imgs[i].fds[j].f.kind == CKPT_FD_PTY_SLAVE &&
+			    imgs[i].fds[j].f.object_id == id)
+				return &imgs[i].fds[j].f;
+	return NULL;
+}
+
+static void open_pty(struct shared_pty *p, const struct ckpt_fd *slave_rec)
+{
+	int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+	const char *name;
+	int s;
+
+	if (m < 0 || grantpt(m) || unlockpt(m) || !(name = ptsname(m)))
+		die("cannot create a pseudo-terminal: %s", strerror(errno));
+	s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (s < 0)
+		die("cannot open %s: %s", name, strerror(errno));
+	if (slave_rec->value[4]) {
+		struct termios t;
+
+		if (tcgetattr(s, &t) == 0) {
+			t.c_iflag = slave_rec->value[0];
+			t.c_oflag = slave_rec->value[1];
+			t.c_cflag = slave_rec->value[2];
+			t.c_lflag = slave_rec->value[3];
+			tcsetattr(s, TCSANOW, &t);
+		}
+	}
+	p->master = move_high(m, "a pseudo-terminal");
+	p->slave = move_high(s, "a pseudo-terminal");
+}
+
+static void create_ptys(struct image *imgs, unsigned n)
+{
+	unsigned total = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		total += imgs[i].nfds;
+	ptys = arena_alloc(sizeof(*ptys) * (total + 1));
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++) {
+			const struct ckpt_fd *f = &imgs[i].fds[j].f;
+			const struct ckpt_fd *slave;
+
+			if (f->kind != CKPT_FD_PTY_MASTER || find_pty(f->object_id))
+				continue;
+			slave = pty_slave_record(imgs, n, f->object_id);
+			ptys[nptys].id = f->object_id;
+			ptys[nptys].master = ptys[nptys].slave = -1;
+			if (slave)	/* a master alone: a slave nobody holds */
+				open_pty(&ptys[nptys], slave);
+			nptys++;
+		}
+}
+
+int shared_pty_end(uint64_t id, int master)
+{
+	const struct shared_pty *p = find_pty(id);
+
+	return !p ? -1 : master ? p->master : p->slave;
 }
 
 void shared_create(struct image *imgs, unsigned n)
@@ -449,6 +664,7 @@ void shared_create(struct image *imgs, unsigned n)
 	create_pipes(imgs, n);
 	create_shms(imgs, n);
 	create_sockets(imgs, n);
+	create_ptys(imgs, n);
 }
 
 int shared_socket_fd(uint64_t id)
@@ -463,6 +679,14 @@ int shared_pipe_end(uint64_t id, int write_end)
 	const struct shared_pipe *sp = find_pipe(id);
 
 	return sp ? sp->end[write_end] : -1;
+}
+
+/* The System V id of a segment of the job, or -1. */
+int shared_sysv_id(uint64_t id)
+{
+	const struct shared_shm *s = id ? find_shm(id) : NULL;
+
+	return s && s->sysv ? s->sysv_id : -1;
 }
 
 int shared_shm_fd(uint64_t id)
@@ -482,9 +706,14 @@ unsigned shared_fds(int *out, unsigned max)
 		out[k++] = pipes[i].end[1];
 	}
 	for (unsigned i = 0; i < nshms && k < max; i++)
-		out[k++] = shms[i].fd;
+		if (shms[i].fd >= 0)
+			out[k++] = shms[i].fd;
 	for (unsigned i = 0; i < nsocks && k < max; i++)
 		out[k++] = socks[i].fd;
+	for (unsigned i = 0; i < nptys && k + 2 <= max; i++) {
+		out[k++] = ptys[i].master;
+		out[k++] = ptys[i].slave;
+	}
 	return k;
 }
 
@@ -497,11 +726,16 @@ void shared_close_pipes(void)
 	}
 	for (unsigned i = 0; i < nsocks; i++)
 		close(socks[i].fd);
+	for (unsigned i = 0; i < nptys; i++) {
+		close(ptys[i].master);
+		close(ptys[i].slave);
+	}
 }
 
 /* After the memory is back: raw system calls only. */
 void shared_close_shms(void)
 {
 	for (unsigned i = 0; i < nshms; i++)
-		sys1(SYS_close, shms[i].fd);
+		if (shms[i].fd >= 0)
+			sys1(SYS_close, shms[i].fd);
 }

@@ -177,6 +177,8 @@ static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 		reply(CKPT_PHASE_REBUILD, 0, NULL);
 	else if (!strcmp(name, "REFILL") && !run_hooks(CKPT_PHASE_REFILL, seq, 0))
 		reply(CKPT_PHASE_REFILL, 0, NULL);
+	else if (!strcmp(name, "TERMINATE") && !run_hooks(CKPT_PHASE_TERMINATE, seq, 0))
+		reply(CKPT_PHASE_TERMINATE, 0, NULL);
 	return 0;
 }
 

@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <linux/kcmp.h>
@@ -70,6 +72,48 @@ static int app_is_tty(const struct stat *st, const char *path)
 	return maj == 4 || maj == 5 || (maj >= 136 && maj <= 143) ||
 	       !strncmp(path, "/dev/tty", 8) || !strncmp(path, "/dev/pts/", 9) ||
 	       !strncmp(path, "/dev/hvc", 8) || !strcmp(path, "/dev/console");
+}
+
+/* A pseudo-terminal: both ends may be in the job (mpirun and its ranks).
+ * The pty's number pairs them; the slave keeps its termios flags. */
+static int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec)
+{
+	unsigned maj = major(st->st_rdev);
+	int ours;
+
+	if (maj == 5 && minor(st->st_rdev) == 2) {	/* /dev/ptmx */
+		unsigned n = 0;
+
+		ours = app_getfd(fd);
+		if (ours < 0 || ioctl(ours, TIOCGPTN, &n)) {
+			if (ours >= 0)
+				close(ours);
+			return ENOTTY;
+		}
+		close(ours);
+		rec->kind = CKPT_FD_PTY_MASTER;
+		rec->object_id = n;
+		return 0;
+	}
+	if (maj >= 136 && maj <= 143) {			/* /dev/pts/N */
+		struct termios t;
+
+		rec->kind = CKPT_FD_PTY_SLAVE;
+		rec->object_id = (maj - 136) * 256 + minor(st->st_rdev);
+		rec->stdio_fd = fd;
+		ours = app_getfd(fd);
+		if (ours >= 0 && tcgetattr(ours, &t) == 0) {
+			rec->value[0] = t.c_iflag;
+			rec->value[1] = t.c_oflag;
+			rec->value[2] = t.c_cflag;
+			rec->value[3] = t.c_lflag;
+			rec->value[4] = 1;
+		}
+		if (ours >= 0)
+			close(ours);
+		return 0;
+	}
+	return ENOTTY;
 }
 
 /* ---- the fd table ---- */
@@ -199,8 +243,14 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 		fi->rec.object_id = shim_object_id(st->st_dev, st->st_ino);
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
+	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec) == 0) {
+		return;
 	} else if (S_ISCHR(st->st_mode)) {
 		fi->rec.kind = app_is_tty(st, fi->path) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
+	} else if (S_ISFIFO(st->st_mode) && fi->path[0] == '/') {
+		fi->rec.kind = CKPT_FD_FIFO;	/* reopened by name */
+		fi->rec.object_id = st->st_ino;
+		fi->rec.offset = pipe_size(getpid(), fd);
 	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5)) {
 		/* whether the other end is in the job, the restart decides from
 		 * all the images; a stdio pipe to outside is the restarter's */
@@ -448,12 +498,10 @@ static int copy_pipes(void)
 	return err;
 }
 
-/* Sockets: TCP bytes on their way land in their receive queue first. */
-static int settle_sockets(void)
+static int list_sockets(int *socks)
 {
-	int fds[MAX_FDS], socks[MAX_FDS];
-	int nfds = list_fds(fds, MAX_FDS), n = 0, err;
-	char why[200];
+	int fds[MAX_FDS];
+	int nfds = list_fds(fds, MAX_FDS), n = 0;
 
 	for (int i = 0; i < nfds; i++) {
 		struct stat st;
@@ -461,6 +509,16 @@ static int settle_sockets(void)
 		if (!app_stat(fds[i], &st) && S_ISSOCK(st.st_mode))
 			socks[n++] = fds[i];
 	}
+	return n;
+}
+
+/* Sockets: TCP bytes on their way land in their receive queue first. */
+static int settle_sockets(void)
+{
+	int socks[MAX_FDS];
+	int n = list_sockets(socks), err;
+	char why[200];
+
 	err = sockets_settle(socks, n, why, sizeof(why));
 	if (err)
 		ckpt_hook_fail("%s", why);
@@ -473,6 +531,12 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	switch (ctx->phase) {
 	case CKPT_PHASE_DRAIN:
 		return copy_pipes() ?: settle_sockets();
+	case CKPT_PHASE_TERMINATE: {
+		int socks[MAX_FDS];
+
+		sockets_reset_on_close(socks, list_sockets(socks));
+		return 0;
+	}
 	case CKPT_PHASE_RESUME:
 		if (ctx->restarted)
 			npipes = 0;	/* the buffers belonged to the old process */

@@ -11,7 +11,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
@@ -82,6 +84,8 @@ static uint32_t classify(const struct region *r)
 		return CKPT_VMA_HEAP;
 	if (!strcmp(p, "[stack]"))
 		return CKPT_VMA_STACK;
+	if (r->shared && !strncmp(p, "/SYSV", 5))
+		return CKPT_VMA_SYSV_SHM;
 	if (r->shared && p[0] == '/' && r->inode && !is_deleted(p))
 		return in_memory_fs(p) ? CKPT_VMA_SHARED_MEMFILE : CKPT_VMA_SHARED_FILE;
 	if (r->shared)
@@ -100,12 +104,79 @@ static uint32_t classify(const struct region *r)
 static int copied_kind(uint32_t kind)
 {
 	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_DELETED_FILE ||
-	       kind == CKPT_VMA_SHARED_MEMFILE;
+	       kind == CKPT_VMA_SHARED_MEMFILE || kind == CKPT_VMA_SYSV_SHM;
 }
 
 static int shared_memory_kind(uint32_t kind)
 {
-	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_SHARED_MEMFILE;
+	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_SHARED_MEMFILE ||
+	       kind == CKPT_VMA_SYSV_SHM;
+}
+
+/* The segment's inode, as /proc/self/maps shows it at addr. */
+static uint64_t mapped_inode(uint64_t addr)
+{
+	char *buf = scratch_map(MAPS_MAX);
+	uint64_t ino = 0;
+	ssize_t n;
+
+	if (!buf)
+		return 0;
+	n = shim_read_proc("/proc/self/maps", buf, MAPS_MAX - 1);
+	if (n > 0) {
+		buf[n] = '\0';
+		for (char *line = buf; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+			unsigned long long s, e, ino_l;
+
+			if (sscanf(line, "%llx-%llx %*s %*x %*x:%*x %llu", &s, &e, &ino_l) == 3 &&
+			    s == addr) {
+				ino = ino_l;
+				break;
+			}
+		}
+	}
+	scratch_unmap(buf, MAPS_MAX);
+	return ino;
+}
+
+/*
+ * Which System V segment a /SYSV<key> mapping is: the maps show its key
+ * and inode, /proc/sysvipc/shm the ids.  Attaching each candidate for a
+ * moment shows its inode.
+ */
+static int sysv_identify(const struct region *r, struct ckpt_vma *v)
+{
+	char *buf = scratch_map(MAPS_MAX);
+	unsigned key = strtoul(r->path + 5, NULL, 16);
+	int found = 0;
+	ssize_t n;
+
+	if (!buf)
+		return ENOMEM;
+	n = shim_read_proc("/proc/sysvipc/shm", buf, MAPS_MAX - 1);
+	buf[n > 0 ? n : 0] = '\0';
+	for (char *line = strchr(buf, '\n'); line && !found; line = strchr(line + 1, '\n')) {
+		int k, id;
+		unsigned mode;
+		unsigned long long size;
+		void *at;
+
+		/* a removed segment (IPC_RMID, still attached) has key 0 */
+		if (sscanf(line, " %d %d %o %llu", &k, &id, &mode, &size) != 4 ||
+		    ((unsigned)k != key && k != 0))
+			continue;
+		at = shmat(id, NULL, SHM_RDONLY);
+		if (at == (void *)-1)
+			continue;
+		if (mapped_inode((uint64_t)at) == r->inode) {
+			*v = (struct ckpt_vma){ .sysv_id = id, .sysv_key = k, .sysv_mode = mode,
+						.sysv_size = size };
+			found = 1;
+		}
+		shmdt(at);
+	}
+	scratch_unmap(buf, MAPS_MAX);
+	return found ? 0 : ENOENT;
 }
 
 static ssize_t copy_self(void *dst, uint64_t addr, size_t len)
@@ -209,6 +280,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.pgoff = r->pgoff + (start - r->start),
 		.shm_id = shared_memory_kind(r->kind) ? shim_object_id(r->dev, r->inode) : 0,
 	};
+	struct ckpt_vma sysv;
 	int readable = r->prot & PROT_READ;
 	/* our own stack and TLS change as we go: copy them, then hash */
 	int ours = checkpointer_memory(start, end);
@@ -229,6 +301,15 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 			return -nruns;
 	}
 	file_identity(r, &v);
+	if (r->kind == CKPT_VMA_SYSV_SHM) {
+		err = sysv_identify(r, &sysv);
+		if (err)
+			return err;
+		v.sysv_id = sysv.sysv_id;
+		v.sysv_key = sysv.sysv_key;
+		v.sysv_mode = sysv.sysv_mode;
+		v.sysv_size = sysv.sysv_size;
+	}
 	v.nruns = nruns;
 	for (long i = 0; i < nruns; i++)
 		v.data_size += s->runs[i].npages * CKPT_PAGE_SIZE;

@@ -99,8 +99,9 @@ static void get_addresses(int s, struct ckpt_fd *rec)
 		rec->sock_peer.len = len;
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	}
-	/* a Unix address is just the family when the socket has no name */
-	if (rec->sock_local.len > sizeof(sa_family_t))
+	/* unbound: a Unix address of just the family, or IP port 0 */
+	if (rec->sock_domain == AF_UNIX ? rec->sock_local.len > sizeof(sa_family_t) :
+	    ((struct sockaddr_in *)rec->sock_local.addr)->sin_port != 0)
 		rec->sock_flags |= CKPT_SOCK_BOUND;
 }
 
@@ -209,6 +210,22 @@ int sockets_settle(const int *fds, int nfds, char *why, size_t why_size)
 	return 0;
 }
 
+/* The job is about to die: its TCP connections end with a reset. */
+void sockets_reset_on_close(const int *fds, int nfds)
+{
+	struct linger abortive = { .l_onoff = 1, .l_linger = 0 };
+
+	for (int i = 0; i < nfds; i++) {
+		int s = app_getfd(fds[i]);
+
+		if (s < 0)
+			continue;
+		if (get_int(s, SOL_SOCKET, SO_PROTOCOL) == IPPROTO_TCP)
+			setsockopt(s, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive));
+		close(s);
+	}
+}
+
 /* Fills the socket fields of rec; q gets the receive queue. */
 int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
 {
@@ -225,13 +242,15 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->sock_flags |= CKPT_SOCK_LISTENING;
 		rec->sock_backlog = 128;
 	}
-	get_addresses(s, rec);
+	get_addresses(s, rec);	/* needs sock_domain */
 	if (rec->sock_domain == AF_UNIX)
 		rec->peer_id = unix_peer(ino);
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	rec->value[0] = get_int(s, SOL_SOCKET, SO_SNDBUF);
 	rec->value[1] = get_int(s, SOL_SOCKET, SO_RCVBUF);
+	if (rec->sock_domain == AF_INET6)	/* else [::]:port also takes 0.0.0.0:port */
+		rec->value[2] = get_int(s, IPPROTO_IPV6, IPV6_V6ONLY) == 1;
 	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
 		err = peek_queue(s, rec->sock_type, q);
 	close(s);
