@@ -1,14 +1,17 @@
 # ckpt: build the native parts and the test programs; run the demo,
 # the tests and the benchmarks.
-.PHONY: all native apps softverbs demo test bench clean
+.PHONY: all native apps mpi softverbs demo test bench clean
 
-all: native apps softverbs
+all: native apps mpi softverbs
 
 native:
 	$(MAKE) -C native
 
 apps:
 	$(MAKE) -C integration/apps
+
+mpi:
+	$(MAKE) -C integration/mpi
 
 softverbs:
 	@if [ -f native/softverbs/Makefile ]; then $(MAKE) -C native/softverbs; fi
@@ -22,8 +25,10 @@ test:
 bench: all
 	python3 bench/engine_bench.py
 	python3 bench/softverbs_bench.py
+	python3 bench/mpi_bench.py
 
 clean:
 	$(MAKE) -C native clean
 	$(MAKE) -C integration/apps clean
+	$(MAKE) -C integration/mpi clean
 	@if [ -f native/softverbs/Makefile ]; then $(MAKE) -C native/softverbs clean; fi

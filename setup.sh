@@ -7,7 +7,8 @@ cd "$(dirname "$0")"
 
 DEBS="gcc make libc6-dev libxxhash-dev util-linux procps
 python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
-python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core"
+python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core
+mpich libmpich-dev openmpi-bin libopenmpi-dev python3-mpi4py python3-dev"
 
 missing=""
 for pkg in $DEBS; do
@@ -32,6 +33,15 @@ if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest" 2>/dev/null; 
 fi
 
 make -s all
+
+# Debian's mpi4py is built for Open MPI: the MPI tests build one for MPICH
+MPI4PY_MPICH=integration/mpi/build/mpi4py-mpich
+if [ ! -d "$MPI4PY_MPICH/mpi4py" ]; then
+	echo "setup: building mpi4py for MPICH (a minute or two)"
+	MPICC=mpicc.mpich /usr/bin/python3 -m pip install -q --no-cache-dir \
+		--no-binary mpi4py --target "$MPI4PY_MPICH" mpi4py 2>/dev/null ||
+		echo "setup: mpi4py for MPICH did not build; its test will be skipped" >&2
+fi
 
 # `ckpt` on PATH: a link to the checkout's launcher script
 if [ "$(id -u)" -eq 0 ]; then

@@ -100,11 +100,17 @@ class Session:
 
     def reference(self, app, *args):
         """The output of an uninterrupted run, without ckpt."""
-        proc = subprocess.run(self.user.wrap([str(APPS / app), *map(str, args)]),
+        proc = subprocess.run(self.user.wrap(command(app, *args)),
                               cwd=self.work, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, f"{app} failed without ckpt: {proc.stdout}"
         return proc.stdout
+
+
+def command(app, *args):
+    """A test program by name, or a whole command line (mpirun ...)."""
+    head = [str(APPS / app)] if isinstance(app, str) else [str(a) for a in app]
+    return head + [str(a) for a in args]
 
 
 class Job:
@@ -120,7 +126,7 @@ class Job:
                 os.chown(self.out, session.user.uid, session.user.uid)
             self.proc = subprocess.Popen(
                 session.ckpt_argv("launch", "--job-id", job_id, "--ckpt-dir",
-                                  session.images, "--", APPS / app, *args),
+                                  session.images, "--", *command(app, *args)),
                 cwd=session.work, env=session.env(), stdout=out,
                 stderr=subprocess.PIPE, text=True)
 

@@ -231,7 +231,7 @@ static int after_restart(void)
 		return err;
 	}
 	/* ckpt-restart's code is no longer used: reserve its range again */
-	mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
+	shim_mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 	exe_err = restore_exe_link();
 	/* children forked from now on join the new coordinator */
@@ -309,7 +309,7 @@ static void *copy_main_tls(void)
 		align = 64;
 	below = (size + align - 1) & ~(align - 1);
 	total = below + TCB_COPY + align;
-	block = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	block = shim_mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (block == MAP_FAILED)
 		return NULL;
 	tp = (char *)(((uint64_t)block + below + align - 1) & ~(uint64_t)(align - 1));
@@ -323,7 +323,7 @@ static void *copy_main_tls(void)
 		int vital = off + 512 > below - 512 && off < below + 512;
 
 		if (process_vm_readv(getpid(), &dst, 1, &src, 1, 0) != 512 && vital) {
-			munmap(block, total);
+			shim_munmap(block, total);
 			return NULL;
 		}
 	}
@@ -356,11 +356,11 @@ int checkpointer_start(const char *path)
 	tls = copy_main_tls();
 	if (!tls)
 		return ENOSYS;
-	stack = mmap(NULL, CHECKPOINTER_STACK, PROT_READ | PROT_WRITE,
+	stack = shim_mmap(NULL, CHECKPOINTER_STACK, PROT_READ | PROT_WRITE,
 		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (stack == MAP_FAILED)
 		return errno;
-	mprotect(stack, 4096, PROT_NONE);		/* guard page */
+	shim_mprotect(stack, 4096, PROT_NONE);		/* guard page */
 	own_ranges[1][0] = (uint64_t)stack;
 	own_ranges[1][1] = (uint64_t)stack + CHECKPOINTER_STACK;
 	sigfillset(&all);
@@ -382,7 +382,7 @@ static void checkpointer_atfork_child(void)
 
 	for (int i = 0; i < 2; i++)
 		if (own_ranges[i][1])
-			munmap((void *)own_ranges[i][0], own_ranges[i][1] - own_ranges[i][0]);
+			shim_munmap((void *)own_ranges[i][0], own_ranges[i][1] - own_ranges[i][0]);
 	memset(own_ranges, 0, sizeof(own_ranges));
 	coord_forget();
 	scratch_forget();

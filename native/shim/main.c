@@ -14,7 +14,7 @@
 
 static int reserve_restart_range(void)
 {
-	void *p = mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
+	void *p = shim_mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
 		       -1, 0);
 

@@ -165,7 +165,7 @@ static int sysv_identify(const struct region *r, struct ckpt_vma *v)
 		if (sscanf(line, " %d %d %o %llu", &k, &id, &mode, &size) != 4 ||
 		    ((unsigned)k != key && k != 0))
 			continue;
-		at = shmat(id, NULL, SHM_RDONLY);
+		at = shim_shmat(id, NULL, SHM_RDONLY);
 		if (at == (void *)-1)
 			continue;
 		if (mapped_inode((uint64_t)at) == r->inode) {
@@ -173,7 +173,7 @@ static int sysv_identify(const struct region *r, struct ckpt_vma *v)
 						.sysv_size = size };
 			found = 1;
 		}
-		shmdt(at);
+		shim_shmdt(at);
 	}
 	scratch_unmap(buf, MAPS_MAX);
 	return found ? 0 : ENOENT;
@@ -292,7 +292,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
 		if (!readable && (copied_kind(r->kind) || any_page_present(s, start, end))) {
 			/* a PROT_NONE or write-only region holding data */
-			if (mprotect((void *)start, end - start, r->prot | PROT_READ))
+			if (shim_mprotect((void *)start, end - start, r->prot | PROT_READ))
 				return errno;
 			unprotected = readable = 1;
 		}
@@ -337,7 +337,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		else
 			err = ours ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
 	}
-	if (unprotected && mprotect((void *)start, end - start, r->prot) && !err)
+	if (unprotected && shim_mprotect((void *)start, end - start, r->prot) && !err)
 		err = errno;
 	return err;
 }

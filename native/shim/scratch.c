@@ -12,7 +12,7 @@ static struct { uint64_t start, end; } ranges[MAX_SCRATCH];
 
 void *scratch_map(size_t len)
 {
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+	void *p = shim_mmap(NULL, len, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 
 	if (p == MAP_FAILED)
@@ -24,7 +24,7 @@ void *scratch_map(size_t len)
 		ranges[i].end = ((uint64_t)p + len + CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
 		return p;
 	}
-	munmap(p, len);
+	shim_munmap(p, len);
 	return NULL;
 }
 
@@ -33,7 +33,7 @@ void scratch_unmap(void *p, size_t len)
 	for (int i = 0; i < MAX_SCRATCH; i++)
 		if (ranges[i].start == (uint64_t)p)
 			ranges[i].start = ranges[i].end = 0;
-	munmap(p, len);
+	shim_munmap(p, len);
 }
 
 /*

@@ -5,7 +5,10 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <unistd.h>
 #include "ckpt_image.h"
 #include "ckpt_plugin.h"
 
@@ -14,6 +17,41 @@
 #define CKPT_ENGINE_VERSION "0.1.0"
 
 #define SHIM_HIDDEN __attribute__((visibility("hidden")))
+
+/*
+ * Memory system calls, made directly: libraries of the application patch
+ * mmap, munmap, mprotect, shmat and shmdt in every loaded object (UCX's
+ * memory hooks), and their hooks, which allocate and take locks, must
+ * never run on the checkpoint thread while the application is parked.
+ */
+static inline void *shim_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+
+	return r == -1 ? MAP_FAILED : (void *)r;
+}
+
+static inline int shim_munmap(void *addr, size_t len)
+{
+	return syscall(SYS_munmap, addr, len);
+}
+
+static inline int shim_mprotect(void *addr, size_t len, int prot)
+{
+	return syscall(SYS_mprotect, addr, len, prot);
+}
+
+static inline void *shim_shmat(int id, const void *addr, int flags)
+{
+	long r = syscall(SYS_shmat, id, addr, flags);
+
+	return r == -1 ? (void *)-1 : (void *)r;
+}
+
+static inline int shim_shmdt(const void *addr)
+{
+	return syscall(SYS_shmdt, addr);
+}
 
 /* context.S */
 SHIM_HIDDEN int ckpt_save_context(struct ckpt_regs *regs) __attribute__((returns_twice));
