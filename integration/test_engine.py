@@ -7,7 +7,7 @@ image: each restarted run must end with exactly the reference output.
 """
 import pytest
 
-from harness import Job, Restart, restart_and_finish
+from harness import APPS, Job, Restart, restart_and_finish
 
 # program, arguments: sized to run for a few seconds
 PROGRAMS = {
@@ -85,3 +85,17 @@ def test_unprivileged_user(unprivileged_session, app):
     job.checkpoint_at_random_moments(2)
     job.kill()
     assert restart_and_finish(s, job.images[0], job) == reference
+
+
+def test_exec_with_a_scrubbed_environment(session):
+    """`env -i` drops LD_PRELOAD and CKPT_*: the shim's exec wrappers put
+    them back, so the program it runs is part of the job and restarts."""
+    args = PROGRAMS["counter"]
+    reference = session.reference("counter", *args)
+    job = Job(session, "scrubbed", ["env", "-i", APPS / "counter"], *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2)
+    job.kill()
+    manifest = (job.images[-1] / "manifest.yaml").read_text()
+    assert manifest.count("- pid:") == 1, manifest
+    assert restart_and_finish(session, job.images[-1], job) == reference

@@ -30,17 +30,20 @@ struct ckpt_plugin {
 };
 
 /* Register a plugin; returns 0 or ENOSPC.  Call from a constructor. */
+__attribute__((visibility("default")))
 int ckpt_plugin_register(const struct ckpt_plugin *plugin);
 
 /* Name service of the coordinator, for exchanging new real ids on restart.
  * Keys and values are printable and contain no spaces. */
+__attribute__((visibility("default")))
 int ckpt_kv_put(const char *key, const char *value);
+__attribute__((visibility("default")))
 int ckpt_kv_get(const char *key, char *value, size_t size);	/* ENOENT if absent */
 
 /* Report a one-line problem to the coordinator (printed to the user). */
-void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2), visibility("default")));
 
 /* Reason for the failure a hook is about to return. */
-void ckpt_hook_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ckpt_hook_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), visibility("default")));
 
 #endif

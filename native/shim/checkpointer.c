@@ -363,10 +363,12 @@ int checkpointer_start(const char *path)
 	shim_mprotect(stack, 4096, PROT_NONE);		/* guard page */
 	own_ranges[1][0] = (uint64_t)stack;
 	own_ranges[1][1] = (uint64_t)stack + CHECKPOINTER_STACK;
+	/* inherited by the thread: every signal, the parking one too (not
+	 * through our pthread_sigmask, which keeps that one unblocked) */
 	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);	/* inherited by the thread */
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof(uint64_t));
 	tid = clone(checkpointer_main, stack + CHECKPOINTER_STACK, flags, NULL, NULL, tls, NULL);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof(uint64_t));
 	return tid < 0 ? errno : 0;
 }
 
@@ -392,6 +394,12 @@ static void checkpointer_atfork_child(void)
 	if (err)
 		shim_log("forked child %d: cannot start the checkpoint thread: %s",
 			 getpid(), shim_strerror(err));
+}
+
+/* The coordinator this process talks to (a new one after a restart). */
+const char *checkpointer_coord_path(void)
+{
+	return coord_path;
 }
 
 int checkpointer_follow_forks(void)

@@ -44,6 +44,7 @@ __attribute__((constructor)) static void shim_init(void)
 		shim_log("cannot start the checkpoint thread: %s", shim_strerror(err));
 		return;
 	}
+	exec_follow_init();
 	err = checkpointer_follow_forks();
 	if (err)
 		shim_log("cannot follow forked children: %s", shim_strerror(err));

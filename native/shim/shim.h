@@ -17,6 +17,9 @@
 #define CKPT_ENGINE_VERSION "0.1.0"
 
 #define SHIM_HIDDEN __attribute__((visibility("hidden")))
+/* The library is built with hidden visibility: what it interposes on the
+ * application (signal and exec functions) must be exported explicitly. */
+#define SHIM_EXPORT __attribute__((visibility("default")))
 
 /*
  * Memory system calls, made directly: libraries of the application patch
@@ -167,6 +170,10 @@ SHIM_HIDDEN void image_writer_forget(void);
 SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
 SHIM_HIDDEN int checkpointer_start(const char *coord_path);
 SHIM_HIDDEN int checkpointer_follow_forks(void);
+SHIM_HIDDEN const char *checkpointer_coord_path(void);
+
+/* exec.c: exec'd programs load the shim and find the coordinator */
+SHIM_HIDDEN void exec_follow_init(void);
 SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
 #endif

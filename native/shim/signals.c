@@ -61,7 +61,7 @@ static const sigset_t *without_reserved(int how, const sigset_t *set, sigset_t *
 	return copy;
 }
 
-int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+SHIM_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
 	struct sigaction copy;
 
@@ -78,7 +78,7 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 	return real_sigaction(sig, act, old);
 }
 
-sighandler_t signal(int sig, sighandler_t handler)
+SHIM_EXPORT sighandler_t signal(int sig, sighandler_t handler)
 {
 	struct sigaction sa, old;
 
@@ -90,7 +90,7 @@ sighandler_t signal(int sig, sighandler_t handler)
 	return old.sa_handler;
 }
 
-int sigprocmask(int how, const sigset_t *set, sigset_t *old)
+SHIM_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
 	sigset_t copy;
 
@@ -98,7 +98,7 @@ int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 	return real_sigprocmask(how, without_reserved(how, set, &copy), old);
 }
 
-int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
+SHIM_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 {
 	sigset_t copy;
 
@@ -121,7 +121,7 @@ static void *next_symbol(const char *name, void **cache)
 	return *cache;
 }
 
-int sigsuspend(const sigset_t *mask)
+SHIM_EXPORT int sigsuspend(const sigset_t *mask)
 {
 	static void *real;
 	sigset_t copy;
@@ -130,7 +130,7 @@ int sigsuspend(const sigset_t *mask)
 		without_reserved(SIG_SETMASK, mask, &copy));
 }
 
-int sigwaitinfo(const sigset_t *set, siginfo_t *info)
+SHIM_EXPORT int sigwaitinfo(const sigset_t *set, siginfo_t *info)
 {
 	static void *real;
 	sigset_t copy;
@@ -139,7 +139,7 @@ int sigwaitinfo(const sigset_t *set, siginfo_t *info)
 		without_reserved(SIG_SETMASK, set, &copy), info);
 }
 
-int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *timeout)
+SHIM_EXPORT int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *timeout)
 {
 	static void *real;
 	sigset_t copy;
@@ -148,7 +148,7 @@ int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *ti
 		without_reserved(SIG_SETMASK, set, &copy), info, timeout);
 }
 
-int sigwait(const sigset_t *set, int *sig)
+SHIM_EXPORT int sigwait(const sigset_t *set, int *sig)
 {
 	static void *real;
 	sigset_t copy;
@@ -157,7 +157,7 @@ int sigwait(const sigset_t *set, int *sig)
 		without_reserved(SIG_SETMASK, set, &copy), sig);
 }
 
-int signalfd(int fd, const sigset_t *mask, int flags)
+SHIM_EXPORT int signalfd(int fd, const sigset_t *mask, int flags)
 {
 	static void *real;
 	sigset_t copy;

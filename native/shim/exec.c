@@ -1,0 +1,199 @@
+/*
+ * exec: the program a process of the job executes must load the shim and
+ * find the job's coordinator, even when the caller scrubbed its
+ * environment (env -i, launchers that pass a fixed environment) and after
+ * a restart, when the inherited CKPT_COORD names the old coordinator.
+ * Every exec function of glibc that takes or uses an environment is
+ * wrapped; the environment is rebuilt on the stack (a vfork child must not
+ * allocate), with LD_PRELOAD, CKPT_COORD and CKPT_JOB_ID set.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "shim.h"
+
+#define VAR_MAX 4200
+
+extern char **environ;
+
+static char shim_path[CKPT_PATH_MAX];
+static char job_id[64];
+
+/* At load: where this library is, and the job's id. */
+void exec_follow_init(void)
+{
+	Dl_info info;
+	const char *id = getenv("CKPT_JOB_ID");
+
+	if (dladdr((void *)exec_follow_init, &info) && info.dli_fname)
+		snprintf(shim_path, sizeof(shim_path), "%s", info.dli_fname);
+	snprintf(job_id, sizeof(job_id), "%s", id ? id : "");
+}
+
+static int has_name(const char *entry, const char *name)
+{
+	size_t n = strlen(name);
+
+	return !strncmp(entry, name, n) && entry[n] == '=';
+}
+
+/* LD_PRELOAD as the caller had it, with the shim first if it was missing. */
+static void preload_var(char *out, size_t size, char *const envp[])
+{
+	const char *old = NULL;
+
+	for (size_t i = 0; envp && envp[i]; i++)
+		if (has_name(envp[i], "LD_PRELOAD"))
+			old = envp[i] + strlen("LD_PRELOAD=");
+	if (old && strstr(old, shim_path))
+		snprintf(out, size, "LD_PRELOAD=%s", old);
+	else if (old && *old)
+		snprintf(out, size, "LD_PRELOAD=%s:%s", shim_path, old);
+	else
+		snprintf(out, size, "LD_PRELOAD=%s", shim_path);
+}
+
+/* Fills env (room for n + 4 entries) from envp plus the job's variables. */
+static void job_environment(char **env, char *const envp[], char *preload, char *coord,
+			    char *job)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; envp && envp[i]; i++)
+		if (!has_name(envp[i], "LD_PRELOAD") && !has_name(envp[i], "CKPT_COORD") &&
+		    !has_name(envp[i], "CKPT_JOB_ID"))
+			env[k++] = envp[i];
+	preload_var(preload, VAR_MAX, envp);
+	snprintf(coord, VAR_MAX, "CKPT_COORD=%s", checkpointer_coord_path());
+	snprintf(job, 128, "CKPT_JOB_ID=%s", job_id);
+	env[k++] = preload;
+	env[k++] = coord;
+	env[k++] = job;
+	env[k] = NULL;
+}
+
+static size_t count(char *const v[])
+{
+	size_t n = 0;
+
+	while (v && v[n])
+		n++;
+	return n;
+}
+
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+
+/* The job's environment on the stack, then the real function. */
+#define WITH_JOB_ENV(envp, call)						\
+	do {									\
+		char preload_[VAR_MAX], coord_[VAR_MAX], job_[128];		\
+		char **env_ = alloca((count(envp) + 4) * sizeof(char *));	\
+										\
+		if (!shim_path[0])						\
+			break;							\
+		job_environment(env_, envp, preload_, coord_, job_);		\
+		return call;							\
+	} while (0)
+
+SHIM_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	static execve_fn real;
+
+	if (!real)
+		real = (execve_fn)dlsym(RTLD_NEXT, "execve");
+	WITH_JOB_ENV(envp, real(path, argv, env_));
+	return real(path, argv, envp);
+}
+
+SHIM_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	static execve_fn real;
+
+	if (!real)
+		real = (execve_fn)dlsym(RTLD_NEXT, "execvpe");
+	WITH_JOB_ENV(envp, real(file, argv, env_));
+	return real(file, argv, envp);
+}
+
+SHIM_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	static int (*real)(int, char *const[], char *const[]);
+
+	if (!real)
+		real = (int (*)(int, char *const[], char *const[]))dlsym(RTLD_NEXT, "fexecve");
+	WITH_JOB_ENV(envp, real(fd, argv, env_));
+	return real(fd, argv, envp);
+}
+
+/* glibc's own execv, execvp and execl* call its internal execve: */
+SHIM_EXPORT int execv(const char *path, char *const argv[])
+{
+	return execve(path, argv, environ);
+}
+
+SHIM_EXPORT int execvp(const char *file, char *const argv[])
+{
+	return execvpe(file, argv, environ);
+}
+
+/* execl, execlp, execle: the arguments into an array on the stack. */
+static int exec_list(const char *path, int search, int with_env, const char *arg, va_list ap)
+{
+	va_list count_ap;
+	char **argv, *const *envp = environ;
+	size_t n = arg ? 1 : 0;
+
+	va_copy(count_ap, ap);
+	while (n && va_arg(count_ap, char *))
+		n++;
+	va_end(count_ap);
+	argv = alloca((n + 1) * sizeof(char *));
+	argv[0] = (char *)arg;
+	for (size_t i = 1; i < n; i++)
+		argv[i] = va_arg(ap, char *);
+	argv[n] = NULL;
+	if (with_env) {
+		if (n)
+			(void)va_arg(ap, char *);	/* the terminating NULL */
+		envp = va_arg(ap, char *const *);
+	}
+	return search ? execvpe(path, argv, envp) : execve(path, argv, envp);
+}
+
+SHIM_EXPORT int execl(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	int r;
+
+	va_start(ap, arg);
+	r = exec_list(path, 0, 0, arg, ap);
+	va_end(ap);
+	return r;
+}
+
+SHIM_EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	va_list ap;
+	int r;
+
+	va_start(ap, arg);
+	r = exec_list(file, 1, 0, arg, ap);
+	va_end(ap);
+	return r;
+}
+
+SHIM_EXPORT int execle(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	int r;
+
+	va_start(ap, arg);
+	r = exec_list(path, 0, 1, arg, ap);
+	va_end(ap);
+	return r;
+}
