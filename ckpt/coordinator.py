@@ -159,6 +159,10 @@ class Coordinator:
             key, _, value = rest.partition(" ")
             self.names[key] = value
             await proc.send("OK")
+        elif word == "CLAIM":  # PUT unless taken: the first process wins
+            key, _, value = rest.partition(" ")
+            owner = self.names.setdefault(key, value)
+            await proc.send("OK" if owner == value else f"VAL {owner}")
         elif word == "GET":
             value = self.names.get(rest.strip())
             await proc.send("NONE" if value is None else f"VAL {value}")
@@ -207,6 +211,8 @@ class Coordinator:
             self._warnings = []
             try:
                 procs = await self._first_processes()
+                # open files claimed in the last checkpoint may have closed
+                self.names = {k: v for k, v in self.names.items() if not k.startswith("file:")}
                 final = await CheckpointRun(self, procs, kill, forked).run()
                 warnings = self.checkpoint_warnings()
                 if kill:

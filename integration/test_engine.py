@@ -99,3 +99,17 @@ def test_exec_with_a_scrubbed_environment(session):
     manifest = (job.images[-1] / "manifest.yaml").read_text()
     assert manifest.count("- pid:") == 1, manifest
     assert restart_and_finish(session, job.images[-1], job) == reference
+
+
+def test_shell_steps_share_their_output_file(session):
+    """`sh -c 'a; b' > out`: sh and its children share one open file (one
+    offset) for stdout; after a restart during a, b must go on writing
+    where a stopped, not where sh's copy was at the checkpoint."""
+    counter = APPS / "counter"
+    script = ["sh", "-c", f"{counter} 150 10; {counter} 100 10"]
+    reference = session.reference(script)
+    job = Job(session, "steps", script)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.1, 0.4)
+    job.kill()
+    assert restart_and_finish(session, job.images[-1], job) == reference

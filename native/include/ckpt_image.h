@@ -238,6 +238,9 @@ struct ckpt_fd {
 	struct ckpt_sockaddr sock_peer;
 	uint64_t value[6];		/* eventfd, timerfd, signalfd state; socket:
 					 * SO_SNDBUF, SO_RCVBUF, IPV6_V6ONLY */
+	int32_t share_pid;		/* CKPT_FD_FILE: the same open file (one
+					 * offset) as fd share_fd of process */
+	int32_t share_fd;		/* share_pid, inherited across fork; 0: none */
 };
 
 struct ckpt_plugin_blob {

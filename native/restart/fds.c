@@ -267,8 +267,12 @@ static int open_event_fd(const struct ckpt_fd *f)
 	return fd;
 }
 
-static int open_one(const struct loaded_fd *lf)
+static int open_one(const struct image *img, const struct loaded_fd *lf)
 {
+	int shared = lf->f.kind == CKPT_FD_FILE ? shared_file_fd(img->hdr.pid, &lf->f) : -1;
+
+	if (shared >= 0)	/* inherited across fork: the one open file */
+		return fcntl(shared, F_DUPFD_CLOEXEC, 0);
 	switch (lf->f.kind) {
 	case CKPT_FD_FILE:
 	case CKPT_FD_DEVICE:
@@ -374,7 +378,7 @@ void restore_fds(struct image *img)
 	close_others();
 	for (unsigned i = 0; i < img->nfds; i++)
 		placed[i] = move_high(img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
-				      open_one(&img->fds[i]), img->fds[i].path);
+				      open_one(img, &img->fds[i]), img->fds[i].path);
 	for (unsigned i = 0; i < img->nfds; i++) {
 		const struct ckpt_fd *f = &img->fds[i].f;
 

@@ -96,6 +96,7 @@ int shared_shm_fd(uint64_t id);
 int shared_sysv_id(uint64_t id);
 int shared_socket_fd(uint64_t id);
 int shared_pty_end(uint64_t id, int master);
+int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
 unsigned shared_fds(int *out, unsigned max);
 void shared_close_pipes(void);
 void shared_close_shms(void);

@@ -71,6 +71,15 @@ struct shared_pty {
 static struct shared_pty *ptys;
 static unsigned nptys;
 
+/* An open file inherited across fork: one open file, one offset. */
+struct shared_file {
+	int32_t pid, fd;		/* the process and fd that own it */
+	int file;
+};
+
+static struct shared_file *files;
+static unsigned nfiles;
+
 static int is_pipe(const struct loaded_fd *lf)
 {
 	return lf->f.dup_of < 0 &&
@@ -659,12 +668,70 @@ int shared_pty_end(uint64_t id, int master)
 	return !p ? -1 : master ? p->master : p->slave;
 }
 
+/* ---- open files shared between processes ---- */
+
+static struct shared_file *find_file(int32_t pid, int32_t fd)
+{
+	for (unsigned i = 0; i < nfiles; i++)
+		if (files[i].pid == pid && files[i].fd == fd)
+			return &files[i];
+	return NULL;
+}
+
+static const struct loaded_fd *fd_record(struct image *imgs, unsigned n, int32_t pid, int32_t fd)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (imgs[i].hdr.pid == pid)
+			for (unsigned j = 0; j < imgs[i].nfds; j++)
+				if (imgs[i].fds[j].f.fd == fd)
+					return &imgs[i].fds[j];
+	return NULL;
+}
+
+static void create_files(struct image *imgs, unsigned n)
+{
+	unsigned total = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		total += imgs[i].nfds;
+	files = arena_alloc(sizeof(*files) * (total + 1));
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++) {
+			const struct ckpt_fd *f = &imgs[i].fds[j].f;
+			const struct loaded_fd *owner;
+			int fd;
+
+			if (f->kind != CKPT_FD_FILE || !f->share_pid ||
+			    find_file(f->share_pid, f->share_fd))
+				continue;
+			owner = fd_record(imgs, n, f->share_pid, f->share_fd);
+			if (!owner || owner->f.kind != CKPT_FD_FILE)
+				continue;	/* its owner is gone: opened on its own */
+			fd = open(owner->path, (owner->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) |
+				  O_CLOEXEC);
+			if (fd < 0 || lseek(fd, owner->f.offset, SEEK_SET) < 0)
+				die("cannot reopen %s: %s", owner->path, strerror(errno));
+			files[nfiles++] = (struct shared_file){ f->share_pid, f->share_fd,
+								move_high(fd, owner->path) };
+		}
+}
+
+/* The open file a FILE record shares with other processes, or -1. */
+int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
+{
+	const struct shared_file *sf = f->share_pid ? find_file(f->share_pid, f->share_fd) :
+					find_file(pid, f->fd);
+
+	return sf ? sf->file : -1;
+}
+
 void shared_create(struct image *imgs, unsigned n)
 {
 	create_pipes(imgs, n);
 	create_shms(imgs, n);
 	create_sockets(imgs, n);
 	create_ptys(imgs, n);
+	create_files(imgs, n);
 }
 
 int shared_socket_fd(uint64_t id)
@@ -714,6 +781,8 @@ unsigned shared_fds(int *out, unsigned max)
 		out[k++] = ptys[i].master;
 		out[k++] = ptys[i].slave;
 	}
+	for (unsigned i = 0; i < nfiles && k < max; i++)
+		out[k++] = files[i].file;
 	return k;
 }
 
@@ -730,6 +799,8 @@ void shared_close_pipes(void)
 		close(ptys[i].master);
 		close(ptys[i].slave);
 	}
+	for (unsigned i = 0; i < nfiles; i++)
+		close(files[i].file);
 }
 
 /* After the memory is back: raw system calls only. */

@@ -299,6 +299,31 @@ static void find_dup(struct fd_table *t, struct fd_info *fi)
 	}
 }
 
+/*
+ * An open file inherited across fork is one open file (one offset) in
+ * several processes.  The first process to claim (file, offset, flags)
+ * owns it; the others ask kcmp whether theirs is the same open file.
+ */
+static void find_shared_open_file(struct fd_info *fi)
+{
+	char key[160], value[32], owner[64];
+	int opid, ofd;
+
+	if (fi->rec.kind != CKPT_FD_FILE || fi->rec.dup_of >= 0)
+		return;
+	snprintf(key, sizeof(key), "file:%s:%llu:%llu:%lld:%d", shim_hostname(),
+		 (unsigned long long)fi->dev, (unsigned long long)fi->ino,
+		 (long long)fi->rec.offset, fi->rec.flags);
+	snprintf(value, sizeof(value), "%d %d", getpid(), fi->rec.fd);
+	if (kv_claim(key, value, owner, sizeof(owner)) != EEXIST ||
+	    sscanf(owner, "%d %d", &opid, &ofd) != 2 || opid == getpid())
+		return;
+	if (syscall(SYS_kcmp, getpid(), opid, KCMP_FILE, fi->rec.fd, ofd) == 0) {
+		fi->rec.share_pid = opid;
+		fi->rec.share_fd = ofd;
+	}
+}
+
 struct fd_table *fds_collect(void)
 {
 	struct fd_table *t = scratch_map(sizeof(*t));
@@ -320,8 +345,10 @@ struct fd_table *fds_collect(void)
 		fi->held = -1;
 		fi->payload = (struct fd_payload){ 0 };
 		find_dup(t, fi);
-		if (fi->rec.dup_of < 0)
+		if (fi->rec.dup_of < 0) {
 			classify_fd(fi, &st);
+			find_shared_open_file(fi);
+		}
 		/* held now: a forked writer reads it after the job moved on */
 		if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
 			fi->held = app_open(getpid(), fi->rec.fd, O_RDONLY);

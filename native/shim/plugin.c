@@ -115,3 +115,21 @@ int ckpt_kv_get(const char *key, char *value, size_t size)
 	strcpy(value, line + 4);
 	return 0;
 }
+
+/* The first process to claim key owns it: 0; else EEXIST, owner filled. */
+int kv_claim(const char *key, const char *value, char *owner, size_t size)
+{
+	char line[CKPT_LINE_MAX];
+	int err = coord_send("CLAIM %s %s", key, value);
+
+	if (err)
+		return err;
+	if (coord_recv(line, sizeof(line)))
+		return EPIPE;
+	if (!strcmp(line, "OK"))
+		return 0;
+	if (strncmp(line, "VAL ", 4) || strlen(line + 4) >= size)
+		return EPROTO;
+	strcpy(owner, line + 4);
+	return EEXIST;
+}
