@@ -188,7 +188,9 @@ def restart_and_finish(session, image_dir, job):
     """Restart from image_dir, let it run to its end, return the job's output."""
     r = Restart(session, image_dir)
     rc = r.wait()
-    assert rc == 0, f"restart of {image_dir} exited {rc}: {r.stderr.strip()}"
+    # the program's own FAIL lines say what went wrong
+    assert rc == 0, (f"restart of {image_dir} exited {rc}: {r.stderr.strip()}\n"
+                     f"output ends: {job.output()[-500:]}")
     return job.output()
 
 

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "restart.h"
 #include "sys.h"
@@ -78,6 +79,22 @@ static int zombie_main(void *arg)
 
 static void restore_failed(int status);
 
+/*
+ * Join process group pgid, led by another restored process or stand-in.
+ * Its leader makes the group on its own schedule, without waiting for
+ * anyone, so until it has, setpgid fails with EPERM: try again.
+ */
+static void join_group(pid_t pgid)
+{
+	struct timespec pause_1ms = { 0, 1000000 };
+
+	for (int tries = 0; setpgid(0, pgid) < 0; tries++) {
+		if (errno != EPERM || tries == 10000)
+			die("cannot join process group %d: %s", pgid, strerror(errno));
+		nanosleep(&pause_1ms, NULL);
+	}
+}
+
 static void take_session_and_group(const struct ckpt_process *p, pid_t pid)
 {
 	if (p->sid == pid)
@@ -99,9 +116,9 @@ void tree_enter(struct image *img)
 	for (unsigned i = 0; i < p->nzombies && i < CKPT_MAX_ZOMBIES; i++)
 		if (!image_of(p->zombies[i].pid))
 			spawn(p->zombies[i].pid, NULL, zombie_main, (void *)&p->zombies[i]);
-	/* a group whose leader is a sibling or a child exists by now, or soon */
+	/* a group led by another process of the job */
 	if (p->pgid != pid && p->pgid != p->sid && getpgid(0) != p->pgid && image_of(p->pgid))
-		setpgid(0, p->pgid);
+		join_group(p->pgid);
 }
 
 struct report {
@@ -238,7 +255,9 @@ static int parent_stand_in(void *stack)
 		setsid();
 	else if (pgid == self)
 		setpgid(0, 0);
-	else if (outside(pgid) || image_of(pgid) == root)
+	else if (outside(pgid) && getpgid(pgid) == pgid)
+		join_group(pgid);	/* the group's stand-in */
+	else if (image_of(pgid) == root)
 		setpgid(0, pgid);	/* may fail: then the group is ours */
 	spawn_roots(stack, self, 1);
 	stand_in_drop_fds();
@@ -250,8 +269,10 @@ static int session_stand_in(void *stack)
 	pid_t pgid = root->proc->pgid, parent = root->proc->ppid, child;
 
 	setsid();
-	if (outside(pgid) && pgid != getpid() && pgid != parent)
+	if (outside(pgid) && pgid != getpid() && pgid != parent) {
 		spawn(pgid, NULL, group_stand_in, NULL);
+		setpgid(pgid, pgid);	/* so it exists before its members come */
+	}
 	child = spawn(parent, NULL, parent_stand_in, stack);
 	stand_in_drop_fds();
 	return wait_for(child);
