@@ -1,8 +1,11 @@
 # ckpt: build the native parts and the test programs; run the demo,
 # the tests and the benchmarks.
-.PHONY: all native apps mpi softverbs demo test bench clean
+.PHONY: all native plugins apps mpi softverbs demo test bench clean
 
-all: native apps mpi softverbs
+all: native plugins apps mpi softverbs
+
+plugins:
+	$(MAKE) -C plugins/ib
 
 native:
 	$(MAKE) -C native
@@ -29,6 +32,7 @@ bench: all
 
 clean:
 	$(MAKE) -C native clean
+	$(MAKE) -C plugins/ib clean
 	$(MAKE) -C integration/apps clean
 	$(MAKE) -C integration/mpi clean
 	@if [ -f native/softverbs/Makefile ]; then $(MAKE) -C native/softverbs clean; fi

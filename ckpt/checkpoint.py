@@ -41,8 +41,12 @@ class CheckpointRun:
 
     async def run(self):
         """Returns the published directory; CkptError (job resumed) on failure."""
-        suspended = list(self.procs)
+        suspended = list(self.procs)  # RESUME abort reaches them all on failure
         try:
+            # plugins with hardware that cannot be imaged let go of it while
+            # the application still runs (docs/PROTOCOL.md)
+            await self._phase("STOP")
+            await self._phase("RELEASE")
             threads = await self._phase("SUSPEND")
             await self._phase("DRAIN")
             mode = " fork" if self.forked else ""

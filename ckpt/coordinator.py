@@ -19,6 +19,7 @@ from ckpt.wire import escape, split_line, unescape
 
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
 TERMINATE_TIMEOUT = 2.0  # a process busy elsewhere is killed without it
+NAME_SERVICE = ("PUT", "MPUT", "CLAIM", "GET", "MWAIT", "INCR", "AWAIT")
 
 
 def stderr_warning(message):
@@ -53,6 +54,7 @@ class Coordinator:
         self.line_max = self.headers.const("CKPT_LINE_MAX")
         self.processes = []
         self.names = {}
+        self._names_changed = asyncio.Event()
         self.checkpoints_taken = 0
         self.last_checkpoint = None
         self.killed = asyncio.Event()
@@ -107,6 +109,8 @@ class Coordinator:
                 await self._serve_process(rest, reader, writer)
             elif word == "CLIENT":
                 await self._serve_client(rest, writer)
+            elif word == "KV":
+                await self._serve_names(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError):
             pass  # a peer that vanishes or talks nonsense is simply dropped
         except asyncio.CancelledError:
@@ -155,19 +159,95 @@ class Coordinator:
             proc.replies.put_nowait((word, rest))
         elif word == "WARN":
             self.note(f"{proc.describe()}: {unescape(rest)}")
-        elif word == "PUT":
-            key, _, value = rest.partition(" ")
-            self.names[key] = value
-            await proc.send("OK")
-        elif word == "CLAIM":  # PUT unless taken: the first process wins
-            key, _, value = rest.partition(" ")
-            owner = self.names.setdefault(key, value)
-            await proc.send("OK" if owner == value else f"VAL {owner}")
-        elif word == "GET":
-            value = self.names.get(rest.strip())
-            await proc.send("NONE" if value is None else f"VAL {value}")
+        elif word in NAME_SERVICE:
+            await proc.send(await self._name_service(word, rest))
         else:
             self.warn(f"{proc.describe()} sent an unknown message {word!r}")
+
+    # ---- name service -----------------------------------------------------
+
+    async def _serve_names(self, reader, writer):
+        """A connection of a plugin's own thread: name service only."""
+        while line := await reader.readline():
+            word, rest = split_line(line)
+            if word not in NAME_SERVICE:
+                await self._reply(writer, f"ERR unknown message {word}")
+                return
+            await self._reply(writer, await self._name_service(word, rest))
+
+    def _put(self, key, value):
+        self.names[key] = value
+        self._names_changed.set()
+        self._names_changed = asyncio.Event()
+
+    def _count(self, key):
+        try:
+            return int(self.names.get(key, "0"))
+        except ValueError:
+            return 0
+
+    async def _await_count(self, seconds, key, n):
+        """A barrier of the processes that count themselves in with INCR."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self._count(key) < n:
+            left = deadline - loop.time()
+            if left <= 0:
+                return f"NONE {self._count(key)}"
+            try:
+                await asyncio.wait_for(self._names_changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        return f"VAL {self._count(key)}"
+
+    async def _name_service(self, word, rest):
+        """The answer to one name-service request (docs/PROTOCOL.md)."""
+        if word == "PUT":
+            key, _, value = rest.partition(" ")
+            self._put(key, value)
+            return "OK"
+        if word == "MPUT":  # k1 v1 k2 v2 ...: many ids in one round trip
+            fields = rest.split()
+            for key, value in zip(fields[0::2], fields[1::2]):
+                self._put(key, value)
+            return "OK"
+        if word == "CLAIM":  # PUT unless taken: the first process wins
+            key, _, value = rest.partition(" ")
+            if key not in self.names:
+                self._put(key, value)
+            owner = self.names[key]
+            return "OK" if owner == value else f"VAL {owner}"
+        if word == "GET":
+            value = self.names.get(rest.strip())
+            return "NONE" if value is None else f"VAL {value}"
+        if word == "INCR":  # a counter: processes count themselves in
+            key = rest.strip()
+            try:
+                count = int(self.names.get(key, "0")) + 1
+            except ValueError:
+                return f"ERR {key} is not a counter"
+            self._put(key, str(count))
+            return f"VAL {count}"
+        if word == "AWAIT":  # AWAIT seconds key n: until counter key reaches n
+            fields = rest.split()
+            if len(fields) != 3:
+                return "ERR malformed AWAIT"
+            return await self._await_count(float(fields[0]), fields[1], int(fields[2]))
+        # MWAIT seconds k1 k2 ...: every value, once all are there
+        fields = rest.split()
+        if not fields:
+            return "NONE"
+        deadline = asyncio.get_running_loop().time() + float(fields[0])
+        keys = fields[1:]
+        while not all(k in self.names for k in keys):
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return "NONE " + " ".join(k for k in keys if k not in self.names)
+            try:
+                await asyncio.wait_for(self._names_changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        return "VAL " + " ".join(self.names[k] for k in keys)
 
     def note(self, message):
         """A warning for the launcher's stderr and the running checkpoint's reply.

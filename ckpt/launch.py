@@ -11,7 +11,7 @@ import struct
 from ckpt.config import Config
 from ckpt.errors import CkptError
 from ckpt.jobs import check_job_id
-from ckpt.native import shim_path
+from ckpt.native import preload_libraries
 from ckpt.session import JobSession, announce
 
 PT_INTERP = 3
@@ -112,7 +112,7 @@ def launch(command, config: Config, job_id=None):
         raise CkptError("no command given (ckpt launch [options] -- CMD ARGS...)", exit_code=2)
     job_id = check_job_id(job_id) if job_id else new_job_id()
     check_program(command[0])
-    shim = shim_path()
+    shim = preload_libraries()
     return asyncio.run(_run(command, config, job_id, shim))
 
 

@@ -7,6 +7,7 @@ from ckpt.errors import CkptError
 
 SHIM_NAME = "libckpt.so"
 RESTART_NAME = "ckpt-restart"
+PLUGINS = ("ib",)
 
 
 def native_dir():
@@ -26,6 +27,18 @@ def shim_path():
     if not path.is_file():
         raise CkptError(f"checkpoint shim {path} not found (build native/ or set CKPT_NATIVE_DIR)")
     return path
+
+
+def preload_libraries():
+    """The shim, then the plugins that are built (plugins/<name>/libckpt_<name>.so):
+    a plugin finds the shim's services already loaded."""
+    libs = [shim_path()]
+    plugins = native_dir().parent / "plugins"
+    for name in PLUGINS:
+        lib = plugins / name / f"libckpt_{name}.so"
+        if lib.is_file():
+            libs.append(lib)
+    return ":".join(str(lib) for lib in libs)
 
 
 def restart_binary():

@@ -40,6 +40,11 @@ int ckpt_kv_put(const char *key, const char *value);
 __attribute__((visibility("default")))
 int ckpt_kv_get(const char *key, char *value, size_t size);	/* ENOENT if absent */
 
+/* The coordinator's socket, for a plugin thread that opens a connection
+ * of its own ("KV" first line: name service only, see docs/PROTOCOL.md). */
+__attribute__((visibility("default")))
+const char *ckpt_coordinator_path(void);
+
 /* Report a one-line problem to the coordinator (printed to the user). */
 void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2), visibility("default")));
 

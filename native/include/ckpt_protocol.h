@@ -26,7 +26,13 @@ enum ckpt_phase {
 	 * TCP connections are reset, so no TIME_WAIT keeps their ports
 	 * from a restart on this host */
 	CKPT_PHASE_TERMINATE = 7,
-	CKPT_PHASE_COUNT = 8
+	/* before SUSPEND, with the application running: plugins whose
+	 * hardware cannot be imaged stop issuing work and complete what is
+	 * outstanding (STOP), then collect what is in flight towards them and
+	 * release the hardware (RELEASE), job-wide barriers in between */
+	CKPT_PHASE_STOP = 8,
+	CKPT_PHASE_RELEASE = 9,
+	CKPT_PHASE_COUNT = 10
 };
 
 #define CKPT_PROTOCOL_VERSION 1
@@ -37,6 +43,7 @@ static inline const char *ckpt_phase_name(enum ckpt_phase p)
 {
 	static const char *const names[CKPT_PHASE_COUNT] = {
 		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL", "SYNC", "TERMINATE",
+		"STOP", "RELEASE",
 	};
 	return (unsigned)p < CKPT_PHASE_COUNT ? names[p] : "?";
 }

@@ -179,6 +179,10 @@ static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 		reply(CKPT_PHASE_REFILL, 0, NULL);
 	else if (!strcmp(name, "TERMINATE") && !run_hooks(CKPT_PHASE_TERMINATE, seq, 0))
 		reply(CKPT_PHASE_TERMINATE, 0, NULL);
+	else if (!strcmp(name, "STOP") && !run_hooks(CKPT_PHASE_STOP, seq, 0))
+		reply(CKPT_PHASE_STOP, 0, NULL);
+	else if (!strcmp(name, "RELEASE") && !run_hooks(CKPT_PHASE_RELEASE, seq, 0))
+		reply(CKPT_PHASE_RELEASE, 0, NULL);
 	return 0;
 }
 
@@ -398,6 +402,11 @@ static void checkpointer_atfork_child(void)
 
 /* The coordinator this process talks to (a new one after a restart). */
 const char *checkpointer_coord_path(void)
+{
+	return coord_path;
+}
+
+SHIM_EXPORT const char *ckpt_coordinator_path(void)
 {
 	return coord_path;
 }

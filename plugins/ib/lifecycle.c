@@ -1,0 +1,389 @@
+/*
+ * The plugin's part in a checkpoint.  The checkpoint thread runs the hooks
+ * but cannot call the verbs library (it has no fd table of the
+ * application's and must not take the library's locks), so the work is
+ * done by the plugin's agent, an ordinary thread of the application:
+ *
+ *   STOP     close the gate (no new verbs calls), poll the CQs into their
+ *            pending queues until every signaled send has completed;
+ *   RELEASE  (after every process has stopped) collect the completions
+ *            still arriving, then destroy every real object and close the
+ *            devices: the image then holds no device state at all;
+ *   RESUME   the agent rebuilds everything (rebuild.c) once the threads
+ *            run again, and opens the gate; on a restart the same.
+ *
+ * A checkpoint that fails after STOP opens the gate again (RESUME abort).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include "ckpt_plugin.h"
+#include "ib.h"
+
+#define STOP_TIMEOUT_NS (10 * 1000000000LL)
+#define QUIET_NS (20 * 1000000LL)	/* no completion for this long: nothing in flight */
+#define HOOK_TIMEOUT_MS 20000
+
+enum ib_state { IB_RUNNING, IB_STOPPED, IB_RELEASED };
+enum agent_request { REQ_NONE, REQ_STOP, REQ_RELEASE, REQ_REBUILD };
+
+static _Atomic int state = IB_RUNNING;
+static _Atomic int request = REQ_NONE;
+static _Atomic int done_seq;		/* bumped when a request is finished */
+static _Atomic int result;
+static char why[200];			/* reason for a failed request */
+static unsigned resume_epoch;
+static unsigned stop_seq;
+static long members;			/* verbs processes in the last checkpoint */
+static pthread_once_t agent_once = PTHREAD_ONCE_INIT;
+static int agent_started;
+
+static void (*hook_fail)(const char *fmt, ...);
+static void (*warn)(const char *fmt, ...);
+
+void ib_log(const char *fmt, ...)
+{
+	char msg[300];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (warn)
+		warn("ib: %s", msg);
+	else
+		fprintf(stderr, "ckpt: ib: %s\n", msg);
+}
+
+/* CKPT_IB_DEBUG=1: what the rebuild did, on stderr. */
+void ib_debug(const char *fmt, ...)
+{
+	static int on = -1;
+	char msg[400];
+	va_list ap;
+
+	if (on < 0)
+		on = getenv("CKPT_IB_DEBUG") != NULL;
+	if (!on)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "ckpt-ib[%d]: %s\n", getpid(), msg);
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void futex_wait(_Atomic int *word, int value, int64_t timeout_ns)
+{
+	struct timespec ts = { timeout_ns / 1000000000LL, timeout_ns % 1000000000LL };
+
+	syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, value, timeout_ns ? &ts : NULL, NULL, 0);
+}
+
+static void futex_wake(_Atomic int *word)
+{
+	syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+int ib_cq_push_pending(struct ib_cq *cq, const struct ibv_wc *wc)
+{
+	if ((cq->pending_tail + 1) % (cq->pending_cap ? cq->pending_cap : 1) == cq->pending_head) {
+		unsigned cap = cq->pending_cap ? cq->pending_cap * 2 : 64, n = 0;
+		struct ibv_wc *ring = malloc(cap * sizeof(*ring));
+
+		if (!ring)
+			return ENOMEM;
+		while (cq->pending_head != cq->pending_tail) {
+			ring[n++] = cq->pending[cq->pending_head];
+			cq->pending_head = (cq->pending_head + 1) % cq->pending_cap;
+		}
+		free(cq->pending);
+		cq->pending = ring;
+		cq->pending_cap = cap;
+		cq->pending_head = 0;
+		cq->pending_tail = n;
+	}
+	cq->pending[cq->pending_tail] = *wc;
+	cq->pending_tail = (cq->pending_tail + 1) % cq->pending_cap;
+	return 0;
+}
+
+/* Every completion the devices have now, into the pending queues. */
+static int collect(int *err)
+{
+	struct ibv_wc wc[32];
+	int total = 0;
+
+	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next)
+		for (struct ib_cq *cq = ctx->cqs; cq; cq = cq->next) {
+			int got;
+
+			while ((got = ib_poll_real(cq, 32, wc)) > 0) {
+				for (int i = 0; i < got && !*err; i++)
+					*err = ib_cq_push_pending(cq, &wc[i]);
+				total += got;
+			}
+		}
+	return total;
+}
+
+static int sends_outstanding(void)
+{
+	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next)
+		for (struct ib_qp *qp = ctx->qps; qp; qp = qp->next)
+			if (atomic_load(&qp->sends_pending) > 0)
+				return 1;
+	return 0;
+}
+
+static int do_stop(void)
+{
+	int64_t deadline = now_ns() + STOP_TIMEOUT_NS;
+	struct timespec nap = { 0, 100000 };
+	int err = 0;
+
+	ib_gate_close();
+	/* count ourselves in: the rebuild waits for this many processes */
+	err = ib_kv_count_in(stop_seq, "members", NULL);
+	if (err) {
+		snprintf(why, sizeof(why), "cannot reach the coordinator: %s", strerror(err));
+		ib_gate_open();
+		return err;
+	}
+	for (;;) {
+		collect(&err);
+		if (err || !sends_outstanding())
+			break;
+		if (now_ns() > deadline) {
+			snprintf(why, sizeof(why), "sends did not complete within %lld s",
+				 STOP_TIMEOUT_NS / 1000000000LL);
+			err = ETIMEDOUT;
+			break;
+		}
+		nanosleep(&nap, NULL);
+	}
+	if (err) {
+		ib_gate_open();
+		return err;
+	}
+	atomic_store(&state, IB_STOPPED);
+	return 0;
+}
+
+/* The application's fd numbers stay taken, by /dev/null, until rebuilt. */
+static void hold_fd(int fd)
+{
+	int null;
+
+	if (fd < 0)
+		return;
+	null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null >= 0 && null != fd) {
+		dup3(null, fd, O_CLOEXEC);
+		close(null);
+	}
+}
+
+static void release_ctx(struct ib_ctx *ctx)
+{
+	for (struct ib_ah *ah = ctx->ahs; ah; ah = ah->next)
+		if (ib_real.destroy_ah(ah->real))
+			ib_log("releasing an address handle: %s", strerror(errno));
+	for (struct ib_qp *qp = ctx->qps; qp; qp = qp->next)
+		if (ib_real.destroy_qp(qp->real))
+			ib_log("releasing QP %u: %s", qp->ibv.qp_num, strerror(errno));
+	for (struct ib_srq *srq = ctx->srqs; srq; srq = srq->next)
+		ib_real.destroy_srq(srq->real);
+	for (struct ib_cq *cq = ctx->cqs; cq; cq = cq->next) {
+		if (cq->events_unacked)	/* the real CQ cannot go with events unacked */
+			ib_real.ack_cq_events(cq->real, cq->events_unacked);
+		cq->events_unacked = 0;
+		ib_real.destroy_cq(cq->real);
+	}
+	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next) {
+		ib_real.destroy_comp_channel(ch->real);
+		hold_fd(ch->ibv.fd);
+	}
+	for (struct ib_mr *mr = ctx->mrs; mr; mr = mr->next)
+		ib_real.dereg_mr(mr->real);
+	for (struct ib_pd *pd = ctx->pds; pd; pd = pd->next)
+		ib_real.dealloc_pd(pd->real);
+	ib_real.close_device(ctx->real);
+	ctx->real = NULL;
+	hold_fd(ctx->ibv.async_fd);
+	hold_fd(ctx->ibv.cmd_fd);
+}
+
+static int do_release(void)
+{
+	int64_t quiet_since = now_ns();
+	struct timespec nap = { 0, 200000 };
+	int err = 0;
+
+	while (now_ns() - quiet_since < QUIET_NS && !err) {
+		if (collect(&err))
+			quiet_since = now_ns();
+		nanosleep(&nap, NULL);
+	}
+	if (err) {
+		snprintf(why, sizeof(why), "cannot keep the collected completions: %s",
+			 strerror(err));
+		return err;
+	}
+	err = ib_kv_members(stop_seq, &members);
+	if (err) {
+		snprintf(why, sizeof(why), "cannot reach the coordinator: %s", strerror(err));
+		return err;
+	}
+	pthread_mutex_lock(&ib_objects_lock);
+	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next)
+		release_ctx(ctx);
+	ib_idmap_clear(&ib_ids.qp_by_real);
+	pthread_mutex_unlock(&ib_objects_lock);
+	ib_kv_reset();		/* not part of the image: the coordinator may change */
+	atomic_store(&state, IB_RELEASED);
+	return 0;
+}
+
+static void *agent_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		int req = atomic_exchange(&request, REQ_NONE), err = 0;
+
+		if (req == REQ_NONE) {
+			futex_wait(&request, REQ_NONE, 0);
+			continue;
+		}
+		why[0] = '\0';
+		if (req == REQ_STOP)
+			err = do_stop();
+		else if (req == REQ_RELEASE)
+			err = do_release();
+		else if (req == REQ_REBUILD) {
+			ib_ids.epoch = resume_epoch;
+			err = ib_rebuild(members);
+			atomic_store(&state, IB_RUNNING);
+			ib_gate_open();
+		}
+		atomic_store(&result, err);
+		atomic_fetch_add(&done_seq, 1);
+		futex_wake(&done_seq);
+	}
+	return NULL;
+}
+
+static void start_agent(void)
+{
+	pthread_t tid;
+	sigset_t all, old;
+
+	/* the agent takes no signal of the application's */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	agent_started = pthread_create(&tid, NULL, agent_main, NULL) == 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (agent_started)
+		pthread_setname_np(tid, "ckpt-ib");
+}
+
+void ib_agent_start(void)
+{
+	pthread_once(&agent_once, start_agent);
+}
+
+/* From the checkpoint thread: hand req to the agent and wait for it. */
+static int ask_agent(int req, int wait)
+{
+	int seq = atomic_load(&done_seq);
+	int64_t deadline = now_ns() + HOOK_TIMEOUT_MS * 1000000LL;
+
+	atomic_store(&request, req);
+	futex_wake(&request);
+	if (!wait)
+		return 0;
+	while (atomic_load(&done_seq) == seq) {
+		int64_t left = deadline - now_ns();
+
+		if (left <= 0) {
+			snprintf(why, sizeof(why), "the verbs agent did not answer");
+			return ETIMEDOUT;
+		}
+		futex_wait(&done_seq, seq, left);
+	}
+	return atomic_load(&result);
+}
+
+static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
+{
+	int err = 0;
+
+	(void)arg;
+	if (!agent_started)
+		return 0;	/* never opened a device */
+	switch (ctx->phase) {
+	case CKPT_PHASE_STOP:
+		stop_seq = ctx->seq;
+		err = ask_agent(REQ_STOP, 1);
+		break;
+	case CKPT_PHASE_RELEASE:
+		if (atomic_load(&state) == IB_STOPPED)
+			err = ask_agent(REQ_RELEASE, 1);
+		break;
+	case CKPT_PHASE_RESUME:
+		/* the agent runs once the threads do: nothing waits for it here */
+		if (atomic_load(&state) == IB_RELEASED) {
+			resume_epoch = ctx->seq;
+			ask_agent(REQ_REBUILD, 0);
+		} else if (atomic_load(&state) == IB_STOPPED) {
+			atomic_store(&state, IB_RUNNING);
+			ib_gate_open();
+		}
+		break;
+	default:
+		break;
+	}
+	if (err && hook_fail)
+		hook_fail("%s", why[0] ? why : strerror(err));
+	return err;
+}
+
+static void forget_after_fork(void)
+{
+	/* the child has no agent and no devices of its own */
+	ib_ids.owner[0] = '\0';
+	agent_started = 0;
+	agent_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+	ib_kv_forget();
+}
+
+__attribute__((constructor)) static void ib_plugin_init(void)
+{
+	static const struct ckpt_plugin plugin = { .name = "ib", .hook = hook };
+	int (*reg)(const struct ckpt_plugin *) =
+		(int (*)(const struct ckpt_plugin *))dlsym(RTLD_DEFAULT, "ckpt_plugin_register");
+
+	hook_fail = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_hook_fail");
+	warn = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_warn");
+	if (reg)
+		reg(&plugin);
+	pthread_atfork(NULL, NULL, forget_after_fork);
+}
