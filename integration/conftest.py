@@ -17,6 +17,7 @@ def built():
     """Native code and test programs, built once per run."""
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "apps")], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "plugins" / "ib")], check=True)
     become_subreaper()
     yield
     reap_orphans()

@@ -65,6 +65,7 @@ class Session:
     root: Path
     user: User = field(default_factory=User)
     rng: random.Random = field(default_factory=random.Random)
+    extra_env: dict = field(default_factory=dict)  # e.g. softverbs for verbs jobs
 
     def __post_init__(self):
         self.root.mkdir(parents=True, exist_ok=True)
@@ -85,6 +86,7 @@ class Session:
         env["CKPT_CONFIG"] = str(self.root / "no-config.yaml")
         env["PYTHONPATH"] = str(REPO)
         env.pop("LD_PRELOAD", None)
+        env.update(self.extra_env)
         return env
 
     def ckpt_argv(self, *args):
@@ -101,8 +103,8 @@ class Session:
     def reference(self, app, *args):
         """The output of an uninterrupted run, without ckpt."""
         proc = subprocess.run(self.user.wrap(command(app, *args)),
-                              cwd=self.work, capture_output=True, text=True,
-                              timeout=300)
+                              cwd=self.work, env=self.env(), capture_output=True,
+                              text=True, timeout=300)
         assert proc.returncode == 0, f"{app} failed without ckpt: {proc.stdout}"
         return proc.stdout
 

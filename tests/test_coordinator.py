@@ -248,6 +248,47 @@ def test_put_get(workdir):
     run(scenario())
 
 
+async def name_service(path):
+    """A plugin thread's own connection: name service only."""
+    reader, writer = await asyncio.open_unix_connection(path)
+    writer.write(b"KV\n")
+
+    async def ask(line):
+        writer.write(f"{line}\n".encode())
+        await writer.drain()
+        return (await reader.readline()).decode().strip()
+    return ask, writer
+
+
+def test_name_service_connection_batches_counters_and_waits(workdir):
+    async def scenario():
+        async with Harness(workdir) as h:
+            ask, writer = await name_service(h.coord.socket_path)
+            other, other_writer = await name_service(h.coord.socket_path)
+            assert await ask("MPUT ib:1:qp:5 7.9.a ib:1:lid:7 8") == "OK"
+            assert await other("GET ib:1:lid:7") == "VAL 8"
+            assert await other("MWAIT 1 ib:1:qp:5 ib:1:lid:7") == "VAL 7.9.a 8"
+            # MWAIT blocks until every key is there, or says which are missing
+            waiting = asyncio.ensure_future(other("MWAIT 5 ib:1:qp:6 ib:1:lid:7"))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            assert await ask("PUT ib:1:qp:6 1.2.b") == "OK"
+            assert await waiting == "VAL 1.2.b 8"
+            assert await ask("MWAIT 0.1 ib:1:qp:99") == "NONE ib:1:qp:99"
+            # a counter barrier: AWAIT returns once the count is reached
+            assert await ask("INCR ib:1:ready") == "VAL 1"
+            waiting = asyncio.ensure_future(ask("AWAIT 5 ib:1:ready 2"))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            assert await other("INCR ib:1:ready") == "VAL 2"
+            assert await waiting == "VAL 2"
+            assert await other("AWAIT 0.1 ib:1:ready 3") == "NONE 2"
+            assert (await other("CHECKPOINT now")).startswith("ERR")
+            writer.close()
+            other_writer.close()
+    run(scenario())
+
+
 def test_status_and_unknown_command(workdir):
     async def scenario():
         async with Harness(workdir) as h:

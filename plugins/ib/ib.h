@@ -30,6 +30,7 @@
 #define IB_MAX_PORTS 4
 #define IB_MAX_SGE 16
 #define IB_MAX_HISTORY 8
+#define IB_HISTORY_KEEP 3	/* INIT, RTR, RTS */
 
 struct ib_ctx;
 
@@ -233,6 +234,10 @@ void ib_qp_real_init(const struct ib_qp *qp, struct ibv_qp_init_attr *real);
 void ib_qp_resolve_peer(struct ib_qp *qp, uint32_t dest_vqpn);
 void ib_real_qp_attr(struct ibv_qp_attr *attr, int mask);
 void ib_agent_start(void);
+
+/* QP transitions (history.c). */
+void ib_history_record(struct ib_qp *qp, const struct ibv_qp_attr *attr, int mask);
+const struct ibv_qp_attr *ib_history_last(const struct ib_qp *qp, int field);
 
 /* Receive logs (recvlog.c). */
 int ib_recv_log_init(struct ib_recv_log *log, unsigned cap);

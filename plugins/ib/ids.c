@@ -131,6 +131,7 @@ uint32_t ib_real_rkey(struct ib_qp *qp, uint32_t vrkey)
 	if (lookup(value, sizeof(value), "mr:%s:%u", qp->peer_owner, vrkey) == 0)
 		v = strtoul(value, NULL, 10);
 	cache(&qp->rkeys, vrkey, v);
+	ib_debug("remote rkey %#x of %s is %#x", vrkey, qp->peer_owner, (unsigned)v);
 	return (uint32_t)v;
 }
 

@@ -169,6 +169,9 @@ static int replay(struct ib_ctx *ctx)
 			int mask = qp->history[i].mask;
 
 			ib_real_qp_attr(&attr, mask);
+			ib_debug("QP %#x: transition to %d, mask %#x, dest %#x, dlid %#x, "
+				 "rq_psn %#x, sq_psn %#x", qp->ibv.qp_num, attr.qp_state, mask,
+				 attr.dest_qp_num, attr.ah_attr.dlid, attr.rq_psn, attr.sq_psn);
 			if (ib_real.modify_qp(qp->real, &attr, mask)) {
 				ib_log("QP %u: replaying transition %u: %s", qp->ibv.qp_num, i,
 				       strerror(errno));
@@ -228,23 +231,28 @@ int ib_rebuild(long members)
 	if (!err)
 		err = publish();
 	pthread_mutex_unlock(&ib_objects_lock);
-	if (err) {
+	if (err)
 		ib_log("rebuilding the verbs objects failed: %s", strerror(err));
-		return err;
-	}
 	/* every verbs process of the job has published before anyone looks up */
 	if (!ib_kv_count_in(ib_ids.epoch, "published", NULL) &&
 	    ib_kv_await(ib_ids.epoch, "published", members, PEER_WAIT_S))
 		ib_log("not every verbs process rebuilt within %d s", PEER_WAIT_S);
-	wait_for_peers();
-	pthread_mutex_lock(&ib_objects_lock);
-	for (struct ib_ctx *ctx = ib_contexts; ctx && !err; ctx = ctx->next) {
-		err = replay(ctx);
-		if (!err)
-			err = repost(ctx);
+	if (!err) {
+		wait_for_peers();
+		pthread_mutex_lock(&ib_objects_lock);
+		for (struct ib_ctx *ctx = ib_contexts; ctx && !err; ctx = ctx->next) {
+			err = replay(ctx);
+			if (!err)
+				err = repost(ctx);
+		}
+		pthread_mutex_unlock(&ib_objects_lock);
+		if (err)
+			ib_log("rebuilding the verbs objects failed: %s", strerror(err));
 	}
-	pthread_mutex_unlock(&ib_objects_lock);
-	if (err)
-		ib_log("rebuilding the verbs objects failed: %s", strerror(err));
+	/* nobody sends before every receiver's queues are ready again: a UD
+	 * message to a QP not yet in RTR, or with no receive posted, is lost */
+	if (!ib_kv_count_in(ib_ids.epoch, "ready", NULL) &&
+	    ib_kv_await(ib_ids.epoch, "ready", members, PEER_WAIT_S))
+		ib_log("not every verbs process was ready within %d s", PEER_WAIT_S);
 	return err;
 }

@@ -600,22 +600,6 @@ void ib_real_qp_attr(struct ibv_qp_attr *attr, int mask)
 		attr->dest_qp_num = ib_real_qpn(attr->dest_qp_num);
 }
 
-static void record_transition(struct ib_qp *qp, const struct ibv_qp_attr *attr, int mask)
-{
-	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET)
-		qp->nhistory = 0;
-	if (qp->nhistory == IB_MAX_HISTORY) {	/* keep the first, drop the oldest after it */
-		memmove(&qp->history[1], &qp->history[2],
-			(IB_MAX_HISTORY - 2) * sizeof(qp->history[0]));
-		qp->nhistory--;
-	}
-	qp->history[qp->nhistory].attr = *attr;
-	qp->history[qp->nhistory].mask = mask;
-	qp->nhistory++;
-	if (mask & IBV_QP_STATE)
-		qp->ibv.state = attr->qp_state;
-}
-
 IB_EXPORT int ibv_modify_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mask)
 {
 	struct ib_qp *qp = qp_of(vqp);
@@ -628,19 +612,10 @@ IB_EXPORT int ibv_modify_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int ma
 	ib_leave();
 	if (err)
 		return err;
-	record_transition(qp, attr, mask);
+	ib_history_record(qp, attr, mask);
 	if (mask & IBV_QP_DEST_QPN)
 		ib_qp_resolve_peer(qp, attr->dest_qp_num);
 	return 0;
-}
-
-/* The last value the application set for a field, from the history. */
-static const struct ibv_qp_attr *last_set(const struct ib_qp *qp, int field)
-{
-	for (unsigned i = qp->nhistory; i-- > 0;)
-		if (qp->history[i].mask & field)
-			return &qp->history[i].attr;
-	return NULL;
 }
 
 IB_EXPORT int ibv_query_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mask,
@@ -655,11 +630,11 @@ IB_EXPORT int ibv_query_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mas
 	ib_leave();
 	if (err)
 		return err;
-	if ((set = last_set(qp, IBV_QP_AV)))
+	if ((set = ib_history_last(qp, IBV_QP_AV)))
 		attr->ah_attr = set->ah_attr;
-	if ((set = last_set(qp, IBV_QP_ALT_PATH)))
+	if ((set = ib_history_last(qp, IBV_QP_ALT_PATH)))
 		attr->alt_ah_attr = set->alt_ah_attr;
-	if ((set = last_set(qp, IBV_QP_DEST_QPN)))
+	if ((set = ib_history_last(qp, IBV_QP_DEST_QPN)))
 		attr->dest_qp_num = set->dest_qp_num;
 	if (init) {
 		struct ibv_qp_cap cap = init->cap;

@@ -1,0 +1,137 @@
+"""Verbs jobs on softverbs under the InfiniBand plugin (issue 5).
+
+Every restart reopens the device in a new adapter incarnation, so the real
+LIDs and QP numbers differ from the ones the programs exchanged; the
+plugin's debug lines (CKPT_IB_DEBUG) say what they became, and the tests
+check that they did change.  The programs then finish as an uninterrupted
+run does: the ibverbs-utils pingpongs report their iterations (rc_pingpong
+validating every buffer), ud_mesh and rc_rdma check every message, payload
+and RDMA transfer themselves and print the same RESULT.
+"""
+import re
+import subprocess
+
+import pytest
+
+from harness import REPO, Job, Restart, restart_and_finish
+
+SOFTVERBS = REPO / "native" / "softverbs"
+IB_APPS = REPO / "integration" / "ib" / "bin"
+PINGPONG_ITERS = {"ud": 400000, "rc": 300000}  # several seconds each
+REBUILT = re.compile(r"epoch (\d+): QP (0x[0-9a-f]+) is now (0x[0-9a-f]+) on LID (0x[0-9a-f]+)")
+LOCAL = re.compile(r"local address:\s+LID (0x[0-9a-f]+), QPN (0x[0-9a-f]+)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ib_programs():
+    subprocess.run(["make", "-s", "-C", str(SOFTVERBS)], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "ib")], check=True)
+
+
+@pytest.fixture
+def verbs_session(session):
+    session.extra_env.update({
+        "LD_LIBRARY_PATH": str(SOFTVERBS),
+        "SOFTVERBS_DIR": str(session.root / "fabric"),
+        "CKPT_IB_DEBUG": "1",
+    })
+    return session
+
+
+def pingpong_job(session, kind, port):
+    """Server and client of ibv_<kind>_pingpong in one job, outputs in files."""
+    iters = PINGPONG_ITERS[kind]
+    prog = f"ibv_{kind}_pingpong -d sv0 -p {port} -n {iters}" + (" -c" if kind == "rc" else "")
+    script = (f"{prog} > server.out 2>&1 & sleep 0.5; {prog} localhost > client.out 2>&1 & "
+              "echo READY; wait")
+    for name in ("server.out", "client.out"):
+        (session.work / name).unlink(missing_ok=True)
+    return Job(session, f"{kind}-pp-{port}", ["sh", "-c", script])
+
+
+def check_pingpong_finished(session, kind):
+    """Both sides ran every iteration; returns {side: its output}."""
+    iters = PINGPONG_ITERS[kind]
+    outputs = {}
+    for side in ("server", "client"):
+        text = (session.work / f"{side}.out").read_text()
+        assert f"{iters} iters in" in text, f"{kind} {side} did not finish:\n{text[-2000:]}"
+        assert "Couldn't" not in text and "Failed" not in text, text[-2000:]
+        outputs[side] = text
+    return outputs
+
+
+def check_new_ids(text):
+    """The QP the program knows kept its number; the real one behind it and
+    the LID changed at each rebuild."""
+    local = LOCAL.search(text)
+    assert local, text[-2000:]
+    vlid, vqpn = (int(x, 16) for x in local.groups())
+    rebuilt = [(e, int(q, 16), int(rq, 16), int(rl, 16))
+               for e, q, rq, rl in (m.groups() for m in REBUILT.finditer(text))]
+    assert rebuilt, f"no rebuild in:\n{text[-2000:]}"
+    for _epoch, qpn, real_qpn, real_lid in rebuilt:
+        assert qpn == vqpn
+        assert real_qpn != vqpn and real_lid != vlid
+    return rebuilt
+
+
+@pytest.mark.parametrize("kind", ["ud", "rc"])
+def test_pingpong_checkpoint_kill_restart(verbs_session, kind):
+    s = verbs_session
+    job = pingpong_job(s, kind, 18600 if kind == "ud" else 18601)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(1, 0.8, 1.5)
+    job.kill()
+    r = Restart(s, job.images[0])
+    assert r.wait() == 0, r.stderr
+    for text in check_pingpong_finished(s, kind).values():
+        rebuilt = check_new_ids(text)
+        assert rebuilt[-1][0] == "1"  # the restart's rebuild
+
+
+@pytest.mark.parametrize("kind", ["ud", "rc"])
+def test_pingpong_three_checkpoints_then_a_chain(verbs_session, kind):
+    """Three checkpoints in one run; restart from the last, checkpoint the
+    restarted job, kill it and restart again."""
+    s = verbs_session
+    job = pingpong_job(s, kind, 18610 if kind == "ud" else 18611)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3, 0.5, 0.9)
+    job.kill()
+    assert len(job.images) == 3
+    restarted = Restart(s, job.images[-1])
+    job.checkpoint_at_random_moments(1, 0.5, 0.9)
+    s.ckpt("kill", job.id)
+    restarted.wait()
+    r = Restart(s, job.images[-1])
+    assert r.wait() == 0, r.stderr
+    for text in check_pingpong_finished(s, kind).values():
+        epochs = [e for e, *_ in check_new_ids(text)]
+        assert epochs[:3] == ["1", "2", "3"] and epochs[-1] == "4", epochs
+
+
+def test_ud_mesh_every_message_exactly_once(verbs_session):
+    """12 processes, all-to-all over UD: checkpoints during the exchange,
+    kill, restart on new ids; every message arrives once, intact."""
+    s = verbs_session
+    args = ["12", "1500", "1"]
+    reference = s.reference([IB_APPS / "ud_mesh"], *args)
+    assert "PASS" in reference
+    job = Job(s, "ud-mesh", [IB_APPS / "ud_mesh"], *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.3, 0.8)
+    job.kill()
+    assert restart_and_finish(s, job.images[-1], job) == reference
+
+
+def test_rc_rdma_with_keys_from_before_the_checkpoint(verbs_session):
+    s = verbs_session
+    args = ["3000", "1"]
+    reference = s.reference([IB_APPS / "rc_rdma"], *args)
+    job = Job(s, "rc-rdma", [IB_APPS / "rc_rdma"], *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.3, 0.8)
+    job.kill()
+    for image in (job.images[0], job.images[-1]):
+        assert restart_and_finish(s, image, job) == reference
