@@ -13,6 +13,12 @@
 
 static pthread_mutex_t kv_lock = PTHREAD_MUTEX_INITIALIZER;
 static int kv_fd = -1;
+static unsigned long kv_requests;	/* for the benchmark: rounds per rebuild */
+
+unsigned long ib_kv_requests(void)
+{
+	return kv_requests;
+}
 
 static const char *coordinator_path(void)
 {
@@ -87,6 +93,7 @@ int ib_kv_request(const char *request, char *answer, size_t size)
 	int err = 0;
 
 	pthread_mutex_lock(&kv_lock);
+	kv_requests++;
 	if (kv_fd < 0)
 		err = kv_connect();
 	if (!err)

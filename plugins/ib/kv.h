@@ -14,6 +14,7 @@ int ib_kv_request(const char *request, char *answer, size_t size);
 /* Forget the connection (the coordinator changed: a restart). */
 void ib_kv_reset(void);
 void ib_kv_forget(void);
+unsigned long ib_kv_requests(void);
 
 /* A buffer of "MPUT k v k v ..." lines, sent when full or flushed. */
 struct ib_kv_batch {

@@ -279,8 +279,13 @@ static void *agent_main(void *arg)
 		else if (req == REQ_RELEASE)
 			err = do_release();
 		else if (req == REQ_REBUILD) {
+			int64_t t0 = now_ns();
+			unsigned long k0 = ib_kv_requests();
+
 			ib_ids.epoch = resume_epoch;
 			err = ib_rebuild(members);
+			ib_debug("rebuilt in %.3f ms with %lu name-service requests",
+				 (now_ns() - t0) / 1e6, ib_kv_requests() - k0);
 			atomic_store(&state, IB_RUNNING);
 			ib_gate_open();
 		}

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""IB plugin benchmark: the verbs data path with the plugin loaded vs without
+it, over softverbs, and the time to rebuild all verbs state at a checkpoint.
+
+  * per operation: an empty ibv_poll_cq, and an 8-byte UD send to the
+    process's own QP with its receive and both completions (verbs_ops);
+  * between two processes (svbench): RC and UD 8-byte one-way latency and
+    the message rate of 8-byte messages in windows of 32;
+  * rebuild: a process with Q UD QPs and A address handles under
+    `ckpt launch`; one checkpoint releases and rebuilds them all.  The
+    plugin reports the rebuild's time and how many name-service requests
+    it made (the id exchange: a constant number of rounds, not one per
+    object).
+
+Plain and plugin runs alternate, several repetitions, medians: these
+machines are noisy.  Targets (issue 5): under 100 ns added per operation,
+message rate ratio at least 0.95, rebuild time growing linearly.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import softverbs_bench as svb  # noqa: E402  (its svbench runner)
+
+SV = os.path.join(ROOT, "native", "softverbs")
+PLUGIN = os.path.join(ROOT, "plugins", "ib", "libckpt_ib.so")
+REBUILT = re.compile(r"rebuilt in ([\d.]+) ms with (\d+) name-service requests")
+
+
+def build(tmp):
+    subprocess.run(["make", "-s", "-C", ROOT, "native", "plugins", "softverbs"], check=True)
+    svb.build(tmp)
+    for name in ("verbs_ops", "ah_scale"):
+        subprocess.run(["gcc", "-O2", "-Wall", "-o", os.path.join(tmp, name),
+                        os.path.join(ROOT, "bench", "ib", name + ".c"), "-libverbs"],
+                       check=True)
+
+
+def env_for(tmp, plugin):
+    env = dict(os.environ, LD_LIBRARY_PATH=SV, SOFTVERBS_DIR=os.path.join(tmp, "sv"))
+    env.pop("LD_PRELOAD", None)
+    if plugin:
+        env["LD_PRELOAD"] = PLUGIN
+    return env
+
+
+def verbs_ops(tmp, plugin, iters):
+    out = subprocess.run([os.path.join(tmp, "verbs_ops"), str(iters)], env=env_for(tmp, plugin),
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return dict((k, float(v)) for k, v in (line.split() for line in out.splitlines()))
+
+
+def svbench(tmp, plugin, transport, size, iters, window):
+    saved = os.environ.get("LD_PRELOAD")
+    os.environ.update(env_for(tmp, plugin))  # svb.run_verbs builds its env from os.environ
+    if not plugin:
+        os.environ.pop("LD_PRELOAD", None)
+    try:
+        return svb.run_verbs(tmp, transport, size, iters, window)
+    finally:
+        os.environ.pop("LD_PRELOAD", None)
+        if saved is not None:
+            os.environ["LD_PRELOAD"] = saved
+
+
+def paired(fn, reps):
+    """Medians of fn(False) and fn(True), alternating to share the noise."""
+    plain, plugin = [], []
+    for _ in range(reps):
+        plain.append(fn(False))
+        plugin.append(fn(True))
+    return statistics.median(plain), statistics.median(plugin)
+
+
+def rebuild(tmp, qps, ahs):
+    """(rebuild ms, name-service requests, checkpoint wall s) of one checkpoint."""
+    env = env_for(tmp, False)
+    env.update(CKPT_IB_DEBUG="1", XDG_RUNTIME_DIR=tmp, PYTHONPATH=ROOT)
+    job = f"ahs-{qps}-{ahs}-{os.getpid()}"
+    err_path = os.path.join(tmp, job + ".err")
+    with open(err_path, "w") as err:
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "ckpt", "launch", "--job-id", job, "--ckpt-dir",
+             os.path.join(tmp, "images"), "--", os.path.join(tmp, "ah_scale"), str(qps), str(ahs)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert launch.stdout.readline().strip() == "READY"
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "ckpt", "checkpoint", job], env=env, check=True,
+                       capture_output=True, timeout=300)
+        wall = time.monotonic() - t0
+        deadline = time.monotonic() + 120
+        while not REBUILT.search(open(err_path).read()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        launch.stdin.close()
+        launch.wait(timeout=60)
+    found = REBUILT.search(open(err_path).read())
+    if not found:
+        raise RuntimeError(f"no rebuild reported for {qps} QPs, {ahs} AHs")
+    return float(found.group(1)), int(found.group(2)), wall
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ops", type=int, default=300000)
+    ap.add_argument("--lat-iters", type=int, default=20000)
+    ap.add_argument("--rate-iters", type=int, default=2000)
+    opts = ap.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="ibbench-") as tmp:
+        build(tmp)
+        print("IB plugin: verbs data path over softverbs, plain vs with the plugin "
+              f"(median of {opts.reps})")
+        print(f"{'operation':<34} {'plain':>10} {'plugin':>10} {'added':>9}  target")
+        ops = paired(lambda p: verbs_ops(tmp, p, opts.ops), opts.reps)
+        for key, name in (("poll_ns", "empty poll_cq (ns)"),
+                          ("sendrecv_ns", "UD send+recv+2 polls (ns)")):
+            plain, plugin = ops[0][key], ops[1][key]
+            good = plugin - plain < 100
+            ok &= good
+            print(f"{name:<34} {plain:>10.1f} {plugin:>10.1f} {plugin - plain:>+9.1f}"
+                  f"  < +100 ns {'ok' if good else 'MISSED'}")
+        for transport in ("rc", "ud"):
+            plain, plugin = paired(lambda p: svbench(tmp, p, transport, 8, opts.lat_iters, 0),
+                                   opts.reps)
+            added = (plugin - plain) * 1000
+            good = added < 100
+            ok &= good
+            print(f"{transport.upper() + ' one-way latency 8 B (us)':<34} {plain:>10.2f} "
+                  f"{plugin:>10.2f} {added:>+8.0f}n  < +100 ns {'ok' if good else 'MISSED'}")
+        print()
+        print(f"{'message rate, 8 B, window 32':<34} {'plain':>10} {'plugin':>10} {'ratio':>9}  target")
+        for transport in ("rc", "ud"):
+            plain, plugin = paired(
+                lambda p: svbench(tmp, p, transport, 8, opts.rate_iters, 32), opts.reps)
+            ratio = plugin / plain
+            good = ratio >= 0.95
+            ok &= good
+            print(f"{transport.upper() + ' (Mmsg/s)':<34} {plain / 8:>10.3f} {plugin / 8:>10.3f}"
+                  f" {ratio:>9.3f}  >= 0.95 {'ok' if good else 'MISSED'}")
+        print()
+        print("rebuild of all verbs state at a checkpoint (release, reopen, recreate, "
+              "id exchange, replay)")
+        print(f"{'QPs':>5} {'AHs':>6} {'rebuild ms':>11} {'per object us':>14} "
+              f"{'name-service requests':>22} {'checkpoint s':>13}")
+        for qps, ahs in ((1, 1), (1, 64), (1, 1024), (64, 64), (64, 1024)):
+            ms, requests, wall = sorted(rebuild(tmp, qps, ahs) for _ in range(3))[1]
+            print(f"{qps:>5} {ahs:>6} {ms:>11.2f} {ms * 1000 / (qps + ahs):>14.1f} "
+                  f"{requests:>22} {wall:>13.3f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
