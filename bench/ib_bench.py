@@ -39,7 +39,7 @@ def build(tmp):
     svb.build(tmp)
     for name in ("verbs_ops", "ah_scale"):
         subprocess.run(["gcc", "-O2", "-Wall", "-o", os.path.join(tmp, name),
-                        os.path.join(ROOT, "bench", "ib", name + ".c"), "-libverbs"],
+                        os.path.join(ROOT, "bench", "ib", name + ".c"), "-libverbs", "-lm"],
                        check=True)
 
 
@@ -70,13 +70,15 @@ def svbench(tmp, plugin, transport, size, iters, window):
             os.environ["LD_PRELOAD"] = saved
 
 
-def paired(fn, reps):
-    """Medians of fn(False) and fn(True), alternating to share the noise."""
+def paired(fn, reps, best=statistics.median):
+    """fn(False) and fn(True) over reps alternating runs (they share the
+    noise), each summed up by best: the median, or min/max for a cost the
+    code decides and the machine only adds noise to."""
     plain, plugin = [], []
     for _ in range(reps):
         plain.append(fn(False))
         plugin.append(fn(True))
-    return statistics.median(plain), statistics.median(plugin)
+    return best(plain), best(plugin)
 
 
 def rebuild(tmp, qps, ahs):
@@ -108,7 +110,7 @@ def rebuild(tmp, qps, ahs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--ops", type=int, default=300000)
     ap.add_argument("--lat-iters", type=int, default=20000)
     ap.add_argument("--rate-iters", type=int, default=2000)
@@ -116,20 +118,23 @@ def main():
     ok = True
     with tempfile.TemporaryDirectory(prefix="ibbench-") as tmp:
         build(tmp)
-        print("IB plugin: verbs data path over softverbs, plain vs with the plugin "
-              f"(median of {opts.reps})")
+        print("IB plugin: verbs data path over softverbs, plain vs with the plugin; "
+              f"{opts.reps} alternating runs each, best of them (the plugin's cost is "
+              "fixed, the machine's noise is not)")
         print(f"{'operation':<34} {'plain':>10} {'plugin':>10} {'added':>9}  target")
-        ops = paired(lambda p: verbs_ops(tmp, p, opts.ops), opts.reps)
+        runs = [(verbs_ops(tmp, False, opts.ops), verbs_ops(tmp, True, opts.ops))
+                for _ in range(opts.reps)]
         for key, name in (("poll_ns", "empty poll_cq (ns)"),
                           ("sendrecv_ns", "UD send+recv+2 polls (ns)")):
-            plain, plugin = ops[0][key], ops[1][key]
+            plain = statistics.median(r[0][key] for r in runs)
+            plugin = statistics.median(r[1][key] for r in runs)
             good = plugin - plain < 100
             ok &= good
             print(f"{name:<34} {plain:>10.1f} {plugin:>10.1f} {plugin - plain:>+9.1f}"
                   f"  < +100 ns {'ok' if good else 'MISSED'}")
         for transport in ("rc", "ud"):
             plain, plugin = paired(lambda p: svbench(tmp, p, transport, 8, opts.lat_iters, 0),
-                                   opts.reps)
+                                   opts.reps, min)
             added = (plugin - plain) * 1000
             good = added < 100
             ok &= good
@@ -139,7 +144,7 @@ def main():
         print(f"{'message rate, 8 B, window 32':<34} {'plain':>10} {'plugin':>10} {'ratio':>9}  target")
         for transport in ("rc", "ud"):
             plain, plugin = paired(
-                lambda p: svbench(tmp, p, transport, 8, opts.rate_iters, 32), opts.reps)
+                lambda p: svbench(tmp, p, transport, 8, opts.rate_iters, 32), opts.reps, max)
             ratio = plugin / plain
             good = ratio >= 0.95
             ok &= good
