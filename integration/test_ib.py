@@ -38,20 +38,22 @@ def verbs_session(session):
     return session
 
 
-def pingpong_job(session, kind, port):
+def pingpong_job(session, kind, port, options=""):
     """Server and client of ibv_<kind>_pingpong in one job, outputs in files."""
-    iters = PINGPONG_ITERS[kind]
-    prog = f"ibv_{kind}_pingpong -d sv0 -p {port} -n {iters}" + (" -c" if kind == "rc" else "")
+    iters = PINGPONG_ITERS[kind] // (3 if "-e" in options else 1)  # events: slower
+    prog = f"ibv_{kind}_pingpong -d sv0 -p {port} -n {iters} {options}" + \
+        (" -c" if kind == "rc" else "")
     script = (f"{prog} > server.out 2>&1 & sleep 0.5; {prog} localhost > client.out 2>&1 & "
               "echo READY; wait")
     for name in ("server.out", "client.out"):
         (session.work / name).unlink(missing_ok=True)
-    return Job(session, f"{kind}-pp-{port}", ["sh", "-c", script])
+    job = Job(session, f"{kind}-pp-{port}", ["sh", "-c", script])
+    job.iters = iters
+    return job
 
 
-def check_pingpong_finished(session, kind):
+def check_pingpong_finished(session, kind, iters):
     """Both sides ran every iteration; returns {side: its output}."""
-    iters = PINGPONG_ITERS[kind]
     outputs = {}
     for side in ("server", "client"):
         text = (session.work / f"{side}.out").read_text()
@@ -76,16 +78,20 @@ def check_new_ids(text):
     return rebuilt
 
 
-@pytest.mark.parametrize("kind", ["ud", "rc"])
-def test_pingpong_checkpoint_kill_restart(verbs_session, kind):
+@pytest.mark.parametrize("kind,options,port", [
+    ("ud", "", 18600), ("rc", "", 18601),
+    ("ud", "-g 0", 18602),   # global routing: GIDs in the AHs and in every receive's GRH
+    ("rc", "-e", 18603),     # completion events: a thread blocked in ibv_get_cq_event
+])
+def test_pingpong_checkpoint_kill_restart(verbs_session, kind, options, port):
     s = verbs_session
-    job = pingpong_job(s, kind, 18600 if kind == "ud" else 18601)
+    job = pingpong_job(s, kind, port, options)
     job.wait_ready()
     job.checkpoint_at_random_moments(1, 0.8, 1.5)
     job.kill()
     r = Restart(s, job.images[0])
     assert r.wait() == 0, r.stderr
-    for text in check_pingpong_finished(s, kind).values():
+    for text in check_pingpong_finished(s, kind, job.iters).values():
         rebuilt = check_new_ids(text)
         assert rebuilt[-1][0] == "1"  # the restart's rebuild
 
@@ -106,7 +112,7 @@ def test_pingpong_three_checkpoints_then_a_chain(verbs_session, kind):
     restarted.wait()
     r = Restart(s, job.images[-1])
     assert r.wait() == 0, r.stderr
-    for text in check_pingpong_finished(s, kind).values():
+    for text in check_pingpong_finished(s, kind, job.iters).values():
         epochs = [e for e, *_ in check_new_ids(text)]
         assert epochs[:3] == ["1", "2", "3"] and epochs[-1] == "4", epochs
 

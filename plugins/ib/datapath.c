@@ -182,6 +182,8 @@ static void complete(struct ibv_wc *wc)
 	if (!qp)
 		return;
 	if (wc->opcode & IBV_WC_RECV) {
+		if (qp->ibv.qp_type == IBV_QPT_UD)
+			ib_virtual_grh(qp, wc);	/* while the receive is in the log */
 		if (qp->init.srq) {
 			struct ib_srq *srq = (struct ib_srq *)qp->init.srq;
 

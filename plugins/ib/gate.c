@@ -13,6 +13,7 @@
 
 _Atomic int ib_gate_closed;
 _Atomic long ib_gate_users;
+_Atomic unsigned ib_releases;
 
 void ib_gate_wait(void)
 {

@@ -61,6 +61,7 @@ struct ib_cq {
 	int comp_vector;
 	int armed, solicited_only;
 	unsigned events_unacked;	/* handed to the application, not acked */
+	unsigned made_unacked;		/* of those, made by us (armed_with_pending) */
 	/* completions collected at a checkpoint, returned before new ones */
 	struct ibv_wc *pending;
 	unsigned pending_head, pending_tail, pending_cap;
@@ -126,6 +127,8 @@ struct ib_ctx {
 	uint8_t nports;
 	uint16_t vlid[IB_MAX_PORTS + 1];	/* port -> the LID the app knows */
 	uint16_t lid[IB_MAX_PORTS + 1];		/* port -> real LID now */
+	union ibv_gid vgid[IB_MAX_PORTS + 1];	/* port -> GID 0 the app knows */
+	union ibv_gid gid[IB_MAX_PORTS + 1];	/* port -> real GID 0 now */
 	struct ib_pd *pds;
 	struct ib_mr *mrs;
 	struct ib_channel *channels;
@@ -181,6 +184,7 @@ int ib_real_load(void);
 /* The gate (gate.c): every verbs call passes it; it closes from STOP to
  * the end of the rebuild, and callers wait there. */
 extern _Atomic int ib_gate_closed;
+extern _Atomic unsigned ib_releases;	/* how many times the devices were released */
 extern _Atomic long ib_gate_users;
 void ib_gate_wait(void);
 static inline void ib_enter(void)
@@ -211,16 +215,24 @@ struct ib_ids {
 	struct ib_idmap remote_qpn;	/* remote (vlid<<24|vqpn) or vqpn -> real */
 	struct ib_idmap remote_lid;	/* remote vlid -> real */
 	struct ib_idmap back;		/* remote (real lid<<24|qpn) -> virtual */
+	pthread_mutex_t gid_lock;	/* the GID caches: few entries, slow path */
+	unsigned ngids;
+	union ibv_gid gid_virtual[64], gid_real[64];
 };
 extern struct ib_ids ib_ids;
 
 uint32_t ib_real_qpn(uint32_t vqpn);
 uint16_t ib_real_lid(uint16_t vlid);
+void ib_real_gid(union ibv_gid *gid);
+void ib_virtual_gid(union ibv_gid *gid);
+void ib_real_ah_attr(struct ibv_ah_attr *attr);
+void ib_virtual_grh(struct ib_qp *qp, const struct ibv_wc *wc);
 void ib_virtual_source(uint16_t *slid, uint32_t *src_qp);
 uint32_t ib_real_rkey(struct ib_qp *qp, uint32_t vrkey);
 uint32_t ib_real_lkey(uint32_t vlkey);
 int ib_publish_qp(struct ib_ctx *ctx, struct ib_qp *qp, struct ib_kv_batch *b);
 int ib_publish_mr(struct ib_mr *mr, struct ib_kv_batch *b);
+int ib_publish_gids(struct ib_ctx *ctx, struct ib_kv_batch *b);
 uint32_t ib_claim_qpn(uint32_t real_qpn);
 void ib_ids_epoch_from_job(void);
 

@@ -22,6 +22,7 @@ struct ib_ids ib_ids = {
 	.remote_qpn = IB_IDMAP_INIT,
 	.remote_lid = IB_IDMAP_INIT,
 	.back = IB_IDMAP_INIT,
+	.gid_lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
 /* Values are stored +1 so that a real id 0 is not the empty slot. */
@@ -89,6 +90,120 @@ uint16_t ib_real_lid(uint16_t vlid)
 		v = strtoul(value, NULL, 10);
 	cache(&ib_ids.remote_lid, vlid, v);
 	return (uint16_t)v;
+}
+
+static void gid_hex(const union ibv_gid *gid, char *out)
+{
+	for (int i = 0; i < 16; i++)
+		sprintf(out + 2 * i, "%02x", gid->raw[i]);
+}
+
+/*
+ * GIDs: a port's GID 0 as it was when the context was opened is the
+ * virtual one; each rebuild publishes what it is now.  A few GIDs per
+ * job, so a small table under a lock, both ways.
+ */
+static int gid_cached(const union ibv_gid *from, union ibv_gid *table_from,
+		      union ibv_gid *table_to, union ibv_gid *to)
+{
+	int hit = 0;
+
+	pthread_mutex_lock(&ib_ids.gid_lock);
+	for (unsigned i = 0; i < ib_ids.ngids && !hit; i++)
+		if (!memcmp(&table_from[i], from, sizeof(*from))) {
+			*to = table_to[i];
+			hit = 1;
+		}
+	pthread_mutex_unlock(&ib_ids.gid_lock);
+	return hit;
+}
+
+static void gid_cache(const union ibv_gid *vgid, const union ibv_gid *gid)
+{
+	pthread_mutex_lock(&ib_ids.gid_lock);
+	if (ib_ids.ngids < sizeof(ib_ids.gid_virtual) / sizeof(ib_ids.gid_virtual[0])) {
+		ib_ids.gid_virtual[ib_ids.ngids] = *vgid;
+		ib_ids.gid_real[ib_ids.ngids++] = *gid;
+	}
+	pthread_mutex_unlock(&ib_ids.gid_lock);
+}
+
+static void parse_gid(const char *hex, union ibv_gid *gid)
+{
+	for (int i = 0; i < 16 && hex[2 * i] && hex[2 * i + 1]; i++) {
+		char byte[3] = { hex[2 * i], hex[2 * i + 1], 0 };
+
+		gid->raw[i] = (uint8_t)strtoul(byte, NULL, 16);
+	}
+}
+
+void ib_real_gid(union ibv_gid *gid)
+{
+	char hex[40], value[64];
+	union ibv_gid real = *gid;
+
+	if (!atomic_load_explicit(&ib_ids.remap, memory_order_relaxed))
+		return;
+	if (!gid_cached(gid, ib_ids.gid_virtual, ib_ids.gid_real, &real)) {
+		gid_hex(gid, hex);
+		if (lookup(value, sizeof(value), "gid:%s", hex) == 0)
+			parse_gid(value, &real);
+		gid_cache(gid, &real);
+	}
+	*gid = real;
+}
+
+void ib_virtual_gid(union ibv_gid *gid)
+{
+	char hex[40], value[64];
+	union ibv_gid virt = *gid;
+
+	if (!atomic_load_explicit(&ib_ids.remap, memory_order_relaxed))
+		return;
+	if (!gid_cached(gid, ib_ids.gid_real, ib_ids.gid_virtual, &virt)) {
+		gid_hex(gid, hex);
+		if (lookup(value, sizeof(value), "rgid:%s", hex) == 0)
+			parse_gid(value, &virt);
+		gid_cache(&virt, gid);
+	}
+	*gid = virt;
+}
+
+/* An address vector the device must see. */
+void ib_real_ah_attr(struct ibv_ah_attr *attr)
+{
+	attr->dlid = ib_real_lid(attr->dlid);
+	if (attr->is_global)
+		ib_real_gid(&attr->grh.dgid);
+}
+
+/*
+ * A UD receive with a GRH: the 40 bytes at the start of the receive
+ * buffer hold the real GIDs of both ends; the application must see the
+ * virtual ones (it may make an AH from them).  Called before the receive
+ * leaves the log: its first buffer is known.
+ */
+void ib_virtual_grh(struct ib_qp *qp, const struct ibv_wc *wc)
+{
+	const struct ib_recv *r = NULL;
+	struct ibv_grh *grh;
+
+	if (!(wc->wc_flags & IBV_WC_GRH) || !atomic_load(&ib_ids.remap))
+		return;
+	if (qp->init.srq) {
+		struct ib_recv_log *log = &((struct ib_srq *)qp->init.srq)->posted;
+
+		for (unsigned i = 0; i < ib_recv_log_count(log) && !r; i++)
+			if (ib_recv_log_at(log, i)->wr_id == wc->wr_id)
+				r = ib_recv_log_at(log, i);
+	} else if (ib_recv_log_count(&qp->posted)) {
+		r = ib_recv_log_at(&qp->posted, 0);
+	}
+	if (!r || r->num_sge < 1 || r->sge[0].length < sizeof(*grh))
+		return;
+	grh = (struct ibv_grh *)(uintptr_t)r->sge[0].addr;
+	ib_virtual_gid(&grh->sgid);
+	ib_virtual_gid(&grh->dgid);
 }
 
 /* A receive completion names its sender by real LID and QPN. */
@@ -167,6 +282,21 @@ int ib_publish_qp(struct ib_ctx *ctx, struct ib_qp *qp, struct ib_kv_batch *b)
 	ib_kv_batch_put(b, key, value);
 	snprintf(key, sizeof(key), "ib:vqpn:%u", qp->ibv.qp_num);
 	ib_kv_batch_put(b, key, ib_ids.owner);
+	return b->err;
+}
+
+int ib_publish_gids(struct ib_ctx *ctx, struct ib_kv_batch *b)
+{
+	char key[96], vhex[40], hex[40];
+
+	for (uint8_t p = 1; p <= ctx->nports; p++) {
+		gid_hex(&ctx->vgid[p], vhex);
+		gid_hex(&ctx->gid[p], hex);
+		snprintf(key, sizeof(key), "ib:%u:gid:%s", ib_ids.epoch, vhex);
+		ib_kv_batch_put(b, key, hex);
+		snprintf(key, sizeof(key), "ib:%u:rgid:%s", ib_ids.epoch, hex);
+		ib_kv_batch_put(b, key, vhex);
+	}
 	return b->err;
 }
 

@@ -34,6 +34,7 @@
 #define STOP_TIMEOUT_NS (10 * 1000000000LL)
 #define QUIET_NS (20 * 1000000LL)	/* no completion for this long: nothing in flight */
 #define HOOK_TIMEOUT_MS 20000
+#define EXIT_REBUILD_FAILED 70	/* EX_SOFTWARE */
 
 enum ib_state { IB_RUNNING, IB_STOPPED, IB_RELEASED };
 enum agent_request { REQ_NONE, REQ_STOP, REQ_RELEASE, REQ_REBUILD };
@@ -257,10 +258,23 @@ static int do_release(void)
 	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next)
 		release_ctx(ctx);
 	ib_idmap_clear(&ib_ids.qp_by_real);
+	atomic_fetch_add(&ib_releases, 1);
 	pthread_mutex_unlock(&ib_objects_lock);
 	ib_kv_reset();		/* not part of the image: the coordinator may change */
 	atomic_store(&state, IB_RELEASED);
 	return 0;
+}
+
+/*
+ * Without its verbs objects the application cannot go on (its next verbs
+ * call would find no real object), and waiting would hang it: it ends,
+ * saying why, with the status a failed restart has.
+ */
+static void rebuild_failed(int err)
+{
+	fprintf(stderr, "ckpt: ib: process %d cannot go on: rebuilding its verbs objects "
+		"failed: %s\n", getpid(), strerror(err));
+	_exit(EXIT_REBUILD_FAILED);
 }
 
 static void *agent_main(void *arg)
@@ -286,6 +300,8 @@ static void *agent_main(void *arg)
 			err = ib_rebuild(members);
 			ib_debug("rebuilt in %.3f ms with %lu name-service requests",
 				 (now_ns() - t0) / 1e6, ib_kv_requests() - k0);
+			if (err)
+				rebuild_failed(err);
 			atomic_store(&state, IB_RUNNING);
 			ib_gate_open();
 		}

@@ -55,6 +55,8 @@ static int reopen(struct ib_ctx *ctx, struct ibv_device **list)
 		memset(&attr, 0, sizeof(attr));
 		if (ib_real.query_port(ctx->real, p, &attr) == 0)
 			ctx->lid[p] = attr.lid;
+		if (ib_real.query_gid(ctx->real, p, 0, &ctx->gid[p]))
+			memset(&ctx->gid[p], 0, sizeof(ctx->gid[p]));
 	}
 	return 0;
 }
@@ -120,6 +122,7 @@ static int publish(void)
 	char epoch[16];
 
 	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next) {
+		ib_publish_gids(ctx, &batch);
 		for (struct ib_qp *qp = ctx->qps; qp; qp = qp->next)
 			ib_publish_qp(ctx, qp, &batch);
 		for (struct ib_mr *mr = ctx->mrs; mr; mr = mr->next)
@@ -184,7 +187,7 @@ static int replay(struct ib_ctx *ctx)
 	for (struct ib_ah *ah = ctx->ahs; ah; ah = ah->next) {
 		struct ibv_ah_attr attr = ah->attr;
 
-		attr.dlid = ib_real_lid(ah->attr.dlid);
+		ib_real_ah_attr(&attr);
 		ib_debug("AH to LID %#x is now to %#x", ah->attr.dlid, attr.dlid);
 		ah->real = ib_real.create_ah(ah->pd->real, &attr);
 		if (!ah->real)
@@ -217,6 +220,9 @@ int ib_rebuild(long members)
 	ib_idmap_clear(&ib_ids.remote_qpn);
 	ib_idmap_clear(&ib_ids.remote_lid);
 	ib_idmap_clear(&ib_ids.back);
+	pthread_mutex_lock(&ib_ids.gid_lock);
+	ib_ids.ngids = 0;
+	pthread_mutex_unlock(&ib_ids.gid_lock);
 	ib_idmap_clear(&ib_ids.qp_by_real);
 	atomic_store(&ib_ids.remap, 1);
 	list = ib_real.get_device_list(NULL);

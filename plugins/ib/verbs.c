@@ -76,8 +76,12 @@ static int query_lids(struct ib_ctx *ctx, int first)
 		if (err)
 			return err;
 		ctx->lid[p] = attr.lid;
-		if (first)
+		if (ib_real.query_gid(ctx->real, p, 0, &ctx->gid[p]))
+			memset(&ctx->gid[p], 0, sizeof(ctx->gid[p]));
+		if (first) {
 			ctx->vlid[p] = attr.lid;
+			ctx->vgid[p] = ctx->gid[p];
+		}
 	}
 	return 0;
 }
@@ -176,10 +180,15 @@ IB_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 IB_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index,
 			    union ibv_gid *gid)
 {
+	struct ib_ctx *ctx = ctx_of(context);
 	int err;
 
+	if (index == 0 && port >= 1 && port <= ctx->nports) {
+		*gid = ctx->vgid[port];	/* the one the application knows */
+		return 0;
+	}
 	ib_enter();
-	err = ib_real.query_gid(ctx_of(context)->real, port, index, gid);
+	err = ib_real.query_gid(ctx->real, port, index, gid);
 	ib_leave();
 	return err;
 }
@@ -396,28 +405,68 @@ IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 	return 0;
 }
 
-/* Blocks in the real library: does not hold the gate (see docs/IB.md on
- * completion channels across a checkpoint). */
-IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out, void **context)
+/* A CQ of this channel that was armed when the checkpoint collected its
+ * completions: the device will raise no event for those, so we do. */
+static struct ib_cq *armed_with_pending(struct ib_channel *ch)
 {
-	struct ibv_cq *real;
-	void *vcq;
-	struct ib_cq *cq;
+	struct ib_cq *found = NULL;
 
-	if (ib_real.get_cq_event(ch_of(vch)->real, &real, &vcq))
-		return -1;
-	cq = vcq;
-	cq->events_unacked++;
+	pthread_mutex_lock(&ib_objects_lock);
+	for (struct ib_cq *cq = ctx_from(&ch->ibv)->cqs; cq && !found; cq = cq->next)
+		if (cq->channel == ch && cq->armed && cq->pending_head != cq->pending_tail)
+			found = cq;
+	if (found)
+		found->armed = 0;
+	pthread_mutex_unlock(&ib_objects_lock);
+	return found;
+}
+
+static int deliver(struct ib_cq *cq, struct ibv_cq **out, void **context, int real)
+{
+	if (real)
+		cq->events_unacked++;
+	else
+		cq->made_unacked++;
 	cq->armed = 0;
 	*out = &cq->ibv;
 	*context = cq->ibv.cq_context;
 	return 0;
 }
 
+/*
+ * Blocks in the real library, so it does not hold the gate.  A checkpoint
+ * releases the real channel under a thread waiting here: the application's
+ * fd then reads end-of-file (its number is held by /dev/null until the
+ * rebuild), the real call fails, and the thread waits for the rebuild and
+ * tries again on the new channel.
+ */
+IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out, void **context)
+{
+	struct ib_channel *ch = ch_of(vch);
+
+	for (;;) {
+		unsigned gen = atomic_load(&ib_releases);
+		struct ib_cq *cq = armed_with_pending(ch);
+		struct ibv_cq *real;
+		void *vcq;
+
+		if (cq)
+			return deliver(cq, out, context, 0);
+		ib_gate_wait();
+		if (ib_real.get_cq_event(ch->real, &real, &vcq) == 0)
+			return deliver(vcq, out, context, 1);
+		if (atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
+			return -1;	/* a real failure, not a checkpoint */
+	}
+}
+
 IB_EXPORT void ibv_ack_cq_events(struct ibv_cq *vcq, unsigned int n)
 {
 	struct ib_cq *cq = cq_of(vcq);
+	unsigned made = n < cq->made_unacked ? n : cq->made_unacked;
 
+	cq->made_unacked -= made;	/* events we made have nothing to ack */
+	n -= made;
 	/* events of a CQ released at a checkpoint were acked then */
 	if (n > cq->events_unacked)
 		n = cq->events_unacked;
@@ -593,9 +642,9 @@ void ib_qp_resolve_peer(struct ib_qp *qp, uint32_t dest_vqpn)
 void ib_real_qp_attr(struct ibv_qp_attr *attr, int mask)
 {
 	if (mask & IBV_QP_AV)
-		attr->ah_attr.dlid = ib_real_lid(attr->ah_attr.dlid);
+		ib_real_ah_attr(&attr->ah_attr);
 	if (mask & IBV_QP_ALT_PATH)
-		attr->alt_ah_attr.dlid = ib_real_lid(attr->alt_ah_attr.dlid);
+		ib_real_ah_attr(&attr->alt_ah_attr);
 	if (mask & IBV_QP_DEST_QPN)
 		attr->dest_qp_num = ib_real_qpn(attr->dest_qp_num);
 }
@@ -674,7 +723,7 @@ IB_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *vpd, struct ibv_ah_attr *a
 
 	if (!ah)
 		return NULL;
-	real.dlid = ib_real_lid(attr->dlid);
+	ib_real_ah_attr(&real);
 	ib_enter();
 	ah->real = ib_real.create_ah(pd->real, &real);
 	ib_leave();
