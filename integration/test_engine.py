@@ -22,6 +22,7 @@ PROGRAMS = {
     "proctree": ["300", "10"],
     "sockets": ["300", "10", "."],
     "eventfds": ["300", "10"],
+    "fifos": ["300", "10", "."],
 }
 
 
@@ -56,7 +57,7 @@ def test_forked_checkpoints(session, app):
         assert restart_and_finish(session, image, job) == reference
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets"])
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]

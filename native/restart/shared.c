@@ -118,6 +118,34 @@ static void refill_pipe(struct image *imgs, unsigned n, const struct shared_pipe
 		}
 }
 
+/*
+ * A FIFO with bytes in it: the restart holds it open (read and write) and
+ * puts the bytes back once; every process of the job inherits that fd and
+ * keeps it until it has opened the FIFO by name itself.
+ */
+static void create_fifos(struct image *imgs, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++) {
+			const struct loaded_fd *lf = &imgs[i].fds[j];
+			struct shared_pipe *sp;
+			int fd;
+
+			if (lf->f.kind != CKPT_FD_FIFO || !lf->f.data_size || find_pipe(lf->f.object_id))
+				continue;
+			if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
+				die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
+			fd = open(lf->path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+			if (fd < 0)
+				die("cannot reopen fifo %s: %s", lf->path, strerror(errno));
+			sp = &pipes[npipes++];
+			sp->id = lf->f.object_id;
+			sp->end[0] = move_high(fd, "a fifo");
+			sp->end[1] = fcntl(sp->end[0], F_DUPFD_CLOEXEC, sp->end[0]);
+			write_all(sp->end[0], lf->data, lf->f.data_size, "a fifo");
+		}
+}
+
 static void create_pipes(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;
@@ -728,6 +756,7 @@ int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
 void shared_create(struct image *imgs, unsigned n)
 {
 	create_pipes(imgs, n);
+	create_fifos(imgs, n);
 	create_shms(imgs, n);
 	create_sockets(imgs, n);
 	create_ptys(imgs, n);

@@ -412,7 +412,7 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 	fi->rec.path_len = strlen(fi->path);
 	if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
 		fi->rec.data_size = fi->file_size;
-	if (fi->rec.kind == CKPT_FD_PIPE_READ) {
+	if (fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_FIFO) {
 		p = find_pipe(fi->rec.object_id);
 		/* one read end carries the bytes; dups of it carry none */
 		if (p && p->read_fd == fi->rec.fd)
@@ -513,8 +513,9 @@ static int copy_pipes(void)
 		long long pos;
 		int acc;
 
+		/* a FIFO may be open for reading and writing */
 		if (app_stat(fds[i], &st) || !S_ISFIFO(st.st_mode) ||
-		    app_fdinfo(fds[i], &pos, &acc) || (acc & O_ACCMODE) != O_RDONLY ||
+		    app_fdinfo(fds[i], &pos, &acc) || (acc & O_ACCMODE) == O_WRONLY ||
 		    find_pipe(st.st_ino))
 			continue;
 		if (npipes == MAX_PIPES)
