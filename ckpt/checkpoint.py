@@ -42,6 +42,7 @@ class CheckpointRun:
     async def run(self):
         """Returns the published directory; CkptError (job resumed) on failure."""
         suspended = list(self.procs)  # RESUME abort reaches them all on failure
+        self.coord.forget_names_of_checkpoint(self.number)
         try:
             # plugins with hardware that cannot be imaged let go of it while
             # the application still runs (docs/PROTOCOL.md)

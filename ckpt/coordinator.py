@@ -180,6 +180,14 @@ class Coordinator:
         self._names_changed.set()
         self._names_changed = asyncio.Event()
 
+    def forget_names_of_checkpoint(self, number):
+        """Keys `<plugin>:<number>:...` belong to one checkpoint: an attempt
+        that failed must not leave its counters to the next one, which gets
+        the same number."""
+        infix = f":{number}:"
+        self.names = {k: v for k, v in self.names.items()
+                      if infix not in k or k.index(infix) != k.find(":")}
+
     def _count(self, key):
         try:
             return int(self.names.get(key, "0"))

@@ -174,29 +174,54 @@ int ib_post_srq_recv(struct ibv_srq *vsrq, struct ibv_recv_wr *wr, struct ibv_re
 	return err;
 }
 
+/* Whether a completion is a receive's.  An error completion's opcode is
+ * undefined: then the queue it came from, or the receive log, tells. */
+static int is_receive(const struct ib_cq *cq, const struct ib_qp *qp, const struct ibv_wc *wc)
+{
+	if (wc->status == IBV_WC_SUCCESS)
+		return !!(wc->opcode & IBV_WC_RECV);
+	if (qp->init.send_cq != qp->init.recv_cq)
+		return &cq->ibv == qp->init.recv_cq;
+	if (qp->init.srq) {
+		struct ib_srq *srq = (struct ib_srq *)qp->init.srq;
+		int found = 0;
+
+		pthread_mutex_lock(&srq->post_lock);
+		for (unsigned i = 0; i < ib_recv_log_count(&srq->posted) && !found; i++)
+			found = ib_recv_log_at(&srq->posted, i)->wr_id == wc->wr_id;
+		pthread_mutex_unlock(&srq->post_lock);
+		return found;
+	}
+	return ib_recv_log_count(&qp->posted) &&
+	       ib_recv_log_at(&qp->posted, 0)->wr_id == wc->wr_id;
+}
+
 /* A completion from the device: account for it, and make it virtual. */
-static void complete(struct ibv_wc *wc)
+static void complete(const struct ib_cq *cq, struct ibv_wc *wc)
 {
 	struct ib_qp *qp = ib_qp_of_real(wc->qp_num);
+	int ok = wc->status == IBV_WC_SUCCESS;
 
 	if (!qp)
 		return;
-	if (wc->opcode & IBV_WC_RECV) {
-		if (qp->ibv.qp_type == IBV_QPT_UD)
-			ib_virtual_grh(qp, wc);	/* while the receive is in the log */
+	if (is_receive(cq, qp, wc)) {
 		if (qp->init.srq) {
 			struct ib_srq *srq = (struct ib_srq *)qp->init.srq;
 
 			pthread_mutex_lock(&srq->post_lock);
+			if (ok && qp->ibv.qp_type == IBV_QPT_UD)
+				ib_virtual_grh(qp, wc);	/* while the receive is in the log */
 			ib_recv_log_remove(&srq->posted, wc->wr_id);
 			pthread_mutex_unlock(&srq->post_lock);
 		} else {
+			if (ok && qp->ibv.qp_type == IBV_QPT_UD)
+				ib_virtual_grh(qp, wc);
 			ib_recv_log_pop_front(&qp->posted);
 		}
-		if (atomic_load_explicit(&ib_ids.remap, memory_order_relaxed) &&
+		if (ok && atomic_load_explicit(&ib_ids.remap, memory_order_relaxed) &&
 		    qp->ibv.qp_type == IBV_QPT_UD)
 			ib_virtual_source(&wc->slid, &wc->src_qp);
-	} else {
+	} else if (atomic_load_explicit(&qp->sends_pending, memory_order_relaxed) > 0) {
 		atomic_fetch_sub_explicit(&qp->sends_pending, 1, memory_order_relaxed);
 	}
 	wc->qp_num = qp->ibv.qp_num;
@@ -207,7 +232,7 @@ int ib_poll_real(struct ib_cq *cq, int n, struct ibv_wc *wc)
 	int got = cq->real->context->ops.poll_cq(cq->real, n, wc);
 
 	for (int i = 0; i < got; i++)
-		complete(&wc[i]);
+		complete(cq, &wc[i]);
 	return got;
 }
 

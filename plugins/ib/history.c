@@ -9,8 +9,11 @@
 
 void ib_history_record(struct ib_qp *qp, const struct ibv_qp_attr *attr, int mask)
 {
-	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET)
-		qp->nhistory = 0;
+	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+		qp->nhistory = 0;	/* a new QP is in RESET: nothing to replay */
+		qp->ibv.state = IBV_QPS_RESET;
+		return;
+	}
 	if (qp->nhistory == IB_MAX_HISTORY) {
 		memmove(&qp->history[IB_HISTORY_KEEP], &qp->history[IB_HISTORY_KEEP + 1],
 			(IB_MAX_HISTORY - IB_HISTORY_KEEP - 1) * sizeof(qp->history[0]));

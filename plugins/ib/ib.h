@@ -153,6 +153,8 @@ struct ib_real {
 	struct ibv_pd *(*alloc_pd)(struct ibv_context *);
 	int (*dealloc_pd)(struct ibv_pd *);
 	struct ibv_mr *(*reg_mr)(struct ibv_pd *, void *, size_t, int);
+	struct ibv_mr *(*reg_mr_iova2)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int);
+	int (*rereg_mr)(struct ibv_mr *, int, struct ibv_pd *, void *, size_t, int);
 	int (*dereg_mr)(struct ibv_mr *);
 	struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *);
 	int (*destroy_comp_channel)(struct ibv_comp_channel *);

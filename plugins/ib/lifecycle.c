@@ -43,6 +43,7 @@ static _Atomic int state = IB_RUNNING;
 static _Atomic int request = REQ_NONE;
 static _Atomic int done_seq;		/* bumped when a request is finished */
 static _Atomic int result;
+static _Atomic int busy;		/* the agent is working on a request */
 static char why[200];			/* reason for a failed request */
 static unsigned resume_epoch;
 static unsigned stop_seq;
@@ -281,9 +282,12 @@ static void *agent_main(void *arg)
 {
 	(void)arg;
 	for (;;) {
-		int req = atomic_exchange(&request, REQ_NONE), err = 0;
+		int req, err = 0;
 
+		atomic_store(&busy, 1);
+		req = atomic_exchange(&request, REQ_NONE);
 		if (req == REQ_NONE) {
+			atomic_store(&busy, 0);
 			futex_wait(&request, REQ_NONE, 0);
 			continue;
 		}
@@ -306,6 +310,7 @@ static void *agent_main(void *arg)
 			ib_gate_open();
 		}
 		atomic_store(&result, err);
+		atomic_store(&busy, 0);
 		atomic_fetch_add(&done_seq, 1);
 		futex_wake(&done_seq);
 	}
@@ -329,6 +334,25 @@ static void start_agent(void)
 void ib_agent_start(void)
 {
 	pthread_once(&agent_once, start_agent);
+}
+
+/* The rebuild of the last checkpoint runs on after its RESUME: a next
+ * checkpoint waits for it before it asks for anything. */
+static int wait_agent_idle(void)
+{
+	int64_t deadline = now_ns() + HOOK_TIMEOUT_MS * 1000000LL;
+	struct timespec nap = { 0, 1000000 };
+
+	while (atomic_load(&state) == IB_RELEASED || atomic_load(&busy) ||
+	       atomic_load(&request) != REQ_NONE) {
+		if (now_ns() > deadline) {
+			snprintf(why, sizeof(why), "the verbs objects of the last checkpoint are "
+				 "still being rebuilt");
+			return EBUSY;
+		}
+		nanosleep(&nap, NULL);
+	}
+	return 0;
 }
 
 /* From the checkpoint thread: hand req to the agent and wait for it. */
@@ -363,7 +387,9 @@ static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	switch (ctx->phase) {
 	case CKPT_PHASE_STOP:
 		stop_seq = ctx->seq;
-		err = ask_agent(REQ_STOP, 1);
+		err = wait_agent_idle();
+		if (!err)
+			err = ask_agent(REQ_STOP, 1);
 		break;
 	case CKPT_PHASE_RELEASE:
 		if (atomic_load(&state) == IB_STOPPED)

@@ -32,6 +32,8 @@ static int load_all(void)
 	LOAD(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
 	LOAD(reg_mr, "ibv_reg_mr", "IBVERBS_1.1");
 	LOAD(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
+	LOAD(reg_mr_iova2, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+	LOAD(rereg_mr, "ibv_rereg_mr", "IBVERBS_1.1");
 	LOAD(create_comp_channel, "ibv_create_comp_channel", "IBVERBS_1.0");
 	LOAD(destroy_comp_channel, "ibv_destroy_comp_channel", "IBVERBS_1.0");
 	LOAD(create_cq, "ibv_create_cq", "IBVERBS_1.1");

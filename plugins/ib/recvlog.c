@@ -15,6 +15,8 @@ int ib_recv_log_init(struct ib_recv_log *log, unsigned cap)
 
 unsigned ib_recv_log_count(const struct ib_recv_log *log)
 {
+	if (!log->cap)		/* a QP on an SRQ: its receives are the SRQ's */
+		return 0;
 	return (log->tail + log->cap - log->head) % log->cap;
 }
 
@@ -27,7 +29,7 @@ int ib_recv_log_push(struct ib_recv_log *log, const struct ibv_recv_wr *wr)
 {
 	struct ib_recv *r;
 
-	if (wr->num_sge > IB_MAX_SGE || wr->num_sge < 0)
+	if (wr->num_sge > IB_MAX_SGE || wr->num_sge < 0 || !log->cap)
 		return EINVAL;
 	if ((log->tail + 1) % log->cap == log->head)
 		return ENOMEM;		/* more than the queue holds: the device says so too */
@@ -41,7 +43,7 @@ int ib_recv_log_push(struct ib_recv_log *log, const struct ibv_recv_wr *wr)
 
 void ib_recv_log_pop_front(struct ib_recv_log *log)
 {
-	if (log->head != log->tail)
+	if (log->cap && log->head != log->tail)
 		log->head = (log->head + 1) % log->cap;
 }
 

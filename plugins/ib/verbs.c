@@ -46,6 +46,14 @@ static int stable_fd(int real_fd)
 	return real_fd < 0 ? -1 : fcntl(real_fd, F_DUPFD_CLOEXEC, 0);
 }
 
+/* A context of the application's (ours), or one of the real library's:
+ * the library calls some exported functions itself (ibv_reg_mr calls
+ * ibv_reg_mr_iova2), and those calls reach us too. */
+static int is_virtual(const struct ibv_context *context)
+{
+	return context->ops.post_send == ib_post_send;
+}
+
 IB_EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {
 	if (!ready())
@@ -151,6 +159,8 @@ IB_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 {
 	int err;
 
+	if (!is_virtual(context))
+		return ib_real.query_device(context, attr);
 	ib_enter();
 	err = ib_real.query_device(ctx_of(context)->real, attr);
 	ib_leave();
@@ -165,6 +175,8 @@ IB_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 	struct ibv_port_attr attr;
 	int err;
 
+	if (!is_virtual(context))
+		return ib_real.query_port(context, port, (struct ibv_port_attr *)out);
 	memset(&attr, 0, sizeof(attr));
 	ib_enter();
 	err = ib_real.query_port(ctx->real, port, &attr);
@@ -183,6 +195,8 @@ IB_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index
 	struct ib_ctx *ctx = ctx_of(context);
 	int err;
 
+	if (!is_virtual(context))
+		return ib_real.query_gid(context, port, index, gid);
 	if (index == 0 && port >= 1 && port <= ctx->nports) {
 		*gid = ctx->vgid[port];	/* the one the application knows */
 		return 0;
@@ -198,6 +212,8 @@ IB_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port, int inde
 {
 	int err;
 
+	if (!is_virtual(context))
+		return ib_real.query_pkey(context, port, index, pkey);
 	ib_enter();
 	err = ib_real.query_pkey(ctx_of(context)->real, port, index, pkey);
 	ib_leave();
@@ -283,6 +299,43 @@ IB_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *vpd, void *addr, size_t lengt
 		ib_kv_batch_flush(&batch);
 	}
 	return &mr->ibv;
+}
+
+/* verbs.h's ibv_reg_mr() comes here when the access flags are not a
+ * constant.  An MR whose I/O address is not its address is not offered. */
+IB_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
+					  uint64_t iova, unsigned int access)
+{
+	if (!ready())
+		return NULL;
+	if (!is_virtual(pd->context)) {
+		if (!ib_real.reg_mr_iova2) {
+			errno = ENOSYS;
+			return NULL;
+		}
+		return ib_real.reg_mr_iova2(pd, addr, length, iova, access);
+	}
+	if (iova != (uintptr_t)addr) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return ibv_reg_mr(pd, addr, length, (int)access);
+}
+
+IB_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length,
+					 uint64_t iova, int access)
+{
+	return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned int)access);
+}
+
+/* Not offered: the record of the MR would no longer match. */
+IB_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
+			   size_t length, int access)
+{
+	if (ready() && !is_virtual(mr->context) && ib_real.rereg_mr)
+		return ib_real.rereg_mr(mr, flags, pd, addr, length, access);
+	errno = EOPNOTSUPP;
+	return IBV_REREG_MR_ERR_INPUT;
 }
 
 IB_EXPORT int ibv_dereg_mr(struct ibv_mr *vmr)
@@ -718,9 +771,12 @@ IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
 IB_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *vpd, struct ibv_ah_attr *attr)
 {
 	struct ib_pd *pd = pd_of(vpd);
-	struct ib_ah *ah = calloc(1, sizeof(*ah));
+	struct ib_ah *ah;
 	struct ibv_ah_attr real = *attr;
 
+	if (!is_virtual(vpd->context))
+		return ib_real.create_ah(vpd, attr);
+	ah = calloc(1, sizeof(*ah));
 	if (!ah)
 		return NULL;
 	ib_real_ah_attr(&real);
@@ -782,10 +838,24 @@ IB_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc 
 	return ibv_create_ah(pd, &attr);
 }
 
+/* Blocks in the real library, like ibv_get_cq_event: a checkpoint that
+ * releases the device under a waiting thread makes it wait for the rebuild
+ * and try again on the new context. */
 IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
-	if (ib_real.get_async_event(ctx_of(context)->real, event))
-		return -1;
+	struct ib_ctx *ctx = ctx_of(context);
+
+	for (;;) {
+		unsigned gen = atomic_load(&ib_releases);
+		struct ibv_context *real;
+
+		ib_gate_wait();
+		real = ctx->real;
+		if (real && ib_real.get_async_event(real, event) == 0)
+			break;
+		if (real && atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
+			return -1;	/* a real failure, not a checkpoint */
+	}
 	switch (event->event_type) {	/* the objects were created with ours as context */
 	case IBV_EVENT_CQ_ERR:
 		event->element.cq = &((struct ib_cq *)event->element.cq->cq_context)->ibv;

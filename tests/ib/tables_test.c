@@ -75,6 +75,9 @@ static void test_recv_log(void)
 	ib_recv_log_remove(&log, 99);			/* unknown: nothing changes */
 	CHECK(ib_recv_log_count(&log) == 4);
 	free(log.ring);
+	memset(&log, 0, sizeof(log));			/* a QP on an SRQ has no log */
+	CHECK(ib_recv_log_count(&log) == 0 && ib_recv_log_push(&log, &wr) != 0);
+	ib_recv_log_pop_front(&log);
 	printf("ok recv log\n");
 }
 
@@ -104,7 +107,13 @@ static void test_history(void)
 	CHECK(ib_history_last(&qp, IBV_QP_DEST_QPN)->dest_qp_num == 0x5000 + 19);
 	CHECK(!ib_history_last(&qp, IBV_QP_AV));
 	transition(&qp, IBV_QPS_RESET, 0, 0);		/* starts over */
-	CHECK(qp.nhistory == 1 && qp.ibv.state == IBV_QPS_RESET);
+	CHECK(qp.nhistory == 0 && qp.ibv.state == IBV_QPS_RESET);
+	transition(&qp, IBV_QPS_INIT, 0, 0);		/* up again, then many changes */
+	transition(&qp, IBV_QPS_RTR, IBV_QP_DEST_QPN, 0x77);
+	transition(&qp, IBV_QPS_RTS, 0, 0);
+	for (int i = 0; i < 10; i++)
+		transition(&qp, IBV_QPS_RTS, IBV_QP_DEST_QPN, 0x6000 + i);
+	CHECK(qp.history[2].attr.qp_state == IBV_QPS_RTS && qp.history[1].attr.dest_qp_num == 0x77);
 	printf("ok history\n");
 }
 
