@@ -14,6 +14,7 @@
 _Atomic int ib_gate_closed;
 _Atomic long ib_gate_users;
 _Atomic unsigned ib_releases;
+pthread_mutex_t ib_control_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 
 void ib_gate_wait(void)
 {

@@ -107,7 +107,7 @@ struct ib_qp {
 	struct ib_recv_log posted;
 	_Atomic long sends_pending;	/* signaled sends not completed */
 	/* the connected peer (RC/UC), resolved at each rebuild */
-	char peer_owner[64];
+	char peer_owner[80];
 	struct ib_idmap rkeys;		/* peer's virtual rkey -> real */
 	struct ib_qp *next;
 };
@@ -204,12 +204,34 @@ static inline void ib_leave(void)
 	atomic_fetch_sub_explicit(&ib_gate_users, 1, memory_order_release);
 }
 void ib_gate_close(void);		/* and wait for callers inside to leave */
+
+/*
+ * Control-path calls (create, modify, destroy) run whole under one
+ * recursive lock, which the agent holds from STOP until the rebuild is
+ * done: no such call straddles a checkpoint, half on the old objects and
+ * half on the new.  (Recursive: the real library calls some exported
+ * functions itself.)  The data path does not take it.
+ */
+extern pthread_mutex_t ib_control_lock;
+static inline int ib_control_begin(void)
+{
+	pthread_mutex_lock(&ib_control_lock);
+	return 0;
+}
+static inline void ib_control_end(int *unused)
+{
+	(void)unused;
+	pthread_mutex_unlock(&ib_control_lock);
+}
+#define IB_CONTROL_CALL \
+	int ib_control_ __attribute__((cleanup(ib_control_end), unused)) = ib_control_begin()
 void ib_gate_open(void);
 
 /* Translation (ids.c).  remap is 0 until the first rebuild of the job:
  * until then every virtual id is the real one. */
 struct ib_ids {
 	_Atomic int remap;
+	_Atomic int lkeys_moved;	/* an MR's lkey was not its real one (collision) */
 	unsigned epoch;			/* the checkpoint of the last rebuild */
 	char owner[80];			/* host-pid: whose rkeys */
 	struct ib_idmap qp_by_real;	/* local real qpn -> struct ib_qp * */

@@ -228,7 +228,8 @@ uint32_t ib_real_lkey(uint32_t vlkey)
 {
 	uint64_t v;
 
-	if (!atomic_load_explicit(&ib_ids.remap, memory_order_relaxed))
+	if (!atomic_load_explicit(&ib_ids.remap, memory_order_relaxed) &&
+	    !atomic_load_explicit(&ib_ids.lkeys_moved, memory_order_relaxed))
 		return vlkey;
 	return cached(&ib_ids.lkeys, vlkey, &v) ? (uint32_t)v : vlkey;
 }

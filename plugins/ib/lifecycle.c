@@ -37,7 +37,7 @@
 #define EXIT_REBUILD_FAILED 70	/* EX_SOFTWARE */
 
 enum ib_state { IB_RUNNING, IB_STOPPED, IB_RELEASED };
-enum agent_request { REQ_NONE, REQ_STOP, REQ_RELEASE, REQ_REBUILD };
+enum agent_request { REQ_NONE, REQ_STOP, REQ_RELEASE, REQ_REBUILD, REQ_OPEN };
 
 static _Atomic int state = IB_RUNNING;
 static _Atomic int request = REQ_NONE;
@@ -162,6 +162,7 @@ static int do_stop(void)
 	struct timespec nap = { 0, 100000 };
 	int err = 0;
 
+	pthread_mutex_lock(&ib_control_lock);	/* held until the gate opens again */
 	ib_gate_close();
 	/* count ourselves in: the rebuild waits for this many processes */
 	err = ib_kv_count_in(stop_seq, "members", NULL);
@@ -184,6 +185,7 @@ static int do_stop(void)
 	}
 	if (err) {
 		ib_gate_open();
+		pthread_mutex_unlock(&ib_control_lock);
 		return err;
 	}
 	atomic_store(&state, IB_STOPPED);
@@ -308,6 +310,11 @@ static void *agent_main(void *arg)
 				rebuild_failed(err);
 			atomic_store(&state, IB_RUNNING);
 			ib_gate_open();
+			pthread_mutex_unlock(&ib_control_lock);
+		} else if (req == REQ_OPEN) {	/* the checkpoint failed after STOP */
+			atomic_store(&state, IB_RUNNING);
+			ib_gate_open();
+			pthread_mutex_unlock(&ib_control_lock);
 		}
 		atomic_store(&result, err);
 		atomic_store(&busy, 0);
@@ -401,8 +408,7 @@ static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 			resume_epoch = ctx->seq;
 			ask_agent(REQ_REBUILD, 0);
 		} else if (atomic_load(&state) == IB_STOPPED) {
-			atomic_store(&state, IB_RUNNING);
-			ib_gate_open();
+			ask_agent(REQ_OPEN, 0);
 		}
 		break;
 	default:
@@ -419,6 +425,7 @@ static void forget_after_fork(void)
 	ib_ids.owner[0] = '\0';
 	agent_started = 0;
 	agent_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+	ib_control_lock = (pthread_mutex_t)PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 	ib_kv_forget();
 }
 

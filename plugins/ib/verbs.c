@@ -96,6 +96,7 @@ static int query_lids(struct ib_ctx *ctx, int first)
 
 IB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx;
 
 	if (!ready())
@@ -131,6 +132,7 @@ IB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 
 IB_EXPORT int ibv_close_device(struct ibv_context *context)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx = ctx_of(context);
 	int err;
 
@@ -157,6 +159,7 @@ IB_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
 
 IB_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
 {
+	IB_CONTROL_CALL;
 	int err;
 
 	if (!is_virtual(context))
@@ -171,6 +174,7 @@ IB_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 IB_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 			     struct _compat_ibv_port_attr *out)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx = ctx_of(context);
 	struct ibv_port_attr attr;
 	int err;
@@ -192,6 +196,7 @@ IB_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 IB_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index,
 			    union ibv_gid *gid)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx = ctx_of(context);
 	int err;
 
@@ -210,6 +215,7 @@ IB_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index
 IB_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port, int index,
 			     __be16 *pkey)
 {
+	IB_CONTROL_CALL;
 	int err;
 
 	if (!is_virtual(context))
@@ -222,6 +228,7 @@ IB_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port, int inde
 
 IB_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx = ctx_of(context);
 	struct ib_pd *pd = calloc(1, sizeof(*pd));
 
@@ -244,6 +251,7 @@ IB_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 
 IB_EXPORT int ibv_dealloc_pd(struct ibv_pd *vpd)
 {
+	IB_CONTROL_CALL;
 	struct ib_pd *pd = pd_of(vpd);
 	int err;
 
@@ -264,13 +272,16 @@ static uint32_t free_virtual_key(uint32_t key)
 {
 	uint64_t v;
 
-	while (ib_idmap_get(&ib_ids.lkeys, (uint64_t)key + 1, &v) && v)
+	while (ib_idmap_get(&ib_ids.lkeys, (uint64_t)key + 1, &v) && v) {
 		key = key * 2654435761u + 1;
+		atomic_store(&ib_ids.lkeys_moved, 1);	/* translate from now on */
+	}
 	return key;
 }
 
 IB_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *vpd, void *addr, size_t length, int access)
 {
+	IB_CONTROL_CALL;
 	struct ib_pd *pd = pd_of(vpd);
 	struct ib_mr *mr = calloc(1, sizeof(*mr));
 	struct ib_kv_batch batch = { .len = 0 };
@@ -306,6 +317,7 @@ IB_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *vpd, void *addr, size_t lengt
 IB_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
 					  uint64_t iova, unsigned int access)
 {
+	IB_CONTROL_CALL;
 	if (!ready())
 		return NULL;
 	if (!is_virtual(pd->context)) {
@@ -325,6 +337,7 @@ IB_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t 
 IB_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length,
 					 uint64_t iova, int access)
 {
+	IB_CONTROL_CALL;
 	return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned int)access);
 }
 
@@ -332,6 +345,7 @@ IB_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t l
 IB_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
 			   size_t length, int access)
 {
+	IB_CONTROL_CALL;
 	if (ready() && !is_virtual(mr->context) && ib_real.rereg_mr)
 		return ib_real.rereg_mr(mr, flags, pd, addr, length, access);
 	errno = EOPNOTSUPP;
@@ -340,6 +354,7 @@ IB_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void
 
 IB_EXPORT int ibv_dereg_mr(struct ibv_mr *vmr)
 {
+	IB_CONTROL_CALL;
 	struct ib_mr *mr = (struct ib_mr *)vmr;
 	int err;
 
@@ -358,6 +373,7 @@ IB_EXPORT int ibv_dereg_mr(struct ibv_mr *vmr)
 
 IB_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx = ctx_of(context);
 	struct ib_channel *ch = calloc(1, sizeof(*ch));
 
@@ -380,6 +396,7 @@ IB_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
 
 IB_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *vch)
 {
+	IB_CONTROL_CALL;
 	struct ib_channel *ch = ch_of(vch);
 	int err;
 
@@ -399,6 +416,7 @@ IB_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *vch)
 IB_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
 				       struct ibv_comp_channel *vch, int comp_vector)
 {
+	IB_CONTROL_CALL;
 	struct ib_ctx *ctx = ctx_of(context);
 	struct ib_cq *cq = calloc(1, sizeof(*cq));
 
@@ -429,6 +447,7 @@ IB_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 
 IB_EXPORT int ibv_resize_cq(struct ibv_cq *vcq, int cqe)
 {
+	IB_CONTROL_CALL;
 	struct ib_cq *cq = cq_of(vcq);
 	int err;
 
@@ -442,6 +461,7 @@ IB_EXPORT int ibv_resize_cq(struct ibv_cq *vcq, int cqe)
 
 IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 {
+	IB_CONTROL_CALL;
 	struct ib_cq *cq = cq_of(vcq);
 	int err;
 
@@ -515,6 +535,7 @@ IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out
 
 IB_EXPORT void ibv_ack_cq_events(struct ibv_cq *vcq, unsigned int n)
 {
+	IB_CONTROL_CALL;
 	struct ib_cq *cq = cq_of(vcq);
 	unsigned made = n < cq->made_unacked ? n : cq->made_unacked;
 
@@ -530,6 +551,7 @@ IB_EXPORT void ibv_ack_cq_events(struct ibv_cq *vcq, unsigned int n)
 
 IB_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *vpd, struct ibv_srq_init_attr *attr)
 {
+	IB_CONTROL_CALL;
 	struct ib_pd *pd = pd_of(vpd);
 	struct ib_srq *srq = calloc(1, sizeof(*srq));
 	struct ibv_srq_init_attr real_attr = *attr;
@@ -564,6 +586,7 @@ IB_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *vpd, struct ibv_srq_init
 
 IB_EXPORT int ibv_modify_srq(struct ibv_srq *vsrq, struct ibv_srq_attr *attr, int mask)
 {
+	IB_CONTROL_CALL;
 	struct ib_srq *srq = srq_of(vsrq);
 	int err;
 
@@ -577,6 +600,7 @@ IB_EXPORT int ibv_modify_srq(struct ibv_srq *vsrq, struct ibv_srq_attr *attr, in
 
 IB_EXPORT int ibv_query_srq(struct ibv_srq *vsrq, struct ibv_srq_attr *attr)
 {
+	IB_CONTROL_CALL;
 	int err;
 
 	ib_enter();
@@ -587,6 +611,7 @@ IB_EXPORT int ibv_query_srq(struct ibv_srq *vsrq, struct ibv_srq_attr *attr)
 
 IB_EXPORT int ibv_destroy_srq(struct ibv_srq *vsrq)
 {
+	IB_CONTROL_CALL;
 	struct ib_srq *srq = srq_of(vsrq);
 	int err;
 
@@ -615,6 +640,7 @@ void ib_qp_real_init(const struct ib_qp *qp, struct ibv_qp_init_attr *real)
 
 IB_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *vpd, struct ibv_qp_init_attr *attr)
 {
+	IB_CONTROL_CALL;
 	struct ib_pd *pd = pd_of(vpd);
 	struct ib_qp *qp = calloc(1, sizeof(*qp));
 	struct ibv_qp_init_attr real_attr;
@@ -704,6 +730,7 @@ void ib_real_qp_attr(struct ibv_qp_attr *attr, int mask)
 
 IB_EXPORT int ibv_modify_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mask)
 {
+	IB_CONTROL_CALL;
 	struct ib_qp *qp = qp_of(vqp);
 	struct ibv_qp_attr real = *attr;
 	int err;
@@ -723,6 +750,7 @@ IB_EXPORT int ibv_modify_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int ma
 IB_EXPORT int ibv_query_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mask,
 			   struct ibv_qp_init_attr *init)
 {
+	IB_CONTROL_CALL;
 	struct ib_qp *qp = qp_of(vqp);
 	const struct ibv_qp_attr *set;
 	int err;
@@ -749,6 +777,7 @@ IB_EXPORT int ibv_query_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mas
 
 IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
 {
+	IB_CONTROL_CALL;
 	struct ib_qp *qp = qp_of(vqp);
 	uint32_t real_qpn = qp->real->qp_num;
 	int err;
@@ -770,6 +799,7 @@ IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
 
 IB_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *vpd, struct ibv_ah_attr *attr)
 {
+	IB_CONTROL_CALL;
 	struct ib_pd *pd = pd_of(vpd);
 	struct ib_ah *ah;
 	struct ibv_ah_attr real = *attr;
@@ -800,6 +830,7 @@ IB_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *vpd, struct ibv_ah_attr *a
 
 IB_EXPORT int ibv_destroy_ah(struct ibv_ah *vah)
 {
+	IB_CONTROL_CALL;
 	struct ib_ah *ah = (struct ib_ah *)vah;
 	int err;
 
@@ -820,6 +851,7 @@ IB_EXPORT int ibv_destroy_ah(struct ibv_ah *vah)
 IB_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port, struct ibv_wc *wc,
 				  struct ibv_grh *grh, struct ibv_ah_attr *attr)
 {
+	IB_CONTROL_CALL;
 	int err;
 
 	ib_enter();
@@ -831,6 +863,7 @@ IB_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port, str
 IB_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
 					       struct ibv_grh *grh, uint8_t port)
 {
+	IB_CONTROL_CALL;
 	struct ibv_ah_attr attr;
 
 	if (ibv_init_ah_from_wc(pd->context, port, wc, grh, &attr))
@@ -881,6 +914,7 @@ IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 
 IB_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
+	IB_CONTROL_CALL;
 	struct ibv_async_event real = *event;
 
 	switch (event->event_type) {
