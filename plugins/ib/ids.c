@@ -137,36 +137,36 @@ static void parse_gid(const char *hex, union ibv_gid *gid)
 	}
 }
 
-void ib_real_gid(union ibv_gid *gid)
+/* to_real: the application's GID to the real one now; else back. */
+static void translate_gid(union ibv_gid *gid, int to_real)
 {
+	union ibv_gid *from = to_real ? ib_ids.gid_virtual : ib_ids.gid_real;
+	union ibv_gid *to = to_real ? ib_ids.gid_real : ib_ids.gid_virtual;
+	union ibv_gid out = *gid;
 	char hex[40], value[64];
-	union ibv_gid real = *gid;
 
 	if (!atomic_load_explicit(&ib_ids.remap, memory_order_relaxed))
 		return;
-	if (!gid_cached(gid, ib_ids.gid_virtual, ib_ids.gid_real, &real)) {
+	if (!gid_cached(gid, from, to, &out)) {
 		gid_hex(gid, hex);
-		if (lookup(value, sizeof(value), "gid:%s", hex) == 0)
-			parse_gid(value, &real);
-		gid_cache(gid, &real);
+		if (lookup(value, sizeof(value), "%s:%s", to_real ? "gid" : "rgid", hex) == 0)
+			parse_gid(value, &out);
+		if (to_real)
+			gid_cache(gid, &out);
+		else
+			gid_cache(&out, gid);
 	}
-	*gid = real;
+	*gid = out;
+}
+
+void ib_real_gid(union ibv_gid *gid)
+{
+	translate_gid(gid, 1);
 }
 
 void ib_virtual_gid(union ibv_gid *gid)
 {
-	char hex[40], value[64];
-	union ibv_gid virt = *gid;
-
-	if (!atomic_load_explicit(&ib_ids.remap, memory_order_relaxed))
-		return;
-	if (!gid_cached(gid, ib_ids.gid_real, ib_ids.gid_virtual, &virt)) {
-		gid_hex(gid, hex);
-		if (lookup(value, sizeof(value), "rgid:%s", hex) == 0)
-			parse_gid(value, &virt);
-		gid_cache(&virt, gid);
-	}
-	*gid = virt;
+	translate_gid(gid, 0);
 }
 
 /* An address vector the device must see. */
