@@ -118,7 +118,7 @@ def command(app, *args):
 class Job:
     """A job launched with `ckpt launch`, its stdout in a file."""
 
-    def __init__(self, session, job_id, app, *args):
+    def __init__(self, session, job_id, app, *args, prefix=(), launch_args=()):
         self.s = session
         self.id = job_id
         self.out = session.work / f"{job_id}.out"
@@ -127,8 +127,8 @@ class Job:
             if session.user.uid != os.getuid():
                 os.chown(self.out, session.user.uid, session.user.uid)
             self.proc = subprocess.Popen(
-                session.ckpt_argv("launch", "--job-id", job_id, "--ckpt-dir",
-                                  session.images, "--", *command(app, *args)),
+                [*prefix] + session.ckpt_argv("launch", "--job-id", job_id, "--ckpt-dir",
+                                  session.images, *launch_args, "--", *command(app, *args)),
                 cwd=session.work, env=session.env(), stdout=out,
                 stderr=subprocess.PIPE, text=True)
 

@@ -5,6 +5,10 @@ the program runs under `ckpt launch`, is checkpointed three times at
 random moments, killed, and restarted from the first and from the last
 image: each restarted run must end with exactly the reference output.
 """
+import os
+import sys
+import time
+
 import pytest
 
 from harness import APPS, Job, Restart, restart_and_finish
@@ -73,6 +77,42 @@ def test_restart_twice_in_a_chain(session, app):
     restarted.wait()
     assert job.images[1] != job.images[0]
     assert restart_and_finish(session, job.images[1], job) == reference
+
+
+# Launches the rest of its command line as a container's exec does: in a
+# pid namespace whose init is not its session leader, so the job sees its
+# session as 0, and in a process group led by neither the job nor `ckpt
+# launch` (as a test runner's group is).
+IN_CONTAINER = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable,
+                "-c", """
+import os, subprocess, sys
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    sys.exit(subprocess.call(sys.argv[1:]))
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="unshare --pid needs root")
+def test_session_outside_the_namespace(session):
+    """A job whose session leader was outside its pid namespace (getsid()
+    is 0) gets back its process groups and an invisible session."""
+    args = PROGRAMS["proctree"]
+    # its pids mean nothing out here: it checkpoints itself, and is killed
+    # with its namespace
+    job = Job(session, "ns-proctree", "proctree", *args, prefix=IN_CONTAINER,
+              launch_args=["--interval", "0.3"])
+    job.wait_ready()
+    first = session.images / "ns-proctree" / "ckpt-0001"
+    while not first.is_dir():
+        assert job.proc.poll() is None, f"job ended: {job.proc.stderr.read()}"
+        time.sleep(0.05)
+    job.proc.kill()
+    job.wait()
+    reference = Job(session, "ns-reference", "proctree", *args, prefix=IN_CONTAINER)
+    assert reference.wait() == 0
+    assert restart_and_finish(session, first, job) == reference.output()
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "files", "join", "rseq_vdso"])

@@ -116,8 +116,9 @@ void tree_enter(struct image *img)
 	for (unsigned i = 0; i < p->nzombies && i < CKPT_MAX_ZOMBIES; i++)
 		if (!image_of(p->zombies[i].pid))
 			spawn(p->zombies[i].pid, NULL, zombie_main, (void *)&p->zombies[i]);
-	/* a group led by another process of the job */
-	if (p->pgid != pid && p->pgid != p->sid && getpgid(0) != p->pgid && image_of(p->pgid))
+	/* a group led by another process of the job, or the root's group */
+	if (p->pgid > 0 && p->pgid != pid && getpgid(0) != p->pgid &&
+	    (image_of(p->pgid) || p->pgid == root->proc->pgid))
 		join_group(p->pgid);
 }
 
@@ -264,16 +265,25 @@ static int parent_stand_in(void *stack)
 	return wait_for(root_pid);
 }
 
+/* The root's group, when none of the job's processes nor the parent's
+ * stand-in leads it: it exists before its members come. */
+static void spawn_group_stand_in(void)
+{
+	pid_t pgid = root->proc->pgid;
+
+	if (outside(pgid) && pgid != getpid() && pgid != root->proc->ppid) {
+		spawn(pgid, NULL, group_stand_in, NULL);
+		setpgid(pgid, pgid);
+	}
+}
+
 static int session_stand_in(void *stack)
 {
-	pid_t pgid = root->proc->pgid, parent = root->proc->ppid, child;
+	pid_t child;
 
 	setsid();
-	if (outside(pgid) && pgid != getpid() && pgid != parent) {
-		spawn(pgid, NULL, group_stand_in, NULL);
-		setpgid(pgid, pgid);	/* so it exists before its members come */
-	}
-	child = spawn(parent, NULL, parent_stand_in, stack);
+	spawn_group_stand_in();
+	child = spawn(root->proc->ppid, NULL, parent_stand_in, stack);
 	stand_in_drop_fds();
 	return wait_for(child);
 }
@@ -289,12 +299,22 @@ int tree_run(void)
 
 	if (!stack)
 		die("cannot allocate a stack in the restart range");
-	if (outside(parent) && outside(sid) && sid != parent)
+	/*
+	 * A session or group the job saw as 0 was outside its pid namespace
+	 * (a container's exec, say): pid 1's are too, so it keeps them.  One
+	 * the job saw as 1 was its namespace's init: pid 1 takes its place.
+	 */
+	if (sid == 1)
+		setsid();
+	else if (root->proc->pgid == 1)
+		setpgid(0, 0);
+	if (outside(parent) && outside(sid) && sid != parent) {
 		top = spawn(sid, NULL, session_stand_in, stack);
-	else if (outside(parent))
-		top = spawn(parent, NULL, parent_stand_in, stack);
-	else
-		top = -1;
+	} else {
+		if (!outside(sid))
+			spawn_group_stand_in();	/* in pid 1's session */
+		top = outside(parent) ? spawn(parent, NULL, parent_stand_in, stack) : -1;
+	}
 	/* the roots under the parent's stand-in are its to create */
 	spawn_roots(stack, top < 0 ? -1 : parent, 0);
 	if (top < 0)
