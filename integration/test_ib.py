@@ -17,7 +17,7 @@ from harness import REPO, Job, Restart, restart_and_finish
 
 SOFTVERBS = REPO / "native" / "softverbs"
 IB_APPS = REPO / "integration" / "ib" / "bin"
-PINGPONG_ITERS = {"ud": 400000, "rc": 300000}  # several seconds each
+PINGPONG_ITERS = {"ud": 800000, "rc": 600000}  # several seconds each, after checkpoints too
 REBUILT = re.compile(r"epoch (\d+): QP (0x[0-9a-f]+) is now (0x[0-9a-f]+) on LID (0x[0-9a-f]+)")
 LOCAL = re.compile(r"local address:\s+LID (0x[0-9a-f]+), QPN (0x[0-9a-f]+)")
 
@@ -40,7 +40,7 @@ def verbs_session(session):
 
 def pingpong_job(session, kind, port, options=""):
     """Server and client of ibv_<kind>_pingpong in one job, outputs in files."""
-    iters = PINGPONG_ITERS[kind] // (3 if "-e" in options else 1)  # events: slower
+    iters = PINGPONG_ITERS[kind] // (4 if "-e" in options else 1)  # events: slower
     prog = f"ibv_{kind}_pingpong -d sv0 -p {port} -n {iters} {options}" + \
         (" -c" if kind == "rc" else "")
     script = (f"{prog} > server.out 2>&1 & sleep 0.5; {prog} localhost > client.out 2>&1 & "

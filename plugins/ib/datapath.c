@@ -242,9 +242,14 @@ int ib_poll_cq(struct ibv_cq *vcq, int n, struct ibv_wc *wc)
 	int got = 0, more;
 
 	ib_enter();
-	while (cq->pending_head != cq->pending_tail && got < n) {	/* from a checkpoint */
-		wc[got++] = cq->pending[cq->pending_head];
-		cq->pending_head = (cq->pending_head + 1) % cq->pending_cap;
+	if (__builtin_expect(cq->pending_head != cq->pending_tail, 0)) {
+		/* completions from a checkpoint: pollers take them in turn */
+		pthread_mutex_lock(&cq->ibv.mutex);
+		while (cq->pending_head != cq->pending_tail && got < n) {
+			wc[got++] = cq->pending[cq->pending_head];
+			cq->pending_head = (cq->pending_head + 1) % cq->pending_cap;
+		}
+		pthread_mutex_unlock(&cq->ibv.mutex);
 	}
 	more = got < n ? ib_poll_real(cq, n - got, wc + got) : 0;
 	ib_leave();

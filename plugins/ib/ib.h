@@ -51,6 +51,7 @@ struct ib_mr {
 struct ib_channel {
 	struct ibv_comp_channel ibv;	/* fd: ours, a dup of the real one */
 	struct ibv_comp_channel *real;
+	int held_fd;			/* the released real fd's number, on /dev/null */
 	struct ib_channel *next;
 };
 
@@ -123,6 +124,7 @@ struct ib_ah {
 struct ib_ctx {
 	struct ibv_context ibv;		/* async_fd: ours, a dup of the real one */
 	struct ibv_context *real;
+	int held_async_fd;		/* the released real async fd's number */
 	char dev_name[IBV_SYSFS_NAME_MAX];
 	uint8_t nports;
 	uint16_t vlid[IB_MAX_PORTS + 1];	/* port -> the LID the app knows */
@@ -297,6 +299,7 @@ int ib_repost_srq_recv(struct ibv_srq *real, const struct ib_recv *r);
 int ib_stop(void);
 int ib_release(void);
 int ib_rebuild(long members);
+void ib_drop_held(int *fd);
 void ib_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ib_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

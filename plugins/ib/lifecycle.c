@@ -206,6 +206,39 @@ static void hold_fd(int fd)
 	}
 }
 
+/*
+ * A thread blocked in the real ibv_get_cq_event (or get_async_event)
+ * reads the real fd: the checkpoint's signal makes it read that number
+ * again, maybe after a restart.  Until the rebuild is done the number
+ * must give end-of-file, not a file the rebuild opens: /dev/null holds it
+ * (if nobody took it first: F_DUPFD gives the lowest free number from it).
+ */
+static int hold_released(int fd)
+{
+	int null, held;
+
+	if (fd < 0)
+		return -1;
+	null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0)
+		return -1;
+	held = fcntl(null, F_DUPFD_CLOEXEC, fd);
+	close(null);
+	if (held != fd) {
+		if (held >= 0)
+			close(held);
+		return -1;
+	}
+	return held;
+}
+
+void ib_drop_held(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
 static void release_ctx(struct ib_ctx *ctx)
 {
 	for (struct ib_ah *ah = ctx->ahs; ah; ah = ah->next)
@@ -223,14 +256,22 @@ static void release_ctx(struct ib_ctx *ctx)
 		ib_real.destroy_cq(cq->real);
 	}
 	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next) {
+		int real_fd = ch->real->fd;
+
 		ib_real.destroy_comp_channel(ch->real);
+		ch->held_fd = hold_released(real_fd);
 		hold_fd(ch->ibv.fd);
 	}
 	for (struct ib_mr *mr = ctx->mrs; mr; mr = mr->next)
 		ib_real.dereg_mr(mr->real);
 	for (struct ib_pd *pd = ctx->pds; pd; pd = pd->next)
 		ib_real.dealloc_pd(pd->real);
-	ib_real.close_device(ctx->real);
+	{
+		int async_fd = ctx->real->async_fd;
+
+		ib_real.close_device(ctx->real);
+		ctx->held_async_fd = hold_released(async_fd);
+	}
 	ctx->real = NULL;
 	hold_fd(ctx->ibv.async_fd);
 	hold_fd(ctx->ibv.cmd_fd);

@@ -255,6 +255,14 @@ int ib_rebuild(long members)
 		if (err)
 			ib_log("rebuilding the verbs objects failed: %s", strerror(err));
 	}
+	/* the released fds' numbers are free again (lifecycle.c) */
+	pthread_mutex_lock(&ib_objects_lock);
+	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next) {
+		ib_drop_held(&ctx->held_async_fd);
+		for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next)
+			ib_drop_held(&ch->held_fd);
+	}
+	pthread_mutex_unlock(&ib_objects_lock);
 	/* nobody sends before every receiver's queues are ready again: a UD
 	 * message to a QP not yet in RTR, or with no receive posted, is lost */
 	if (!ib_kv_count_in(ib_ids.epoch, "ready", NULL) &&

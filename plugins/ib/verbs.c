@@ -117,6 +117,7 @@ IB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return NULL;
 	}
 	ctx->ibv.device = device;
+	ctx->held_async_fd = -1;
 	ctx->ibv.cmd_fd = stable_fd(ctx->real->cmd_fd);
 	ctx->ibv.async_fd = stable_fd(ctx->real->async_fd);
 	ctx->ibv.num_comp_vectors = ctx->real->num_comp_vectors;
@@ -387,6 +388,7 @@ IB_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
 		return NULL;
 	}
 	ch->ibv.context = context;
+	ch->held_fd = -1;
 	ch->ibv.fd = stable_fd(ch->real->fd);
 	pthread_mutex_lock(&ib_objects_lock);
 	LINK(ctx->channels, ch);
