@@ -23,10 +23,6 @@
 #define MAX_CUR 4096
 #define VDSO_PARTS 4
 #define ZONE_VDSO_TMP (CKPT_RESERVE_START + 0x68000000UL)
-#define READ_CHUNK 0x40000000UL
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 struct span {
 	uint64_t start, end;
@@ -151,6 +147,7 @@ void prepare_memory(struct image *img)
 	read_current_maps();
 	check_vdso(img);
 	check_files(img);
+	reader_prepare(img);
 }
 
 static void unmap_old(void)
@@ -185,22 +182,6 @@ static void move_vdso(void)
 			if (r < 0)
 				fatal("moving the vDSO", r);
 		}
-	}
-}
-
-static void read_run(struct image *img, uint64_t addr, uint64_t len, uint64_t off)
-{
-	sys3(SYS_madvise, addr, len, MADV_POPULATE_WRITE);	/* batch the faults */
-	while (len) {
-		long n = sys4(SYS_pread64, img->fd, addr, len > READ_CHUNK ? READ_CHUNK : len, off);
-
-		if (n == -EINTR)
-			continue;
-		if (n <= 0)
-			fatal("reading page data", n ? n : -EIO);
-		addr += n;
-		off += n;
-		len -= n;
 	}
 }
 
@@ -277,11 +258,23 @@ static void map_region(struct image *img, unsigned idx)
 	for (uint64_t i = 0, off = v->data_offset; i < v->nruns; i++) {
 		uint64_t bytes = lv->runs[i].npages * CKPT_PAGE_SIZE;
 
-		read_run(img, v->start + lv->runs[i].offset, bytes, off);
+		reader_add(v->start + lv->runs[i].offset, bytes, off);
 		off += bytes;
 	}
-	if (v->nruns && (r = sys3(SYS_mprotect, v->start, len, v->prot)) < 0)
-		fatal("protecting a saved region", r);
+	if (v->nruns)
+		img->vmas[idx].filled = 1;	/* writable until its pages are in */
+}
+
+static void protect_filled(struct image *img)
+{
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct ckpt_vma *v = &img->vmas[i].v;
+		long r;
+
+		if (img->vmas[i].filled &&
+		    (r = sys3(SYS_mprotect, v->start, v->end - v->start, v->prot)) < 0)
+			fatal("protecting a saved region", r);
+	}
 }
 
 void restore_memory(struct image *img)
@@ -290,6 +283,8 @@ void restore_memory(struct image *img)
 	move_vdso();
 	for (unsigned i = 0; i < img->nvmas; i++)
 		map_region(img, i);
+	reader_run();
+	protect_filled(img);
 	for (unsigned i = 0; i < img->nvmas; i++)
 		if (file_fds[i] >= 0 && (i == 0 || file_fds[i] != file_fds[i - 1]))
 			sys1(SYS_close, file_fds[i]);

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include "ckpt_image.h"
 
 /* Layout of the reserved range: the binary and its brk heap (randomized
@@ -28,6 +29,7 @@ struct loaded_vma {
 	struct ckpt_vma v;
 	const char *path;
 	const struct ckpt_run *runs;
+	int filled;			/* its pages were read in at restore */
 };
 
 struct loaded_fd {
@@ -74,6 +76,11 @@ void fatal(const char *what, long err) __attribute__((noreturn));
 void set_failure_hook(void (*hook)(int status));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* pages.c */
+void reader_prepare(struct image *img);
+void reader_add(uint64_t addr, uint64_t len, uint64_t off);
+void reader_run(void);
+
 /* image.c */
 void image_load(struct image *img, const char *path, const char *xxh3);
 void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off);
@@ -88,6 +95,7 @@ int tree_run(void);
 void tree_enter(struct image *img);
 void tree_report_restored(struct image *img);
 int tree_report_fd(void);
+int tree_pid_taken(pid_t pid);
 
 /* shared.c */
 void shared_create(struct image *imgs, unsigned n);

@@ -39,6 +39,29 @@ static struct image *image_of(pid_t pid)
 	return NULL;
 }
 
+/* Whether pid is one the restart gives to a process or thread of the job
+ * or to a stand-in. */
+int tree_pid_taken(pid_t pid)
+{
+	const struct ckpt_process *r = root->proc;
+
+	if (pid == r->sid || pid == r->pgid || pid == r->ppid)
+		return 1;
+	for (unsigned i = 0; i < nimages; i++) {
+		const struct image *img = &images[i];
+
+		if (img->hdr.pid == pid)
+			return 1;
+		for (unsigned t = 0; t < img->nthreads; t++)
+			if (img->threads[t].tid == pid)
+				return 1;
+		for (unsigned z = 0; z < img->proc->nzombies && z < CKPT_MAX_ZOMBIES; z++)
+			if (img->proc->zombies[z].pid == pid)
+				return 1;
+	}
+	return 0;
+}
+
 static pid_t spawn(pid_t pid, void *stack_top, int (*fn)(void *), void *arg)
 {
 	struct clone_args ca;
