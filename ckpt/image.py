@@ -1,4 +1,4 @@
-"""Process image checks: the header (read through cffi) and whole-file XXH3."""
+"""Process image checks: the header (read through cffi) and the file's block checksum."""
 
 import os
 import platform
@@ -12,7 +12,6 @@ from ckpt.errors import CkptError
 from ckpt.headers import load_headers
 from ckpt.manifest import read_manifest
 
-CHUNK = 8 * 1024 * 1024
 # platform.machine() -> ELF e_machine, as the header's `arch`
 ELF_MACHINES = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "riscv64": 243, "s390x": 22}
 ARCH_NAMES = {value: key for key, value in ELF_MACHINES.items()}
@@ -26,13 +25,27 @@ def arch_name(number):
     return ARCH_NAMES.get(number, f"e_machine {number}")
 
 
+def _block_digest(block):
+    return xxhash.xxh3_64_intdigest(block).to_bytes(8, "little")
+
+
 def file_xxh3(path):
-    """Hex XXH3-64 of a whole file, as C prints it with %016llx."""
+    """Hex checksum of an image file, as C prints it with %016llx: the
+    XXH3-64 of the little-endian XXH3-64s of its CKPT_CHECKSUM_BLOCK-byte
+    blocks (so ckpt-restart checks one image on every CPU)."""
+    block = load_headers().const("CKPT_CHECKSUM_BLOCK")
     digest = xxhash.xxh3_64()
     with open(path, "rb") as image:
-        while chunk := image.read(CHUNK):
-            digest.update(chunk)
+        while data := image.read(block):
+            digest.update(_block_digest(data))
     return digest.hexdigest()
+
+
+def bytes_xxh3(data, block=None):
+    """file_xxh3() of a file holding data."""
+    block = block or load_headers().const("CKPT_CHECKSUM_BLOCK")
+    return xxhash.xxh3_64_hexdigest(b"".join(
+        _block_digest(data[i:i + block]) for i in range(0, len(data), block)))
 
 
 @dataclass

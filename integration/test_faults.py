@@ -8,6 +8,7 @@ import pytest
 import xxhash
 
 from ckpt.headers import load_headers
+from ckpt.image import bytes_xxh3
 
 from harness import APPS, Job, restart_and_finish
 
@@ -77,7 +78,7 @@ def _rewrite_header(image, **fields):
     header.header_xxh = 0
     header.header_xxh = xxhash.xxh3_64_intdigest(bytes(raw[:size]))
     image.write_bytes(raw)
-    return xxhash.xxh3_64_hexdigest(bytes(raw))
+    return bytes_xxh3(bytes(raw))
 
 
 def test_image_of_another_architecture_or_version(session):

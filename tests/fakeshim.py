@@ -12,10 +12,9 @@ import socket
 import sys
 from pathlib import Path
 
-import xxhash
 
 from ckpt.headers import load_headers
-from ckpt.image import header_checksum, host_arch
+from ckpt.image import bytes_xxh3, header_checksum, host_arch
 from ckpt.wire import escape, split_line, unescape
 
 
@@ -127,7 +126,7 @@ class FakeProcess:
             filename = f"proc-{self.pid}.img"
             Path(unescape(arg), filename).write_bytes(data)
             return (f"file={escape(filename)} size={len(data)} "
-                    f"xxh3={xxhash.xxh3_64_hexdigest(data)} write_ns=1000")
+                    f"xxh3={bytes_xxh3(data)} write_ns=1000")
         if name == "RESUME":
             return "stopped_ns=2000"
         return ""

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-import xxhash
 from click.testing import CliRunner
 
 from ckpt import manifest as m
 from ckpt.cli import main
+from ckpt.image import bytes_xxh3
 from tests.fakeshim import make_image
 from ckpt.launch import check_program, job_environment
 
@@ -122,7 +122,7 @@ def make_checkpoint(job_dir, number=1, payload=b"z" * 3000):
     data = make_image(7, payload)
     (directory / "proc-7.img").write_bytes(data)
     proc = {"pid": 7, "host": "h", "image": "proc-7.img", "size": len(data),
-            "xxh3": xxhash.xxh3_64_hexdigest(data)}
+            "xxh3": bytes_xxh3(data)}
     m.write_manifest(directory, m.build_manifest(job_id=job_dir.name, number=number, command=["app"],
                                                  processes=[proc], start_ns=1, end_ns=2))
     m.update_latest(job_dir, directory.name)

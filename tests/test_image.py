@@ -1,3 +1,5 @@
+import os
+
 import xxhash
 import pytest
 
@@ -6,13 +8,13 @@ from ckpt import manifest as m
 from ckpt.errors import CkptError
 from tests.fakeshim import make_image
 from ckpt.headers import cffi_block, load_headers
-from ckpt.image import check_header, file_xxh3, verify_checkpoint
+from ckpt.image import bytes_xxh3, check_header, file_xxh3, verify_checkpoint
 
 
 def checkpoint_with(tmp_path, data, **manifest_overrides):
     (tmp_path / "proc-42.img").write_bytes(data)
     proc = {"pid": 42, "host": "h", "image": "proc-42.img", "size": len(data),
-            "xxh3": xxhash.xxh3_64_hexdigest(data)}
+            "xxh3": bytes_xxh3(data)}
     manifest = m.build_manifest(job_id="job", number=1, command=["app"], processes=[proc],
                                 start_ns=1, end_ns=2)
     manifest.update(manifest_overrides)
@@ -39,11 +41,16 @@ def test_good_image(tmp_path):
     assert check_header(directory / "proc-42.img").pid == 42
 
 
-def test_file_xxh3_streams_large_files(tmp_path):
-    data = bytes(range(256)) * 40000  # > one 8 MiB chunk
+def test_file_checksum_is_the_hash_of_its_blocks_hashes(tmp_path):
+    block = load_headers().const("CKPT_CHECKSUM_BLOCK")
+    data = os.urandom(1000) * (block // 1000 * 2 + 3)  # two blocks and a piece
     path = tmp_path / "big"
     path.write_bytes(data)
-    assert file_xxh3(path) == xxhash.xxh3_64_hexdigest(data)
+    digests = b"".join(xxhash.xxh3_64_intdigest(data[i:i + block]).to_bytes(8, "little")
+                       for i in (0, block, 2 * block))
+    assert file_xxh3(path) == xxhash.xxh3_64_hexdigest(digests) == bytes_xxh3(data)
+    assert bytes_xxh3(data[:-1]) != bytes_xxh3(data)
+    assert bytes_xxh3(b"") == xxhash.xxh3_64_hexdigest(b"")
 
 
 @pytest.mark.parametrize("fields, words", [

@@ -4,8 +4,10 @@
  * One file per process: a 4 KiB header, then a stream of records, each a
  * struct ckpt_record followed by its payload, ended by CKPT_REC_END.  Page
  * data of a memory region sits page-aligned inside its record so restart
- * can read() it straight into the mapped region.  The whole file's XXH3-64
- * is kept in the checkpoint's manifest.yaml; the header has its own.
+ * can read() it straight into the mapped region.  The file's checksum is
+ * kept in the checkpoint's manifest.yaml: the XXH3-64 of the XXH3-64s
+ * (little-endian) of its CKPT_CHECKSUM_BLOCK-byte blocks, so that many
+ * CPUs can check one image.  The header has its own.
  *
  * Python reads the block between the cffi markers with cffi, so keep it to
  * plain fixed-size types there.
@@ -17,7 +19,8 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 2
+#define CKPT_IMAGE_VERSION 3
+#define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
 #define CKPT_PAGE_SIZE 4096

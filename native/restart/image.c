@@ -1,5 +1,5 @@
 /*
- * Reading an image: header checks, the optional whole-file checksum, and
+ * Reading an image: header checks, the optional checksum, and
  * the records (everything but page data) into the arena.  All of it
  * happens before anything of the running process is changed.
  */
@@ -55,18 +55,48 @@ static void check_header(struct image *img)
 		die("%s: image reserves another restart range", img->file);
 }
 
+/* The blocks of one image, hashed by every CPU (helpers.c). */
+struct block_hashing {
+	const char *data;
+	uint64_t size, nblocks;
+	uint64_t *digests;
+	uint64_t next;			/* the next block to take (atomic) */
+};
+
+static int hash_blocks(void *arg)
+{
+	struct block_hashing *h = arg;
+
+	for (;;) {
+		uint64_t i = __atomic_fetch_add(&h->next, 1, __ATOMIC_RELAXED);
+		uint64_t off = i * CKPT_CHECKSUM_BLOCK;
+
+		if (i >= h->nblocks)
+			return 0;
+		h->digests[i] = XXH3_64bits(h->data + off, h->size - off < CKPT_CHECKSUM_BLOCK ?
+					    h->size - off : CKPT_CHECKSUM_BLOCK);
+	}
+}
+
 /* Hashed straight from the page cache through a temporary mapping. */
 static void check_checksum(struct image *img, const char *want_hex, uint64_t size)
 {
 	uint64_t want = strtoull(want_hex, NULL, 16);
-	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, img->fd, 0);
+	struct block_hashing h = { .size = size };
 	uint64_t got;
+	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, img->fd, 0);
 
 	if (p == MAP_FAILED)
 		die("%s: cannot map the image: %s", img->file, strerror(errno));
-	madvise(p, size, MADV_SEQUENTIAL);
-	got = XXH3_64bits(p, size);
+	h.data = p;
+	h.nblocks = (size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
+	h.digests = malloc(h.nblocks * sizeof(*h.digests) + 1);
+	if (!h.digests)
+		die("out of memory");
+	helpers_run(hash_blocks, &h);
 	munmap(p, size);
+	got = XXH3_64bits(h.digests, h.nblocks * sizeof(*h.digests));	/* x86: little-endian */
+	free(h.digests);
 	if (got != want)
 		die("%s: image checksum mismatch (corrupt or truncated image)", img->file);
 }

@@ -172,12 +172,14 @@ int main(int argc, char **argv)
 	if (err)
 		die("the restart address range is in use: %s", strerror(err));
 	raise_fd_limit();
+	helpers_init();
 	for (unsigned i = 0; i < args.nimages; i++)
 		image_load(&imgs[i], args.image[i], args.nxxh3 ? args.xxh3[i] : NULL);
 	check_pids(imgs, args.nimages);
 	mark("images checked and loaded");
 	prepare_fds(imgs, args.nimages);
 	tree_init(imgs, args.nimages, restorer);
+	helpers_pick_pids();
 	enter_namespaces();
 	shared_create(imgs, args.nimages);	/* System V segments: in the new IPC namespace */
 	mark("shared objects created");

@@ -76,6 +76,11 @@ void fatal(const char *what, long err) __attribute__((noreturn));
 void set_failure_hook(void (*hook)(int status));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* helpers.c */
+void helpers_init(void);
+void helpers_pick_pids(void);
+void helpers_run(int (*fn)(void *), void *arg);
+
 /* pages.c */
 void reader_prepare(struct image *img);
 void reader_add(uint64_t addr, uint64_t len, uint64_t off);

@@ -1,7 +1,8 @@
 /*
  * Writing one image file: small records go through a buffer, page data is
  * written straight from the application's memory in large write()s.  Every
- * byte is fed to a streaming XXH3-64, which ends up in the manifest.
+ * byte is fed to the block checksum (ckpt_image.h), which ends up in the
+ * manifest.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -17,12 +18,39 @@
 
 struct image_writer {
 	XXH3_state_t hash;		/* first: needs 64-byte alignment */
+	XXH3_state_t block_hash;	/* of the current block */
+	uint64_t block_fill;		/* its bytes so far */
 	int fd;
 	int error;			/* first errno, sticky */
 	uint64_t offset;		/* bytes handed to the file so far */
 	size_t buflen;
 	char buf[BUF_SIZE];
 };
+
+static void end_block(struct image_writer *w)
+{
+	uint64_t digest = XXH3_64bits_digest(&w->block_hash);	/* x86: little-endian */
+
+	XXH3_64bits_update(&w->hash, &digest, sizeof(digest));
+	XXH3_64bits_reset(&w->block_hash);
+	w->block_fill = 0;
+}
+
+static void hash_update(struct image_writer *w, const void *p, size_t len)
+{
+	while (len) {
+		size_t n = CKPT_CHECKSUM_BLOCK - w->block_fill;
+
+		if (n > len)
+			n = len;
+		XXH3_64bits_update(&w->block_hash, p, n);
+		w->block_fill += n;
+		if (w->block_fill == CKPT_CHECKSUM_BLOCK)
+			end_block(w);
+		p = (const char *)p + n;
+		len -= n;
+	}
+}
 
 static int write_all(struct image_writer *w, const void *p, size_t len)
 {
@@ -69,6 +97,7 @@ struct image_writer *iw_open(int dirfd, const char *name)
 		return NULL;
 	}
 	XXH3_64bits_reset(&w->hash);
+	XXH3_64bits_reset(&w->block_hash);
 	return w;
 }
 
@@ -85,7 +114,7 @@ int iw_append(struct image_writer *w, const void *p, size_t len)
 		if (n > len)
 			n = len;
 		memcpy(w->buf + w->buflen, p, n);
-		XXH3_64bits_update(&w->hash, w->buf + w->buflen, n);
+		hash_update(w, w->buf + w->buflen, n);
 		w->buflen += n;
 		p = (const char *)p + n;
 		len -= n;
@@ -109,7 +138,7 @@ int iw_direct(struct image_writer *w, const void *p, size_t len)
 {
 	if (flush(w))
 		return w->error;
-	XXH3_64bits_update(&w->hash, p, len);
+	hash_update(w, p, len);
 	w->offset += len;
 	return write_all(w, p, len);
 }
@@ -137,6 +166,8 @@ int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3)
 	if (close(w->fd) && !err)
 		err = errno;
 	*size = w->offset;
+	if (w->block_fill)
+		end_block(w);
 	*xxh3 = XXH3_64bits_digest(&w->hash);
 	scratch_unmap(w, sizeof(*w));
 	return err;
