@@ -2,8 +2,8 @@
 
 Each program is launched as `ckpt launch -- mpirun -np N prog`, checkpointed
 three times at random moments, killed, and restarted; rank 0's output must
-equal an uninterrupted run's.  Also a restart twice in a chain, and an
-mpi4py program.
+equal an uninterrupted run's.  Also large messages (single copy between
+processes), a restart twice in a chain, and an mpi4py program.
 """
 import shutil
 from pathlib import Path
@@ -56,6 +56,25 @@ def test_mpi_checkpoint_kill_restart(session, stack, ranks, program):
     image = session.rng.choice(job.images)
     assert restart_and_finish(session, image, job) == reference, \
         f"{program} on {stack} x{ranks} restarted from {image.name} differs"
+
+
+@pytest.mark.parametrize("stack", ["mpich", "openmpi"])
+def test_mpi_single_copy_large_messages(session, stack):
+    """1 MiB messages go by process_vm_readv (vader CMA, UCX cma): after a
+    restart each rank must still reach its peer's memory by pid.  The
+    second restart comes after the first ran to its end, when mpirun has
+    removed its session directory under /tmp: the restart makes it again."""
+    if not have(stack):
+        pytest.skip(f"{stack} is not installed")
+    app, args = mpi_job(stack, 2, "bigmsg"), ["300", "10"]
+    reference = session.reference(app, *args)
+    assert "PASS" in reference
+    job = Job(session, f"bigmsg-{stack}", app, *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3, 0.2, 0.6)
+    job.kill()
+    for image in (job.images[0], job.images[-1]):
+        assert restart_and_finish(session, image, job) == reference
 
 
 @pytest.mark.parametrize("stack", ["mpich", "openmpi"])

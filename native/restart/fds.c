@@ -145,10 +145,51 @@ static int open_deleted(const struct loaded_fd *lf)
 	return fd;
 }
 
-static int open_path(const struct loaded_fd *lf)
+/* mkdir -p of path's directory: a scratch file's directory went with it. */
+void make_parent_dirs(const char *path)
+{
+	char dir[CKPT_PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+		*slash = '\0';
+		mkdir(dir, 0700);	/* EEXIST is what we want */
+		*slash = '/';
+	}
+}
+
+/* A scratch file that is gone (its job ended and cleaned up): made again
+ * with the saved contents.  Another restored process may race us to it. */
+static void recreate_scratch(const struct loaded_fd *lf)
+{
+	int wfd;
+
+	make_parent_dirs(lf->path);
+	wfd = open(lf->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
+	if (wfd < 0 && errno == EEXIST)
+		return;
+	if (wfd < 0)
+		die("cannot recreate %s: %s", lf->path, strerror(errno));
+	write_all(wfd, lf->data, lf->f.data_size, lf->path);
+	close(wfd);
+}
+
+/* A regular file opened again by its path, a gone scratch file made again. */
+int open_file_again(const struct loaded_fd *lf)
 {
 	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
 	int fd = open(lf->path, flags | O_CLOEXEC);
+
+	if (fd < 0 && errno == ENOENT && lf->f.kind == CKPT_FD_FILE && lf->f.data_size) {
+		recreate_scratch(lf);
+		fd = open(lf->path, flags | O_CLOEXEC);
+	}
+	return fd;
+}
+
+static int open_path(const struct loaded_fd *lf)
+{
+	int fd = open_file_again(lf);
 
 	if (fd < 0)
 		die("cannot reopen fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
@@ -199,6 +240,7 @@ static int open_fifo(const struct loaded_fd *lf)
 	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
 	int fd;
 
+	make_parent_dirs(lf->path);
 	if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
 		die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
 	if ((flags & O_ACCMODE) == O_WRONLY)	/* O_WRONLY alone: ENXIO without a reader */

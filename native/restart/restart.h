@@ -76,6 +76,11 @@ void fatal(const char *what, long err) __attribute__((noreturn));
 void set_failure_hook(void (*hook)(int status));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* fds.c */
+void make_parent_dirs(const char *path);
+struct loaded_fd;
+int open_file_again(const struct loaded_fd *lf);
+
 /* helpers.c */
 void helpers_init(void);
 void helpers_pick_pids(void);

@@ -133,6 +133,7 @@ static void create_fifos(struct image *imgs, unsigned n)
 
 			if (lf->f.kind != CKPT_FD_FIFO || !lf->f.data_size || find_pipe(lf->f.object_id))
 				continue;
+			make_parent_dirs(lf->path);
 			if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
 				die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
 			fd = open(lf->path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
@@ -268,6 +269,7 @@ static int open_shm_object(const struct shared_shm *s)
 			die("cannot recreate shared memory: %s", strerror(errno));
 		return fd;
 	}
+	make_parent_dirs(s->file->path);	/* a scratch file's may be gone */
 	fd = open(s->file->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fd < 0 || ftruncate(fd, s->file->v.file_size > s->size ? s->file->v.file_size : s->size))
 		die("cannot restore shared file %s: %s", s->file->path, strerror(errno));
@@ -735,8 +737,7 @@ static void create_files(struct image *imgs, unsigned n)
 			owner = fd_record(imgs, n, f->share_pid, f->share_fd);
 			if (!owner || owner->f.kind != CKPT_FD_FILE)
 				continue;	/* its owner is gone: opened on its own */
-			fd = open(owner->path, (owner->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) |
-				  O_CLOEXEC);
+			fd = open_file_again(owner);
 			if (fd < 0 || lseek(fd, owner->f.offset, SEEK_SET) < 0)
 				die("cannot reopen %s: %s", owner->path, strerror(errno));
 			files[nfiles++] = (struct shared_file){ f->share_pid, f->share_fd,

@@ -116,13 +116,32 @@ static int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec)
 	return ENOTTY;
 }
 
+/*
+ * A job's scratch files (an MPI library's session directory under /tmp,
+ * say) are removed when the job ends: restarting an older image later
+ * must find them again.  Their contents are saved, up to a size, and the
+ * restart recreates the ones that are gone.
+ */
+#define SCRATCH_MAX (64ULL << 20)
+
+int shim_is_scratch_path(const char *path)
+{
+	static const char *const dirs[] = { "/tmp/", "/var/tmp/", "/dev/shm/" };
+
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
+		if (!strncmp(path, dirs[i], strlen(dirs[i])))
+			return 1;
+	return 0;
+}
+
 /* ---- the fd table ---- */
 
 struct fd_info {
 	struct ckpt_fd rec;
 	uint64_t dev, ino;
-	uint64_t file_size;		/* a deleted file's contents to save */
-	int held;			/* ours, on the deleted file, or -1 */
+	uint64_t file_size;
+	int save_contents;		/* deleted, or a small scratch file */
+	int held;			/* ours, to read the contents, or -1 */
 	struct fd_payload payload;	/* socket queue, epoll interest list */
 	char path[CKPT_PATH_MAX];
 };
@@ -239,6 +258,8 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 		    !strcmp(fi->path + len - 10, " (deleted)"))
 			fi->path[len - 10] = '\0';
 		fi->file_size = st->st_size;
+		fi->save_contents = fi->rec.kind == CKPT_FD_DELETED_FILE ||
+			(shim_is_scratch_path(fi->path) && fi->file_size <= SCRATCH_MAX);
 		/* a memfd may also be mapped */
 		fi->rec.object_id = shim_object_id(st->st_dev, st->st_ino);
 	} else if (S_ISDIR(st->st_mode)) {
@@ -343,6 +364,7 @@ struct fd_table *fds_collect(void)
 		if (describe_fd(fds[i], fi, &st))
 			continue;	/* closed meanwhile */
 		fi->held = -1;
+		fi->save_contents = 0;
 		fi->payload = (struct fd_payload){ 0 };
 		find_dup(t, fi);
 		if (fi->rec.dup_of < 0) {
@@ -350,7 +372,7 @@ struct fd_table *fds_collect(void)
 			find_shared_open_file(fi);
 		}
 		/* held now: a forked writer reads it after the job moved on */
-		if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
+		if (fi->save_contents && fi->rec.dup_of < 0)
 			fi->held = app_open(getpid(), fi->rec.fd, O_RDONLY);
 		t->n++;
 	}
@@ -410,7 +432,7 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 	int err;
 
 	fi->rec.path_len = strlen(fi->path);
-	if (fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.dup_of < 0)
+	if (fi->save_contents && fi->rec.dup_of < 0)
 		fi->rec.data_size = fi->file_size;
 	if (fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_FIFO) {
 		p = find_pipe(fi->rec.object_id);
@@ -426,7 +448,7 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 		err = iw_append(w, &fi->rec, sizeof(fi->rec));
 	if (!err)
 		err = iw_append(w, fi->path, fi->rec.path_len);
-	if (!err && fi->rec.kind == CKPT_FD_DELETED_FILE && fi->rec.data_size)
+	if (!err && fi->save_contents && fi->rec.data_size)
 		err = save_file_contents(w, fi->held, fi->rec.data_size);
 	if (!err && fi->rec.data_size && p)
 		err = iw_append(w, p->data, p->len);

@@ -87,7 +87,9 @@ static uint32_t classify(const struct region *r)
 	if (r->shared && !strncmp(p, "/SYSV", 5))
 		return CKPT_VMA_SYSV_SHM;
 	if (r->shared && p[0] == '/' && r->inode && !is_deleted(p))
-		return in_memory_fs(p) ? CKPT_VMA_SHARED_MEMFILE : CKPT_VMA_SHARED_FILE;
+		/* saved like shared memory: scratch files may be gone at restart */
+		return in_memory_fs(p) || shim_is_scratch_path(p) ?
+			CKPT_VMA_SHARED_MEMFILE : CKPT_VMA_SHARED_FILE;
 	if (r->shared)
 		return CKPT_VMA_SHARED_ANON;
 	if (p[0] == '/' && r->inode)

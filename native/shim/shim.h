@@ -148,6 +148,7 @@ struct fd_table;
 SHIM_HIDDEN struct fd_table *fds_collect(void);	/* while the process is stopped */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
 SHIM_HIDDEN void fds_release(struct fd_table *t);
+SHIM_HIDDEN int shim_is_scratch_path(const char *path);	/* under /tmp, /var/tmp, /dev/shm */
 
 /* memory ranges of the shim's own scratch buffers: not saved */
 SHIM_HIDDEN void *scratch_map(size_t len);
