@@ -98,9 +98,13 @@ struct ckpt_vma {
 	int32_t sysv_id;		/* CKPT_VMA_SYSV_SHM: shmid, key, mode */
 	int32_t sysv_key;
 	uint32_t sysv_mode;		/* permissions, SHM_DEST (removed, still attached) */
-	uint32_t pad;
+	uint32_t flags;			/* CKPT_VMA_PAGES_* */
 	uint64_t sysv_size;
 };
+
+/* Shared memory mapped alike by several processes is saved by one: the
+ * others' records say where its pages are. */
+#define CKPT_VMA_PAGES_ELSEWHERE 1	/* in another image of the same host */
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or
  * come from the mapped file. */

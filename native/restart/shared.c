@@ -307,13 +307,13 @@ static void create_shms(struct image *imgs, unsigned n)
 	for (unsigned i = 0; i < nshms; i++)
 		if (!shms[i].sysv)
 			shms[i].fd = move_high(open_shm_object(&shms[i]), "shared memory");
-	/* every process saved what it mapped: fill each range once */
+	/* fill each range once, from the process that saved it */
 	for (unsigned i = 0; i < n; i++)
 		for (unsigned j = 0; j < imgs[i].nvmas; j++) {
 			const struct loaded_vma *lv = &imgs[i].vmas[j];
 			uint64_t lo = lv->v.pgoff, hi = lo + (lv->v.end - lv->v.start);
 
-			if (!is_shared_memory(&lv->v) ||
+			if (!is_shared_memory(&lv->v) || (lv->v.flags & CKPT_VMA_PAGES_ELSEWHERE) ||
 			    already_filled(done, ndone, lv->v.shm_id, lo, hi))
 				continue;
 			fill_from(&imgs[i], lv, find_shm(lv->v.shm_id));

@@ -37,6 +37,7 @@ struct region {
 
 struct mem_saver {
 	struct image_writer *w;
+	const char *shared_key;
 	int pagemap_fd;
 	uint64_t *pagemap;		/* WINDOW_PAGES entries */
 	struct ckpt_run *runs;		/* WINDOW_PAGES / 2 + 1 entries */
@@ -273,6 +274,24 @@ static void file_identity(const struct region *r, struct ckpt_vma *v)
 	}
 }
 
+/*
+ * The same range of a shared memory object, mapped by several processes,
+ * is saved once: the first to claim it (through the coordinator) writes
+ * its pages.  Whether another process owns it.
+ */
+static int saved_elsewhere(const struct mem_saver *s, const struct ckpt_vma *v)
+{
+	char key[256], value[16], owner[64];
+
+	if (!s->shared_key || !v->shm_id)
+		return 0;
+	snprintf(key, sizeof(key), "%s:%llx:%llx:%llx", s->shared_key,
+		 (unsigned long long)v->shm_id, (unsigned long long)v->pgoff,
+		 (unsigned long long)(v->end - v->start));
+	snprintf(value, sizeof(value), "%d", getpid());
+	return kv_claim(key, value, owner, sizeof(owner)) == EEXIST && atoi(owner) != getpid();
+}
+
 static int save_window(struct mem_saver *s, const struct region *r, uint64_t start,
 		       uint64_t end)
 {
@@ -291,7 +310,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	size_t payload;
 	int err;
 
-	if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
+	if (saved_elsewhere(s, &v))
+		v.flags |= CKPT_VMA_PAGES_ELSEWHERE;
+	else if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
 		if (!readable && (copied_kind(r->kind) || any_page_present(s, start, end))) {
 			/* a PROT_NONE or write-only region holding data */
 			if (shim_mprotect((void *)start, end - start, r->prot | PROT_READ))
@@ -413,9 +434,9 @@ static ssize_t read_maps(char *buf, size_t size)
 	return len;
 }
 
-int save_memory(struct image_writer *w)
+int save_memory(struct image_writer *w, const char *shared_key)
 {
-	struct mem_saver s = { .w = w };
+	struct mem_saver s = { .w = w, .shared_key = shared_key };
 	char *maps = scratch_map(MAPS_MAX);
 	size_t pm_size = WINDOW_PAGES * 8;
 	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);

@@ -143,7 +143,9 @@ SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 SHIM_HIDDEN int collect_process(struct ckpt_process *p);
 SHIM_HIDDEN int restore_exe_link(void);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);
-SHIM_HIDDEN int save_memory(struct image_writer *w);
+/* shared_key: "shm:<checkpoint>:<host>", under which processes claim the
+ * shared memory they save; NULL: every process saves what it maps */
+SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key);
 struct fd_table;
 SHIM_HIDDEN struct fd_table *fds_collect(void);	/* while the process is stopped */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);

@@ -57,7 +57,8 @@ struct snapshot {
 	const struct ckpt_thread *self;
 };
 
-static int write_records(struct image_writer *w, const struct snapshot *snap)
+static int write_records(struct image_writer *w, const struct snapshot *snap,
+			 const char *shared_key)
 {
 	static const char end_marker[8];
 	char page[CKPT_HEADER_SIZE] = { 0 };
@@ -72,14 +73,15 @@ static int write_records(struct image_writer *w, const struct snapshot *snap)
 	if (!err)
 		err = save_fds(w, snap->fds);
 	if (!err)
-		err = save_memory(w);
+		err = save_memory(w, shared_key);
 	if (!err)
 		err = iw_record(w, CKPT_REC_END, end_marker, sizeof(end_marker));
 	return err;
 }
 
 /* Write <dir>/<host>-<pid>.img; detail gets the DONE keys or the error. */
-static int write_file(const char *dir, const struct snapshot *snap, char *detail, size_t size)
+static int write_file(const char *dir, const struct snapshot *snap, const char *shared_key,
+		      char *detail, size_t size)
 {
 	struct image_writer *w;
 	uint64_t bytes = 0, xxh = 0;
@@ -100,7 +102,7 @@ static int write_file(const char *dir, const struct snapshot *snap, char *detail
 		snprintf(detail, size, "cannot create %s/%s: %s", dir, name, shim_strerror(err));
 		goto out;
 	}
-	err = write_records(w, snap);
+	err = write_records(w, snap, shared_key);
 	if (err) {
 		iw_abort(w, dirfd, name);
 	} else {
@@ -151,14 +153,28 @@ static void drop_snapshot(struct snapshot *snap)
 	scratch_unmap(snap->proc, sizeof(*snap->proc));
 }
 
+/* Processes writing in place save shared memory once per host and
+ * checkpoint (save_memory.c): dir is <job>/.ckpt-NNNN.tmp. */
+static void shared_key_for(const char *dir, char *key, size_t size)
+{
+	const char *base = strrchr(dir, '/');
+	unsigned long number;
+
+	key[0] = '\0';
+	if (sscanf(base ? base + 1 : dir, ".ckpt-%lu.tmp", &number) == 1)
+		snprintf(key, size, "shm:%lu:%s", number, shim_hostname());
+}
+
 int image_write_now(const char *dir, const struct ckpt_thread *self, char *detail, size_t size)
 {
 	struct snapshot snap;
+	char key[128];
 	int err = take_snapshot(&snap, self, detail, size);
 
 	if (err)
 		return err;
-	err = write_file(dir, &snap, detail, size);
+	shared_key_for(dir, key, sizeof(key));
+	err = write_file(dir, &snap, key[0] ? key : NULL, detail, size);
 	drop_snapshot(&snap);
 	return err;
 }
@@ -197,7 +213,8 @@ static void writer_child(const char *dir, const struct snapshot *snap, int repor
 	int err, n;
 
 	warnings_to_fd(report);
-	err = write_file(dir, snap, detail, sizeof(detail));
+	/* no claims from here: the control connection is the parent's */
+	err = write_file(dir, snap, NULL, detail, sizeof(detail));
 	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
 		  snprintf(line, sizeof(line), "DONE %s\n", detail);
 	if (write(report, line, n) != n)
