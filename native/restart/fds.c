@@ -174,6 +174,14 @@ static void recreate_scratch(const struct loaded_fd *lf)
 	close(wfd);
 }
 
+/* A named pipe that is gone (with its directories) made again. */
+void make_fifo_again(const struct loaded_fd *lf)
+{
+	make_parent_dirs(lf->path);
+	if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
+		die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
+}
+
 /* A regular file opened again by its path, a gone scratch file made again. */
 int open_file_again(const struct loaded_fd *lf)
 {
@@ -240,9 +248,7 @@ static int open_fifo(const struct loaded_fd *lf)
 	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
 	int fd;
 
-	make_parent_dirs(lf->path);
-	if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
-		die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
+	make_fifo_again(lf);
 	if ((flags & O_ACCMODE) == O_WRONLY)	/* O_WRONLY alone: ENXIO without a reader */
 		flags = (flags & ~O_ACCMODE) | O_RDWR;
 	fd = open(lf->path, flags | O_NONBLOCK | O_CLOEXEC);

@@ -80,6 +80,7 @@ void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void make_parent_dirs(const char *path);
 struct loaded_fd;
 int open_file_again(const struct loaded_fd *lf);
+void make_fifo_again(const struct loaded_fd *lf);
 
 /* helpers.c */
 void helpers_init(void);

@@ -133,9 +133,7 @@ static void create_fifos(struct image *imgs, unsigned n)
 
 			if (lf->f.kind != CKPT_FD_FIFO || !lf->f.data_size || find_pipe(lf->f.object_id))
 				continue;
-			make_parent_dirs(lf->path);
-			if (mkfifo(lf->path, lf->f.mode & 07777) && errno != EEXIST)
-				die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
+			make_fifo_again(lf);
 			fd = open(lf->path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
 			if (fd < 0)
 				die("cannot reopen fifo %s: %s", lf->path, strerror(errno));
