@@ -11,6 +11,8 @@ from ckpt.errors import CkptError
 from ckpt.wire import escape
 
 ABORT_TIMEOUT = 10.0  # how long suspended processes get to acknowledge an abort
+CHILD_HELLO_WAIT = 0.5  # a child forked just before SUSPEND: its HELLO is on its way
+NEWCOMER_ROUNDS = 20  # newcomers' own children, forked before they were parked
 
 
 def prepare_directory(job_dir):
@@ -41,7 +43,7 @@ class CheckpointRun:
 
     async def run(self):
         """Returns the published directory; CkptError (job resumed) on failure."""
-        suspended = list(self.procs)  # RESUME abort reaches them all on failure
+        self.to_abort = suspended = list(self.procs)  # RESUME abort reaches them all on failure
         self.coord.forget_names_of_checkpoint(self.number)
         try:
             # plugins with hardware that cannot be imaged let go of it while
@@ -49,6 +51,7 @@ class CheckpointRun:
             await self._phase("STOP")
             await self._phase("RELEASE")
             threads = await self._phase("SUSPEND")
+            threads.update(await self._take_in_newcomers(threads))
             await self._phase("DRAIN")
             mode = " fork" if self.forked else ""
             written = await self._phase("WRITE", escape(self.tmp) + mode)
@@ -65,6 +68,9 @@ class CheckpointRun:
                 synced = await self._phase("SYNC")
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
+            for proc in self.coord.live_processes():
+                if proc not in self.procs:
+                    self.coord.note(f"{proc.describe()} started during the checkpoint and is not part of it")
             return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
             await self._abandon(suspended)
@@ -83,6 +89,29 @@ class CheckpointRun:
         if not self.procs:
             raise PhaseError("every process of the job exited during the checkpoint")
         return answers
+
+    async def _take_in_newcomers(self, suspended):
+        """Every process is parked now, but some joined after the barriers
+        began (a child forked during STOP), or forked a child just before
+        parking whose HELLO is still on its way; their parents' images count
+        on them.  They go through STOP, RELEASE and SUSPEND on their own,
+        then join the rest: returns their SUSPEND answers."""
+        taken = {}
+        for _ in range(NEWCOMER_ROUNDS):
+            children = {(proc.host, int(pid)) for proc, keys in suspended.items()
+                        for pid in keys.get("children", "").split(",") if pid}
+            # one that exits before its HELLO is a zombie now: not waited for long
+            await self.coord.wait_for_ids(children, CHILD_HELLO_WAIT)
+            newcomers = [p for p in self.coord.live_processes() if p not in self.procs]
+            if not newcomers:
+                return taken
+            self.to_abort.extend(newcomers)
+            for phase in ("STOP", "RELEASE", "SUSPEND"):
+                suspended, _gone = await self.coord.barrier(phase, newcomers, seq=self.number)
+                newcomers = [p for p in newcomers if p in suspended]
+            self.procs.extend(newcomers)
+            taken.update(suspended)
+        raise PhaseError("processes kept starting during the checkpoint")
 
     def _image_entries(self, written, threads):
         """Manifest entries from the DONE WRITE keys, checked against the files."""

@@ -140,8 +140,6 @@ class Coordinator:
             await self._remove(proc)
 
     async def _add(self, proc):
-        if self._warnings is not None:  # a checkpoint is running
-            self.note(f"{proc.describe()} started during a checkpoint and is not part of it")
         async with self._registered:
             self.processes.append(proc)
             self._registered.notify_all()
@@ -277,6 +275,20 @@ class Coordinator:
             except asyncio.TimeoutError:
                 return False
         return True
+
+    async def wait_for_ids(self, ids, timeout):
+        """Wait until every (host, pid) in ids registered; False on timeout."""
+        def known():
+            return ids <= {(p.host, p.pid) for p in self._matching()}
+        async with self._registered:
+            try:
+                await asyncio.wait_for(self._registered.wait_for(known), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def live_processes(self):
+        return self._matching()
 
     def _matching(self, restored=None):
         return [p for p in self.processes if p.alive and (restored is None or p.restored == restored)]

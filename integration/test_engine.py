@@ -154,3 +154,19 @@ def test_shell_steps_share_their_output_file(session):
     job.checkpoint_at_random_moments(2, 0.1, 0.4)
     job.kill()
     assert restart_and_finish(session, job.images[-1], job) == reference
+
+
+def test_children_forked_during_the_checkpoint(session):
+    """forker forks a child every few milliseconds: checkpoints land while
+    a child is being forked, before its HELLO reached the coordinator.  The
+    checkpoint takes it in (else the restarted parent waits for a child
+    that is not there); every image must finish like the reference."""
+    args = ["1500", "3"]
+    reference = session.reference("forker", *args)
+    assert "PASS" in reference
+    job = Job(session, "forker", "forker", *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(6, 0.05, 0.3)
+    job.kill()
+    for image in session.rng.sample(job.images, 3):
+        assert restart_and_finish(session, image, job) == reference, image.name

@@ -34,6 +34,7 @@ enum { SESSION_EOF = -1, SESSION_RESTARTED = -2 };
 struct ckpt_restart_info shim_restart_info;	/* filled by ckpt-restart */
 
 static char coord_path[108];
+static pid_t checkpointer_tid;	/* the checkpoint thread, for shim_log */
 static struct ckpt_thread self_rec;
 static int64_t suspended_at;
 static int restarting;
@@ -124,7 +125,7 @@ static int run_hooks(enum ckpt_phase phase, unsigned seq, int aborted)
 
 static void phase_suspend(unsigned seq)
 {
-	char detail[64];
+	char detail[CKPT_LINE_MAX / 2], children[CKPT_LINE_MAX / 2 - 64];
 	int err;
 
 	suspended_at = shim_now_ns();
@@ -141,7 +142,9 @@ static void phase_suspend(unsigned seq)
 	}
 	if (run_hooks(CKPT_PHASE_SUSPEND, seq, 0))
 		return;
-	snprintf(detail, sizeof(detail), "threads=%u", quiesce_count() + 1);
+	process_job_children(children, sizeof(children));
+	snprintf(detail, sizeof(detail), "threads=%u%s%s", quiesce_count() + 1,
+		 children[0] ? " children=" : "", children);
 	reply(CKPT_PHASE_SUSPEND, 0, detail);
 }
 
@@ -209,14 +212,17 @@ static int run_session(void)
 	return SESSION_EOF;
 }
 
-/* Our fd table is a copy of the application's: drop the copies (they
- * would keep pipes and sockets open), keeping stderr for diagnostics. */
+/* Our fd table is a copy of the application's: drop the copies, stderr
+ * too (a daemon that lets go of its stderr must not keep a pipe open
+ * through us: shim_log reopens the application's).  /dev/null holds 0-2,
+ * so that nothing this thread opens gets a stdio number. */
 static void close_copied_fds(void)
 {
-	syscall(SYS_close_range, 0, 1, 0);
-	syscall(SYS_close_range, 3, ~0U, 0);
-	if (fcntl(STDERR_FILENO, F_GETFD) < 0)	/* keep 2 for diagnostics only */
-		open("/dev/null", O_WRONLY);
+	syscall(SYS_close_range, 0, ~0U, 0);
+	if (open("/dev/null", O_RDWR) == 0) {
+		dup2(0, 1);
+		dup2(0, 2);
+	}
 }
 
 /* Back from an image: the fds and buffers of the old process are gone. */
@@ -257,6 +263,7 @@ static int checkpointer_main(void *arg)
 	int err;
 
 	(void)arg;
+	checkpointer_tid = syscall(SYS_gettid);
 	close_copied_fds();
 	err = coord_connect(coord_path);
 	if (err) {
@@ -398,6 +405,12 @@ static void checkpointer_atfork_child(void)
 	if (err)
 		shim_log("forked child %d: cannot start the checkpoint thread: %s",
 			 getpid(), shim_strerror(err));
+}
+
+/* Whether the caller is the checkpoint thread (fd table of its own). */
+int checkpointer_is_current(void)
+{
+	return checkpointer_tid && syscall(SYS_gettid) == checkpointer_tid;
 }
 
 /* The coordinator this process talks to (a new one after a restart). */

@@ -6,6 +6,10 @@
  * Every exec function of glibc that takes or uses an environment is
  * wrapped; the environment is rebuilt on the stack (a vfork child must not
  * allocate), with LD_PRELOAD, CKPT_COORD and CKPT_JOB_ID set.
+ *
+ * ssh and rsh are the way launchers start processes on other hosts: their
+ * exec runs ckpt-remote (next to this library) instead, which starts the
+ * remote command inside the job (native/remote/remote.h).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,6 +26,7 @@
 extern char **environ;
 
 static char shim_path[CKPT_PATH_MAX];
+static char remote_path[CKPT_PATH_MAX];
 static char job_id[64];
 
 /* At load: where this library is, and the job's id. */
@@ -30,9 +35,53 @@ void exec_follow_init(void)
 	Dl_info info;
 	const char *id = getenv("CKPT_JOB_ID");
 
-	if (dladdr((void *)exec_follow_init, &info) && info.dli_fname)
+	if (dladdr((void *)exec_follow_init, &info) && info.dli_fname) {
+		const char *slash = strrchr(info.dli_fname, '/');
+		int dir = slash ? (int)(slash - info.dli_fname + 1) : 0;
+
 		snprintf(shim_path, sizeof(shim_path), "%s", info.dli_fname);
+		snprintf(remote_path, sizeof(remote_path), "%.*sckpt-remote", dir,
+			 info.dli_fname);
+		if (access(remote_path, X_OK))
+			remote_path[0] = 0;
+	}
 	snprintf(job_id, sizeof(job_id), "%s", id ? id : "");
+}
+
+/* "/libckpt.so" as /proc/<pid>/maps shows it, "" before exec_follow_init. */
+const char *exec_shim_name(void)
+{
+	const char *slash = strrchr(shim_path, '/');
+
+	return slash ? slash : "";
+}
+
+/* "--ssh" or "--rsh" when path names one of them, else NULL. */
+static const char *remote_shell(const char *path)
+{
+	const char *base = strrchr(path, '/');
+
+	base = base ? base + 1 : path;
+	if (!remote_path[0])
+		return NULL;
+	if (!strcmp(base, "ssh"))
+		return "--ssh";
+	if (!strcmp(base, "rsh"))
+		return "--rsh";
+	return NULL;
+}
+
+/* ckpt-remote FLAG PATH ARGS... in out (room for argv's count + 3). */
+static void remote_argv(char **out, const char *flag, const char *path, char *const argv[])
+{
+	size_t k = 0;
+
+	out[k++] = "ckpt-remote";
+	out[k++] = (char *)flag;
+	out[k++] = (char *)path;
+	for (size_t i = 1; argv && argv[0] && argv[i]; i++)
+		out[k++] = argv[i];
+	out[k] = NULL;
 }
 
 static int has_name(const char *entry, const char *name)
@@ -100,12 +149,26 @@ typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 		return call;							\
 	} while (0)
 
+/* exec of ssh or rsh: ckpt-remote, on the stack. */
+#define WITH_REMOTE_SHELL(path, argv, envp)					\
+	do {									\
+		const char *flag_ = remote_shell(path);				\
+		char **argv_;							\
+										\
+		if (!flag_)							\
+			break;							\
+		argv_ = alloca((count(argv) + 3) * sizeof(char *));		\
+		remote_argv(argv_, flag_, path, argv);				\
+		return execve(remote_path, argv_, envp);			\
+	} while (0)
+
 SHIM_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
 	static execve_fn real;
 
 	if (!real)
 		real = (execve_fn)dlsym(RTLD_NEXT, "execve");
+	WITH_REMOTE_SHELL(path, argv, envp);
 	WITH_JOB_ENV(envp, real(path, argv, env_));
 	return real(path, argv, envp);
 }
@@ -116,6 +179,7 @@ SHIM_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]
 
 	if (!real)
 		real = (execve_fn)dlsym(RTLD_NEXT, "execvpe");
+	WITH_REMOTE_SHELL(file, argv, envp);
 	WITH_JOB_ENV(envp, real(file, argv, env_));
 	return real(file, argv, envp);
 }

@@ -107,15 +107,15 @@ static uint64_t shared_pending(void)
 	return line ? strtoull(line + 8, NULL, 16) : 0;
 }
 
-/* One /proc/<pid>/stat: is it our child, and a zombie?  (No
- * /proc/<pid>/task/<tid>/children on every kernel: we look at them all.) */
-static int zombie_child(pid_t pid, pid_t self, int *status)
+/* One /proc/<pid>/stat: is it our child?  Its state, and for a zombie its
+ * exit status.  (No /proc/<pid>/task/<tid>/children on every kernel: we
+ * look at every process.) */
+static int our_child(pid_t pid, pid_t self, char *state, int *status)
 {
 	char path[64], buf[1024], *c;
 	ssize_t n;
 	int field = 2;
 	long ppid = 0;
-	char state = 0;
 
 	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
 	n = shim_read_proc(path, buf, sizeof(buf) - 1);
@@ -130,22 +130,21 @@ static int zombie_child(pid_t pid, pid_t self, int *status)
 			c++;
 		field++;
 		if (field == 3)
-			state = *c;
+			*state = *c;
 		else if (field == 4)
 			ppid = strtol(c, NULL, 10);
 		else if (field == 52)
 			*status = (int)strtol(c, NULL, 10);
 		while (*c && *c != ' ')
 			c++;
-		if (field == 4 && (ppid != self || state != 'Z'))
-			return 0;
+		if (field == 4 && (ppid != self || *state != 'Z'))
+			return ppid == self;
 	}
 	return field == 52;
 }
 
-/* Children that exited and were not waited for: a restart recreates them
- * as zombies, so the parent's waitpid() still gets their status. */
-static void collect_zombies(struct ckpt_process *p)
+/* Calls fn(pid, state, status, arg) for each child of this process. */
+static void for_each_child(void (*fn)(pid_t, char, int, void *), void *arg)
 {
 	char buf[4096];
 	pid_t self = getpid();
@@ -160,17 +159,91 @@ static void collect_zombies(struct ckpt_process *p)
 				 unsigned char type; char name[]; } *d = (void *)(buf + off);
 			pid_t pid = (pid_t)strtol(d->name, NULL, 10);
 			int status = 0;
+			char state = 0;
 
 			off += d->reclen;
-			if (pid <= 0 || p->nzombies == CKPT_MAX_ZOMBIES ||
-			    !zombie_child(pid, self, &status))
-				continue;
-			p->zombies[p->nzombies].pid = pid;
-			p->zombies[p->nzombies].status = status;
-			p->nzombies++;
+			if (pid > 0 && our_child(pid, self, &state, &status))
+				fn(pid, state, status, arg);
 		}
 	}
 	close(dfd);
+}
+
+static void add_zombie(pid_t pid, char state, int status, void *arg)
+{
+	struct ckpt_process *p = arg;
+
+	if (state != 'Z' || p->nzombies == CKPT_MAX_ZOMBIES)
+		return;
+	p->zombies[p->nzombies].pid = pid;
+	p->zombies[p->nzombies].status = status;
+	p->nzombies++;
+}
+
+/* Children that exited and were not waited for: a restart recreates them
+ * as zombies, so the parent's waitpid() still gets their status. */
+static void collect_zombies(struct ckpt_process *p)
+{
+	for_each_child(add_zombie, p);
+}
+
+/* Whether the file at path contains needle (read in pieces that overlap). */
+static int proc_file_contains(const char *path, const char *needle)
+{
+	char buf[8192 + 1];
+	size_t keep = strlen(needle) - 1, have = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), found = 0;
+	ssize_t n;
+
+	if (fd < 0)
+		return 0;
+	while (!found && (n = read(fd, buf + have, sizeof(buf) - 1 - have)) > 0) {
+		have += n;
+		buf[have] = '\0';
+		found = strstr(buf, needle) != NULL;
+		if (have > keep) {
+			memmove(buf, buf + have - keep, keep);
+			have = keep;
+		}
+	}
+	close(fd);
+	return found;
+}
+
+struct children_list {
+	char *out;
+	size_t size, len;
+	const char *shim;
+};
+
+static void add_job_child(pid_t pid, char state, int status, void *arg)
+{
+	struct children_list *l = arg;
+	char path[64];
+	int n;
+
+	if (state == 'Z')
+		return;
+	snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+	if (!proc_file_contains(path, l->shim))
+		return;
+	n = snprintf(l->out + l->len, l->size - l->len, "%s%d", l->len ? "," : "", (int)pid);
+	if (n > 0 && (size_t)n < l->size - l->len)
+		l->len += n;
+}
+
+/*
+ * The live children that have the shim: each is in the job, or is about
+ * to say so (forked just before SUSPEND, its HELLO may still be on its
+ * way).  The coordinator waits for those it does not know yet.
+ */
+void process_job_children(char *out, size_t size)
+{
+	struct children_list l = { out, size, 0, exec_shim_name() };
+
+	out[0] = '\0';
+	if (l.shim[0])
+		for_each_child(add_job_child, &l);
 }
 
 /* Collected in the process itself: a forked writer has no itimers. */

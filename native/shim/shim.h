@@ -141,6 +141,7 @@ SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 
 /* save_*.c: the records of one image */
 SHIM_HIDDEN int collect_process(struct ckpt_process *p);
+SHIM_HIDDEN void process_job_children(char *out, size_t size);
 SHIM_HIDDEN int restore_exe_link(void);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);
 /* shared_key: "shm:<checkpoint>:<host>", under which processes claim the
@@ -175,9 +176,11 @@ SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
 SHIM_HIDDEN int checkpointer_start(const char *coord_path);
 SHIM_HIDDEN int checkpointer_follow_forks(void);
 SHIM_HIDDEN const char *checkpointer_coord_path(void);
+SHIM_HIDDEN int checkpointer_is_current(void);
 
 /* exec.c: exec'd programs load the shim and find the coordinator */
 SHIM_HIDDEN void exec_follow_init(void);
+SHIM_HIDDEN const char *exec_shim_name(void);
 SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
 #endif

@@ -1,0 +1,34 @@
+/* ckpt-remote: ssh and rsh inside a checkpointed job (see remote.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "remote.h"
+
+void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("ckpt-remote: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(255);
+}
+
+static void usage(void)
+{
+	fputs("usage: ckpt-remote --ssh|--rsh PROGRAM [ARGS...]   (the shim runs it for ssh/rsh)\n"
+	      "       ckpt-remote --serve HOST:PORT COMMAND\n", stderr);
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 3 && (!strcmp(argv[1], "--ssh") || !strcmp(argv[1], "--rsh")))
+		return client_main(argv[2], argc - 2, argv + 2, !strcmp(argv[1], "--rsh"));
+	if (argc == 4 && !strcmp(argv[1], "--serve"))
+		return server_main(argv[2], argv[3]);
+	usage();
+}

@@ -1,0 +1,40 @@
+/*
+ * While the remote side is being started, the job has an ssh session in
+ * flight that no image can hold (an ssh process outside the job, pipes to
+ * sshd): a checkpoint then fails cleanly at its first phase and the job
+ * goes on; the next one finds every connection between job processes.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include "ckpt_plugin.h"
+#include "remote.h"
+
+static volatile sig_atomic_t starting;
+static void (*hook_fail)(const char *fmt, ...);
+
+static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
+{
+	if (ctx->phase != CKPT_PHASE_STOP || !starting)
+		return 0;
+	if (hook_fail)
+		hook_fail("a remote command is being started through ssh/rsh; try again");
+	return EBUSY;
+}
+
+/* Without the shim (run by hand) there is nothing to register with. */
+void remote_plugin_init(void)
+{
+	static const struct ckpt_plugin plugin = { .name = "remote", .hook = hook };
+	int (*reg)(const struct ckpt_plugin *) =
+		(int (*)(const struct ckpt_plugin *))dlsym(RTLD_DEFAULT, "ckpt_plugin_register");
+
+	hook_fail = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_hook_fail");
+	if (reg)
+		reg(&plugin);
+}
+
+void remote_set_starting(int value)
+{
+	starting = value;
+}

@@ -1,0 +1,53 @@
+/*
+ * ckpt-remote: how processes a job starts through ssh or rsh join the job.
+ *
+ * The shim runs `ckpt-remote --ssh PROGRAM ARGS...` in place of a job
+ * process's exec of ssh or rsh.  That client (client.c) still uses the real
+ * program, from outside the job, but only to start `ckpt-remote --serve`
+ * on the remote host, inside the job (LD_PRELOAD and CKPT_* set on its
+ * command line).  The server (server.c) connects four TCP sockets back to
+ * the client (stdin, stdout, stderr, control), detaches from sshd and runs
+ * the command with the first three as its stdio.  From then on the client
+ * relays its own stdio over those sockets and returns the command's exit
+ * status, as ssh would: every connection is between two processes of the
+ * job, so a checkpoint saves them and a restart reconnects them, with no
+ * ssh session to keep alive.
+ */
+#ifndef CKPT_REMOTE_H
+#define CKPT_REMOTE_H
+
+#include <stddef.h>
+
+#define TOKEN_LEN 32		/* hex digits of a 128-bit random token */
+
+/* The connections, named by the role byte sent after the token. */
+enum remote_role { ROLE_STDIN, ROLE_STDOUT, ROLE_STDERR, ROLE_CONTROL, ROLE_COUNT };
+
+/* Where the remote command is in an ssh or rsh command line. */
+struct shell_args {
+	int host;		/* index of the host argument */
+	int command;		/* index of its first word, 0 when there is none */
+	int wrappable;		/* 0: an interactive or control use, run as is */
+	int no_stdin;		/* -n: the command's stdin is /dev/null */
+	char **shell_argv;	/* the words before the command, without -n */
+};
+
+/* shell_args.c */
+void shell_args_parse(int argc, char **argv, int rsh, struct shell_args *out);
+
+/* client.c, server.c */
+int client_main(const char *program, int argc, char **argv, int rsh);
+int server_main(const char *back, const char *command);
+
+/* net.c */
+int net_write_all(int fd, const void *buf, size_t len);
+int net_read_all(int fd, void *buf, size_t len, int timeout_ms);
+int net_relay(int from, int to);
+
+/* plugin.c: refuses checkpoints while the remote side is being started */
+void remote_plugin_init(void);
+void remote_set_starting(int starting);
+
+void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+#endif

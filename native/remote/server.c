@@ -1,0 +1,207 @@
+/*
+ * The remote side of ckpt-remote, started by sshd with the shim loaded
+ * (see remote.h).  Its first process reads the token from the ssh session,
+ * forks the server and ends once the server has connected back, so that
+ * the ssh session ends too.  The server runs the command in a process
+ * group of its own with the connections as its stdio, passes on the
+ * client's signals, and sends the command's wait status when it ends.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "remote.h"
+
+static int child_pipe[2] = { -1, -1 };	/* SIGCHLD wakes the poll */
+
+static void read_token(char *token)
+{
+	if (net_read_all(0, token, TOKEN_LEN, 60000))
+		die("no token on stdin: run by ckpt-remote --ssh only");
+	token[TOKEN_LEN] = 0;
+}
+
+/* The client's address: sshd's SSH_CLIENT names the address the session
+ * came from, which reaches it; rsh's side resolves its host name. */
+static void client_address(const char *back, struct sockaddr_in *addr)
+{
+	const char *ssh_client = getenv("SSH_CLIENT"), *colon = strrchr(back, ':');
+	char host[256];
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
+
+	if (!colon || colon == back)
+		die("bad address %s", back);
+	memset(addr, 0, sizeof(*addr));
+	addr->sin_family = AF_INET;
+	addr->sin_port = htons(atoi(colon + 1));
+	if (ssh_client) {
+		size_t n = strcspn(ssh_client, " ");
+
+		snprintf(host, sizeof(host), "%.*s", (int)n, ssh_client);
+		if (!strncmp(host, "::ffff:", 7))
+			memmove(host, host + 7, strlen(host + 7) + 1);
+		if (inet_pton(AF_INET, host, &addr->sin_addr) == 1)
+			return;
+	}
+	snprintf(host, sizeof(host), "%.*s", (int)(colon - back), back);
+	if (getaddrinfo(host, NULL, &hints, &res))
+		die("cannot resolve %s", host);
+	addr->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+	freeaddrinfo(res);
+}
+
+static int connect_role(const struct sockaddr_in *addr, const char *token, int role)
+{
+	char hello[TOKEN_LEN + 1];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	memcpy(hello, token, TOKEN_LEN);
+	hello[TOKEN_LEN] = '0' + role;
+	if (fd < 0 || connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) ||
+	    net_write_all(fd, hello, sizeof(hello)))
+		die("cannot connect back to %s:%d: %s", inet_ntoa(addr->sin_addr),
+		    ntohs(addr->sin_port), strerror(errno));
+	return fd;
+}
+
+static void on_child(int sig)
+{
+	int saved = errno;
+
+	if (write(child_pipe[1], "c", 1) < 0)
+		errno = saved;
+	errno = saved;
+}
+
+static const char *user_shell(void)
+{
+	const char *shell = getenv("SHELL");
+	struct passwd *pw;
+
+	if (shell && *shell)
+		return shell;
+	pw = getpwuid(getuid());
+	return pw && pw->pw_shell && *pw->pw_shell ? pw->pw_shell : "/bin/sh";
+}
+
+/* The command, as ssh runs it: the user's shell with -c. */
+static pid_t start_command(const char *command, int ctl)
+{
+	const char *shell = user_shell();
+	struct sigaction sa = { .sa_handler = on_child, .sa_flags = SA_RESTART };
+	pid_t pid;
+
+	if (pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK) || sigaction(SIGCHLD, &sa, NULL))
+		die("cannot watch the command: %s", strerror(errno));
+	pid = fork();
+	if (pid == 0) {
+		setpgid(0, 0);
+		signal(SIGPIPE, SIG_DFL);
+		execl(shell, shell, "-c", command, (char *)NULL);
+		fprintf(stderr, "ckpt-remote: cannot run %s: %s\n", shell, strerror(errno));
+		_exit(127);
+	}
+	if (pid < 0)
+		die("cannot start the command: %s", strerror(errno));
+	setpgid(pid, pid);
+	return pid;
+}
+
+/* Until the command ended: the client's signals go to its group. */
+static int serve(pid_t pid, int ctl)
+{
+	int status;
+
+	for (;;) {
+		struct pollfd p[2] = {
+			{ .fd = ctl, .events = POLLIN },
+			{ .fd = child_pipe[0], .events = POLLIN },
+		};
+		unsigned char sig;
+		char drain[64];
+
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			return status;
+		if (poll(p, 2, -1) < 0 && errno != EINTR)
+			die("poll: %s", strerror(errno));
+		if (p[1].revents)
+			while (read(child_pipe[0], drain, sizeof(drain)) > 0)
+				;
+		if (p[0].revents && ctl >= 0) {
+			ssize_t n = read(ctl, &sig, 1);
+
+			if (n == 1 && sig > 0 && sig < NSIG) {
+				kill(-pid, sig);
+			} else if (n == 0 || (n < 0 && errno != EINTR)) {
+				/* the client is gone: a hang-up, as sshd gives */
+				kill(-pid, SIGHUP);
+				ctl = -1;
+			}
+		}
+	}
+}
+
+/* The detached server: returns only in the first process, with its status. */
+static int start_server(const struct sockaddr_in *addr, const char *token, const char *command)
+{
+	int handed[2], conns[ROLE_COUNT], null, status;
+	char ok = 0;
+	pid_t pid;
+
+	if (pipe2(handed, O_CLOEXEC))
+		die("pipe: %s", strerror(errno));
+	pid = fork();
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (pid > 0) {		/* the one sshd waits for */
+		close(handed[1]);
+		return net_read_all(handed[0], &ok, 1, -1) || ok != 'k' ? 255 : 0;
+	}
+	close(handed[0]);
+	setsid();
+	for (int r = 0; r < ROLE_COUNT; r++)
+		conns[r] = connect_role(addr, token, r);
+	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
+		if (dup2(conns[r], r) != r)
+			die("dup2: %s", strerror(errno));
+	pid = start_command(command, conns[ROLE_CONTROL]);
+	/* the command holds the stdio connections now; this process lets go of
+	 * them (their ends are the command's) and of sshd's session */
+	null = open("/dev/null", O_RDWR);
+	for (int fd = 0; fd <= 2; fd++)
+		dup2(null, fd);
+	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
+		close(conns[r]);
+	if (null > 2)
+		close(null);
+	remote_set_starting(0);
+	if (net_write_all(handed[1], "k", 1))
+		_exit(255);
+	close(handed[1]);
+	status = serve(pid, conns[ROLE_CONTROL]);
+	net_write_all(conns[ROLE_CONTROL], &status, sizeof(status));
+	_exit(0);
+}
+
+int server_main(const char *back, const char *command)
+{
+	char token[TOKEN_LEN + 1];
+	struct sockaddr_in addr;
+
+	remote_plugin_init();
+	remote_set_starting(1);
+	read_token(token);
+	client_address(back, &addr);
+	signal(SIGPIPE, SIG_IGN);
+	return start_server(&addr, token, command);
+}
