@@ -170,3 +170,19 @@ def test_children_forked_during_the_checkpoint(session):
     job.kill()
     for image in session.rng.sample(job.images, 3):
         assert restart_and_finish(session, image, job) == reference, image.name
+
+
+def test_children_not_made_by_fork(session):
+    """posix_spawn with an environment without LD_PRELOAD, and clone()
+    with memory of its own (no fork handlers): both children are in every
+    checkpoint, and the restarted parent gets their results and statuses."""
+    args = ["300", "10"]
+    reference = session.reference("spawner", *args)
+    assert "PASS" in reference
+    job = Job(session, "spawner", "spawner", *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.2, 0.5)
+    job.kill()
+    manifest = (job.images[-1] / "manifest.yaml").read_text()
+    assert manifest.count("- pid:") == 3, manifest
+    assert restart_and_finish(session, job.images[-1], job) == reference

@@ -389,7 +389,7 @@ int checkpointer_start(const char *path)
  * dead copies here, and its connection, scratch buffers and forked writer
  * belong to the parent.
  */
-static void checkpointer_atfork_child(void)
+void checkpointer_atfork_child(void)
 {
 	int err;
 

@@ -7,6 +7,8 @@
  * wrapped; the environment is rebuilt on the stack (a vfork child must not
  * allocate), with LD_PRELOAD, CKPT_COORD and CKPT_JOB_ID set.
  *
+ * posix_spawn and posix_spawnp get the same treatment.
+ *
  * ssh and rsh are the way launchers start processes on other hosts: their
  * exec runs ckpt-remote (next to this library) instead, which starts the
  * remote command inside the job (native/remote/remote.h).
@@ -14,6 +16,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,39 +152,67 @@ typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 		return call;							\
 	} while (0)
 
-/* exec of ssh or rsh: ckpt-remote, on the stack. */
-#define WITH_REMOTE_SHELL(path, argv, envp)					\
-	do {									\
-		const char *flag_ = remote_shell(path);				\
-		char **argv_;							\
-										\
-		if (!flag_)							\
-			break;							\
-		argv_ = alloca((count(argv) + 3) * sizeof(char *));		\
-		remote_argv(argv_, flag_, path, argv);				\
-		return execve(remote_path, argv_, envp);			\
-	} while (0)
+/* path_ and argv_: ckpt-remote and its arguments for ssh or rsh (on the
+ * stack), else path and argv as they were. */
+#define REMOTE_SHELL_ARGS(path, argv)						\
+	const char *flag_ = remote_shell(path);				\
+	const char *path_ = flag_ ? remote_path : (path);			\
+	char **argv_ = flag_ ? alloca((count(argv) + 3) * sizeof(char *))	\
+			     : (char **)(argv);					\
+	if (flag_)								\
+		remote_argv(argv_, flag_, path, argv)
 
 SHIM_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
 	static execve_fn real;
+	REMOTE_SHELL_ARGS(path, argv);
 
 	if (!real)
 		real = (execve_fn)dlsym(RTLD_NEXT, "execve");
-	WITH_REMOTE_SHELL(path, argv, envp);
-	WITH_JOB_ENV(envp, real(path, argv, env_));
+	WITH_JOB_ENV(envp, real(path_, argv_, env_));
 	return real(path, argv, envp);
 }
 
 SHIM_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
 	static execve_fn real;
+	REMOTE_SHELL_ARGS(file, argv);
 
 	if (!real)
 		real = (execve_fn)dlsym(RTLD_NEXT, "execvpe");
-	WITH_REMOTE_SHELL(file, argv, envp);
-	WITH_JOB_ENV(envp, real(file, argv, env_));
+	WITH_JOB_ENV(envp, real(path_, argv_, env_));
 	return real(file, argv, envp);
+}
+
+/* posix_spawn execs inside glibc, past the wrappers above: the child's
+ * environment and program are set here, before it is made. */
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+			const posix_spawnattr_t *, char *const[], char *const[]);
+
+SHIM_EXPORT int posix_spawn(pid_t *pid, const char *path,
+			    const posix_spawn_file_actions_t *actions,
+			    const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	static spawn_fn real;
+	REMOTE_SHELL_ARGS(path, argv);
+
+	if (!real)
+		real = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
+	WITH_JOB_ENV(envp, real(pid, path_, actions, attr, argv_, env_));
+	return real(pid, path, actions, attr, argv, envp);
+}
+
+SHIM_EXPORT int posix_spawnp(pid_t *pid, const char *file,
+			     const posix_spawn_file_actions_t *actions,
+			     const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	static spawn_fn real;
+	REMOTE_SHELL_ARGS(file, argv);
+
+	if (!real)
+		real = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawnp");
+	WITH_JOB_ENV(envp, real(pid, path_, actions, attr, argv_, env_));
+	return real(pid, file, actions, attr, argv, envp);
 }
 
 SHIM_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])

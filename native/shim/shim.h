@@ -177,6 +177,7 @@ SHIM_HIDDEN int checkpointer_start(const char *coord_path);
 SHIM_HIDDEN int checkpointer_follow_forks(void);
 SHIM_HIDDEN const char *checkpointer_coord_path(void);
 SHIM_HIDDEN int checkpointer_is_current(void);
+SHIM_HIDDEN void checkpointer_atfork_child(void);
 
 /* exec.c: exec'd programs load the shim and find the coordinator */
 SHIM_HIDDEN void exec_follow_init(void);
