@@ -30,6 +30,11 @@ def prepare_directory(job_dir):
     return number, tmp
 
 
+def _pids(text):
+    """The pids of a comma-separated list; what is not a number is ignored."""
+    return [int(pid) for pid in text.split(",") if pid.isdigit()]
+
+
 class CheckpointRun:
     """Takes one checkpoint through a coordinator (its barriers and warnings)."""
 
@@ -43,7 +48,8 @@ class CheckpointRun:
 
     async def run(self):
         """Returns the published directory; CkptError (job resumed) on failure."""
-        self.to_abort = suspended = list(self.procs)  # RESUME abort reaches them all on failure
+        # RESUME abort reaches them all on failure (newcomers join the list)
+        self.to_abort = suspended = list(self.procs)
         self.coord.forget_names_of_checkpoint(self.number)
         try:
             # plugins with hardware that cannot be imaged let go of it while
@@ -96,21 +102,23 @@ class CheckpointRun:
         parking whose HELLO is still on its way; their parents' images count
         on them.  They go through STOP, RELEASE and SUSPEND on their own,
         then join the rest: returns their SUSPEND answers."""
-        taken = {}
+        taken, answers = {}, suspended
         for _ in range(NEWCOMER_ROUNDS):
-            children = {(proc.host, int(pid)) for proc, keys in suspended.items()
-                        for pid in keys.get("children", "").split(",") if pid}
+            children = {(proc.host, pid) for proc, keys in answers.items()
+                        for pid in _pids(keys.get("children", ""))}
             # one that exits before its HELLO is a zombie now: not waited for long
-            await self.coord.wait_for_ids(children, CHILD_HELLO_WAIT)
+            if not await self.coord.wait_for_ids(children, CHILD_HELLO_WAIT):
+                self.coord.note("a child forked just before the checkpoint did not register "
+                                "in time (exited, or still in exec?); it may be left out")
             newcomers = [p for p in self.coord.live_processes() if p not in self.procs]
             if not newcomers:
                 return taken
             self.to_abort.extend(newcomers)
             for phase in ("STOP", "RELEASE", "SUSPEND"):
-                suspended, _gone = await self.coord.barrier(phase, newcomers, seq=self.number)
-                newcomers = [p for p in newcomers if p in suspended]
+                answers, _gone = await self.coord.barrier(phase, newcomers, seq=self.number)
+                newcomers = [p for p in newcomers if p in answers]
             self.procs.extend(newcomers)
-            taken.update(suspended)
+            taken.update(answers)
         raise PhaseError("processes kept starting during the checkpoint")
 
     def _image_entries(self, written, threads):

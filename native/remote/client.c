@@ -150,8 +150,11 @@ static pid_t start_shell(const char *program, char **args, char *remote, const c
 	while (args[k])
 		k++;
 	args[k] = remote;
-	if (pipe2(tok, O_CLOEXEC))
+	/* the token waits in the pipe: no write to a pipe whose reader failed */
+	if (pipe2(tok, O_CLOEXEC) || net_write_all(tok[1], token, TOKEN_LEN) ||
+	    net_write_all(tok[1], "\n", 1))
 		die("cannot start %s: %s", program, strerror(errno));
+	close(tok[1]);
 	pid = vfork();
 	if (pid == 0) {
 		if (dup2(tok[0], 0) == 0)
@@ -162,10 +165,6 @@ static pid_t start_shell(const char *program, char **args, char *remote, const c
 	if (pid < 0)
 		die("cannot start %s: %s", program, strerror(errno));
 	close(tok[0]);
-	if (net_write_all(tok[1], token, TOKEN_LEN) || net_write_all(tok[1], "\n", 1))
-		fprintf(stderr, "ckpt-remote: cannot give %s its token: %s\n", program,
-			strerror(errno));
-	close(tok[1]);
 	args[k] = NULL;
 	free(env);
 	return pid;
@@ -223,7 +222,8 @@ static int all_connected(const int conns[ROLE_COUNT])
 static void shell_ended(const char *program, int status)
 {
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-		die("cannot run %s", program);
+		die("%s exited 127: it could not run, or the remote host has no ckpt-remote",
+		    program);
 	if (WIFEXITED(status))
 		exit(WEXITSTATUS(status) ? WEXITSTATUS(status) : 255);
 	exit(255);
@@ -233,6 +233,7 @@ static void connect_server(const char *program, pid_t shell, int lfd, const char
 			   int conns[ROLE_COUNT])
 {
 	time_t deadline = 0;
+	pid_t ended;
 	int status;
 
 	while (!all_connected(conns)) {
@@ -240,12 +241,16 @@ static void connect_server(const char *program, pid_t shell, int lfd, const char
 
 		if (poll(&pfd, 1, 200) > 0)
 			accept_one(lfd, token, conns);
-		if (shell > 0 && waitpid(shell, &status, WNOHANG) == shell) {
+		ended = shell > 0 ? waitpid(shell, &status, WNOHANG) : 0;
+		if (ended == shell) {
 			shell = 0;
 			if (!WIFEXITED(status) || WEXITSTATUS(status))
 				shell_ended(program, status);
-			deadline = time(NULL) + CONNECT_BACK_SECONDS;
+		} else if (ended < 0 && errno == ECHILD) {
+			shell = 0;	/* not ours to wait for any more */
 		}
+		if (!shell && !deadline)
+			deadline = time(NULL) + CONNECT_BACK_SECONDS;
 		if (deadline && time(NULL) > deadline)
 			die("the remote side never connected back");
 	}
@@ -280,17 +285,71 @@ static void forward_signals(void)
 	signal(SIGPIPE, SIG_IGN);
 }
 
+/* What came on stdin for the remote command: it is written without
+ * blocking, so a command that does not read its stdin never keeps the
+ * relay from draining its output. */
+struct stdin_relay {
+	int sock, open;		/* open: fd 0 may still give more */
+	size_t off, len;
+	char buf[65536];
+};
+
+static void stdin_closed(struct stdin_relay *in)
+{
+	in->open = 0;
+	if (in->off == in->len)
+		shutdown(in->sock, SHUT_WR);
+}
+
+static void stdin_read(struct stdin_relay *in)
+{
+	ssize_t n = read(0, in->buf, sizeof(in->buf));
+
+	if (n < 0 && errno == EINTR)
+		return;
+	if (n <= 0) {
+		stdin_closed(in);
+		return;
+	}
+	in->off = 0;
+	in->len = n;
+}
+
+static void stdin_send(struct stdin_relay *in)
+{
+	ssize_t n = send(in->sock, in->buf + in->off, in->len - in->off, MSG_DONTWAIT);
+
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n < 0) {		/* the command closed its stdin: drop the rest */
+		in->off = in->len = 0;
+		in->open = 0;
+		return;
+	}
+	in->off += n;
+	if (in->off == in->len) {
+		in->off = in->len = 0;
+		if (!in->open)
+			shutdown(in->sock, SHUT_WR);
+	}
+}
+
 /* Until the command's status came and its stdout and stderr ended. */
 static int relay(int conns[ROLE_COUNT], int no_stdin)
 {
-	int in_open = !no_stdin && fcntl(0, F_GETFD) >= 0, status = -1;
+	static struct stdin_relay in;
 	int out = conns[ROLE_STDOUT], err = conns[ROLE_STDERR], ctl = conns[ROLE_CONTROL];
+	int status = -1;
 
-	if (!in_open)
-		shutdown(conns[ROLE_STDIN], SHUT_WR);
+	in.sock = conns[ROLE_STDIN];
+	in.open = 1;
+	if (no_stdin)
+		stdin_closed(&in);
 	while (out >= 0 || err >= 0 || ctl >= 0) {
+		int pending = in.off < in.len;
 		struct pollfd p[4] = {
-			{ .fd = in_open ? 0 : -1, .events = POLLIN },
+			{ .fd = pending ? in.sock : in.open ? 0 : -1,
+			  .events = pending ? POLLOUT : POLLIN },
 			{ .fd = out, .events = POLLIN },
 			{ .fd = err, .events = POLLIN },
 			{ .fd = ctl, .events = POLLIN },
@@ -301,10 +360,10 @@ static int relay(int conns[ROLE_COUNT], int no_stdin)
 				continue;
 			die("poll: %s", strerror(errno));
 		}
-		if (p[0].revents && net_relay(0, conns[ROLE_STDIN]) <= 0) {
-			in_open = 0;
-			shutdown(conns[ROLE_STDIN], SHUT_WR);
-		}
+		if (p[0].revents && pending)
+			stdin_send(&in);
+		else if (p[0].revents)
+			stdin_read(&in);
 		if (p[1].revents && net_relay(out, 1) <= 0) {
 			close(out);
 			out = -1;
@@ -328,6 +387,14 @@ static int relay(int conns[ROLE_COUNT], int no_stdin)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
 }
 
+/* ssh's stdio may be closed: the sockets must not take fds 0-2. */
+static void hold_stdio(void)
+{
+	for (int fd = 0; fd <= 2; fd++)
+		if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
+			die("cannot open /dev/null: %s", strerror(errno));
+}
+
 int client_main(const char *program, int argc, char **argv, int rsh)
 {
 	struct shell_args sa;
@@ -337,6 +404,8 @@ int client_main(const char *program, int argc, char **argv, int rsh)
 	pid_t shell;
 
 	argv[0] = (char *)program;
+	hold_stdio();
+	signal(SIGCHLD, SIG_DFL);	/* an inherited SIG_IGN would hide ssh's status */
 	shell_args_parse(argc, argv, rsh, &sa);
 	if (!sa.wrappable) {	/* a login or a tunnel: not part of the job */
 		char found[4096];

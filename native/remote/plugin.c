@@ -1,8 +1,10 @@
 /*
  * While the remote side is being started, the job has an ssh session in
  * flight that no image can hold (an ssh process outside the job, pipes to
- * sshd): a checkpoint then fails cleanly at its first phase and the job
- * goes on; the next one finds every connection between job processes.
+ * sshd): a checkpoint then fails cleanly and the job goes on; the next one
+ * finds every connection between job processes.  STOP refuses early;
+ * SUSPEND, whose hooks run with the process parked, catches a launch
+ * that began after STOP.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -15,7 +17,7 @@ static void (*hook_fail)(const char *fmt, ...);
 
 static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 {
-	if (ctx->phase != CKPT_PHASE_STOP || !starting)
+	if ((ctx->phase != CKPT_PHASE_STOP && ctx->phase != CKPT_PHASE_SUSPEND) || !starting)
 		return 0;
 	if (hook_fail)
 		hook_fail("a remote command is being started through ssh/rsh; try again");

@@ -10,8 +10,8 @@
 /* OpenSSH 9 options that take an argument, and those that mean the
  * command line starts no remote command we could run (forwarding only,
  * background, control requests, queries). */
-static const char ssh_with_arg[] = "BbcDEeFIiJLlmOopQRSWw";
-static const char ssh_no_command[] = "NfGOQVW";
+static const char ssh_with_arg[] = "BbcDEeFIiJLlmOoPpQRSWw";
+static const char ssh_no_command[] = "NfGOQsVW";
 /* rsh (netkit, BSD): -l user, -p port, -k realm */
 static const char rsh_with_arg[] = "lpk";
 
@@ -28,14 +28,14 @@ static int option_group(char **argv, int i, int argc, int rsh, struct shell_args
 	int extra = 0;
 
 	for (const char *c = argv[i] + 1; *c; c++) {
+		if (!rsh && strchr(ssh_no_command, *c))
+			out->wrappable = 0;
 		if (strchr(with_arg, *c)) {
 			strcpy(w, c);
 			w += strlen(w);
 			extra = c[1] ? 0 : (i + 1 < argc ? 1 : 0);
 			break;
 		}
-		if (!rsh && strchr(ssh_no_command, *c))
-			out->wrappable = 0;
 		if (*c == 'n')
 			out->no_stdin = 1;
 		else

@@ -9,6 +9,8 @@
 #include <dlfcn.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "shim.h"
 
 typedef int (*clone_fn)(int (*)(void *), void *, int, void *, ...);
@@ -25,7 +27,10 @@ static int clone_child(void *p)
 	struct clone_call *call = p;
 
 	checkpointer_atfork_child();
-	return call->fn(call->arg);
+	/* glibc's clone ends the child with exit(), which ends only this
+	 * thread: the checkpoint thread would keep the process alive */
+	syscall(SYS_exit_group, call->fn(call->arg));
+	return 0;
 }
 
 SHIM_EXPORT int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...)

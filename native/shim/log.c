@@ -16,8 +16,11 @@ static void write_stderr(const char *line, size_t n)
 {
 	int fd = STDERR_FILENO;
 
-	if (checkpointer_is_current())
+	if (checkpointer_is_current()) {
 		fd = open("/proc/self/fd/2", O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC);
+		if (fd < 0)	/* a socket cannot be opened by path */
+			fd = app_getfd(STDERR_FILENO);
+	}
 	if (fd < 0)
 		return;
 	if (write(fd, line, n) < 0)

@@ -230,6 +230,8 @@ static void add_job_child(pid_t pid, char state, int status, void *arg)
 	n = snprintf(l->out + l->len, l->size - l->len, "%s%d", l->len ? "," : "", (int)pid);
 	if (n > 0 && (size_t)n < l->size - l->len)
 		l->len += n;
+	else
+		l->out[l->len] = '\0';	/* no half pid */
 }
 
 /*
