@@ -72,7 +72,7 @@ static void reply(enum ckpt_phase phase, int err, const char *detail)
 			   detail && *detail ? " " : "", detail ? detail : "");
 }
 
-static void write_image(char *dir, int forked)
+static void write_image(char *dir, unsigned seq, int forked)
 {
 	char detail[600];
 	int err = EAGAIN;
@@ -81,12 +81,12 @@ static void write_image(char *dir, int forked)
 	if (forked)
 		err = image_write_forked(dir, &self_rec, detail, sizeof(detail));
 	if (err == EAGAIN)	/* not forked, or not possible: write in place */
-		err = image_write_now(dir, &self_rec, detail, sizeof(detail));
+		err = image_write_now(dir, seq, &self_rec, detail, sizeof(detail));
 	reply(CKPT_PHASE_WRITE, err, detail);
 }
 
 /* A restarted process returns from here a second time, with 1. */
-static int __attribute__((noinline)) phase_write(char *dir, int forked)
+static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, int forked)
 {
 	thread_fill_record(&self_rec);
 	/* a bare clone: no TLS, rseq area or robust list of its own */
@@ -96,7 +96,7 @@ static int __attribute__((noinline)) phase_write(char *dir, int forked)
 	self_rec.clear_child_tid = 0;
 	if (ckpt_save_context(&self_rec.regs))
 		return SESSION_RESTARTED;
-	write_image(dir, forked);
+	write_image(dir, seq, forked);
 	return 0;
 }
 
@@ -169,7 +169,7 @@ static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 	if (!strcmp(name, "SUSPEND"))
 		phase_suspend(seq);
 	else if (!strcmp(name, "WRITE") && arg)
-		return phase_write(arg, mode && !strcmp(mode, "fork"));
+		return phase_write(arg, seq, mode && !strcmp(mode, "fork"));
 	else if (!strcmp(name, "SYNC"))
 		phase_sync();
 	else if (!strcmp(name, "RESUME"))

@@ -163,7 +163,7 @@ SHIM_HIDDEN void scratch_forget(void);
 SHIM_HIDDEN void warnings_to_fd(int fd);
 
 /* writer.c: the image file, written in place or by a forked child */
-SHIM_HIDDEN int image_write_now(const char *dir, const struct ckpt_thread *self,
+SHIM_HIDDEN int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
 				char *detail, size_t size);
 SHIM_HIDDEN int image_write_forked(const char *dir, const struct ckpt_thread *self,
 				   char *detail, size_t size);

@@ -154,18 +154,9 @@ static void drop_snapshot(struct snapshot *snap)
 }
 
 /* Processes writing in place save shared memory once per host and
- * checkpoint (save_memory.c): dir is <job>/.ckpt-NNNN.tmp. */
-static void shared_key_for(const char *dir, char *key, size_t size)
-{
-	const char *base = strrchr(dir, '/');
-	unsigned long number;
-
-	key[0] = '\0';
-	if (sscanf(base ? base + 1 : dir, ".ckpt-%lu.tmp", &number) == 1)
-		snprintf(key, size, "shm:%lu:%s", number, shim_hostname());
-}
-
-int image_write_now(const char *dir, const struct ckpt_thread *self, char *detail, size_t size)
+ * checkpoint (save_memory.c): seq is the checkpoint's number. */
+int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self, char *detail,
+		    size_t size)
 {
 	struct snapshot snap;
 	char key[128];
@@ -173,8 +164,8 @@ int image_write_now(const char *dir, const struct ckpt_thread *self, char *detai
 
 	if (err)
 		return err;
-	shared_key_for(dir, key, sizeof(key));
-	err = write_file(dir, &snap, key[0] ? key : NULL, detail, size);
+	snprintf(key, sizeof(key), "shm:%u:%s", seq, shim_hostname());
+	err = write_file(dir, &snap, key, detail, size);
 	drop_snapshot(&snap);
 	return err;
 }
