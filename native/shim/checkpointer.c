@@ -306,9 +306,14 @@ int checkpointer_memory(uint64_t start, uint64_t end)
 	return 0;
 }
 
+/* Looked up at the first start: a clone() child must not call dlsym, whose
+ * loader lock another thread of its parent may have held (fork resets it,
+ * clone does not). */
+static tls_info_fn tls_info;
+
 static void *copy_main_tls(void)
 {
-	tls_info_fn info = (tls_info_fn)dlsym(RTLD_DEFAULT, "_dl_get_tls_static_info");
+	tls_info_fn info = tls_info;
 	size_t size = 0, align = 64, below, total;
 	uint64_t fs = 0;
 	char *block, *tp;
@@ -364,6 +369,8 @@ int checkpointer_start(const char *path)
 
 	if (path != coord_path)
 		snprintf(coord_path, sizeof(coord_path), "%s", path);
+	if (!tls_info)
+		tls_info = (tls_info_fn)dlsym(RTLD_DEFAULT, "_dl_get_tls_static_info");
 	tls = copy_main_tls();
 	if (!tls)
 		return ENOSYS;
