@@ -186,3 +186,19 @@ def test_children_not_made_by_fork(session):
     manifest = (job.images[-1] / "manifest.yaml").read_text()
     assert manifest.count("- pid:") == 3, manifest
     assert restart_and_finish(session, job.images[-1], job) == reference
+
+
+def test_vfork_and_a_daemon(session):
+    """A child made by vfork and exec, and a daemon made by the double fork
+    (its session's leader gone, its parent outside the job): both are in
+    the job, and the restarted daemon has its pid, session and group."""
+    args = ["300", "10"]
+    reference = session.reference("daemonize", *args)
+    assert "PASS" in reference
+    job = Job(session, "daemonize", "daemonize", *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.2, 0.5)
+    job.kill()
+    manifest = (job.images[-1] / "manifest.yaml").read_text()
+    assert manifest.count("- pid:") == 3, manifest
+    assert restart_and_finish(session, job.images[-1], job) == reference

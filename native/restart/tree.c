@@ -41,6 +41,21 @@ static struct image *image_of(pid_t pid)
 
 /* Whether pid is one the restart gives to a process or thread of the job
  * or to a stand-in. */
+static int outside(pid_t pid);
+
+/*
+ * A root (its parent outside the job) in a session that is neither the
+ * main root's nor the job's: a daemon (fork, setsid, fork), whose
+ * session's leader exited.  A stand-in with the session's pid makes the
+ * session again, creates such roots in it and exits, as that leader did.
+ */
+static int detached_root(const struct image *img)
+{
+	pid_t sid = img->proc->sid;
+
+	return !image_of(img->proc->ppid) && sid > 1 && outside(sid) && sid != root->proc->sid;
+}
+
 int tree_pid_taken(pid_t pid)
 {
 	const struct ckpt_process *r = root->proc;
@@ -50,7 +65,8 @@ int tree_pid_taken(pid_t pid)
 	for (unsigned i = 0; i < nimages; i++) {
 		const struct image *img = &images[i];
 
-		if (img->hdr.pid == pid)
+		if (img->hdr.pid == pid || (detached_root(img) &&
+					     (pid == img->proc->sid || pid == img->proc->pgid)))
 			return 1;
 		for (unsigned t = 0; t < img->nthreads; t++)
 			if (img->threads[t].tid == pid)
@@ -141,7 +157,7 @@ void tree_enter(struct image *img)
 			spawn(p->zombies[i].pid, NULL, zombie_main, (void *)&p->zombies[i]);
 	/* a group led by another process of the job, or the root's group */
 	if (p->pgid > 0 && p->pgid != pid && getpgid(0) != p->pgid &&
-	    (image_of(p->pgid) || p->pgid == root->proc->pgid))
+	    (image_of(p->pgid) || p->pgid == root->proc->pgid || detached_root(img)))
 		join_group(p->pgid);
 }
 
@@ -250,8 +266,64 @@ static void spawn_roots(void *stack, pid_t ppid, int is_parent)
 	for (unsigned i = 0; i < nimages; i++) {
 		pid_t pp = images[i].proc->ppid;
 
-		if (!image_of(pp) && (pp == ppid) == is_parent)
+		if (!image_of(pp) && (pp == ppid) == is_parent && !detached_root(&images[i]))
 			spawn(images[i].hdr.pid, stack, restore_one, &images[i]);
+	}
+}
+
+/* What the stand-in of a detached session is to create (set before the
+ * fork-like spawn, so the stand-in has its own copy). */
+static struct {
+	pid_t sid, ppid;
+	int is_parent;
+	void *stack;
+} detached;
+
+static int detached_in(const struct image *img, pid_t sid)
+{
+	return detached_root(img) && img->proc->sid == sid &&
+	       (img->proc->ppid == detached.ppid) == detached.is_parent;
+}
+
+static int group_stand_in(void *unused);
+static void stand_in_drop_fds(void);
+
+static int detached_session_stand_in(void *unused)
+{
+	(void)unused;
+	setsid();
+	for (unsigned i = 0; i < nimages; i++) {
+		pid_t pgid = images[i].proc->pgid;
+
+		if (!detached_in(&images[i], detached.sid))
+			continue;
+		if (pgid != detached.sid && outside(pgid) && getpgid(pgid) != pgid) {
+			spawn(pgid, NULL, group_stand_in, NULL);
+			setpgid(pgid, pgid);
+		}
+		spawn(images[i].hdr.pid, detached.stack, restore_one, &images[i]);
+	}
+	stand_in_drop_fds();
+	return 0;
+}
+
+/* The detached roots whose parent is, or is not, ppid: one stand-in for
+ * each of their sessions. */
+static void spawn_detached_sessions(void *stack, pid_t ppid, int is_parent)
+{
+	detached.ppid = ppid;
+	detached.is_parent = is_parent;
+	detached.stack = stack;
+	for (unsigned i = 0; i < nimages; i++) {
+		pid_t sid = images[i].proc->sid;
+		int first = detached_in(&images[i], sid);
+
+		for (unsigned j = 0; j < i && first; j++)
+			first = !detached_in(&images[j], sid);
+		if (!first)
+			continue;
+		detached.sid = sid;
+		spawn(sid, NULL, detached_session_stand_in, NULL);
 	}
 }
 
@@ -284,6 +356,9 @@ static int parent_stand_in(void *stack)
 	else if (image_of(pgid) == root)
 		setpgid(0, pgid);	/* may fail: then the group is ours */
 	spawn_roots(stack, self, 1);
+	/* daemons the launcher had adopted (their parent is pid 1 once their
+	 * session's stand-in is gone) */
+	spawn_detached_sessions(stack, self, 1);
 	stand_in_drop_fds();
 	return wait_for(root_pid);
 }
@@ -340,6 +415,7 @@ int tree_run(void)
 	}
 	/* the roots under the parent's stand-in are its to create */
 	spawn_roots(stack, top < 0 ? -1 : parent, 0);
+	spawn_detached_sessions(stack, top < 0 ? -1 : parent, 0);
 	if (top < 0)
 		top = root_pid;
 	close(report[1]);

@@ -1,0 +1,124 @@
+/*
+ * Children of every kind a launcher makes: one by vfork() and exec (a
+ * helper run from this same program), and a daemon by the classic double
+ * fork (fork, setsid, fork, the middle process exits), so that it lives
+ * in a session whose leader is gone and has a parent outside the job.
+ * Each does paced work and sends a tagged result up a pipe; the daemon
+ * checks that its session, group and pid never changed; the parent checks
+ * both results and the helper's exit status.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <sys/wait.h>
+#include "zdtm.h"
+
+enum { HELPER = 1, DAEMON = 2 };
+
+static long steps = 300, pace = 10;
+
+static uint64_t work(uint64_t seed)
+{
+	uint64_t hash = seed;
+
+	for (long step = 0; step < steps; step++) {
+		hash = zdtm_mix(hash, step);
+		zdtm_pace(pace);
+	}
+	return hash;
+}
+
+static uint64_t expected(uint64_t seed)
+{
+	uint64_t hash = seed;
+
+	for (long step = 0; step < steps; step++)
+		hash = zdtm_mix(hash, step);
+	return hash;
+}
+
+static void send_result(int fd, uint64_t tag, uint64_t value)
+{
+	uint64_t msg[2] = { tag, value };
+
+	if (write(fd, msg, sizeof(msg)) != sizeof(msg))
+		_exit(100);
+}
+
+static void daemon_main(int fd)
+{
+	pid_t pid = getpid(), sid = getsid(0), pgid = getpgid(0);
+	uint64_t value = work(DAEMON);
+
+	if (getpid() != pid || getsid(0) != sid || getpgid(0) != pgid) {
+		fprintf(stderr, "FAIL daemon: pid %d sid %d pgid %d, were %d %d %d\n",
+			(int)getpid(), (int)getsid(0), (int)getpgid(0), (int)pid, (int)sid,
+			(int)pgid);
+		value = 0;
+	}
+	send_result(fd, DAEMON, value);
+	_exit(0);
+}
+
+/* fork, setsid, fork: the middle process ends at once */
+static void start_daemon(int fd)
+{
+	int status = 0;
+	pid_t middle = fork();
+
+	zdtm_check(middle >= 0, "fork");
+	if (middle == 0) {
+		if (setsid() < 0)
+			_exit(101);
+		if (fork() == 0)
+			daemon_main(fd);
+		_exit(0);
+	}
+	zdtm_check(waitpid(middle, &status, 0) == middle && WIFEXITED(status) &&
+		   WEXITSTATUS(status) == 0, "middle process: status %#x", status);
+}
+
+int main(int argc, char **argv)
+{
+	char steps_arg[32], pace_arg[32], fd_arg[32];
+	uint64_t got[3] = { 0, 0, 0 };
+	int fds[2], status = 0;
+	pid_t helper;
+
+	if (argc == 5 && !strcmp(argv[1], "--helper")) {
+		steps = atol(argv[2]);
+		pace = atol(argv[3]);
+		send_result(atoi(argv[4]), HELPER, work(HELPER));
+		return 7;
+	}
+	zdtm_args(argc, argv, &steps, &pace);
+	zdtm_check(pipe(fds) == 0, "pipe");
+	snprintf(steps_arg, sizeof(steps_arg), "%ld", steps);
+	snprintf(pace_arg, sizeof(pace_arg), "%ld", pace);
+	snprintf(fd_arg, sizeof(fd_arg), "%d", fds[1]);
+	helper = vfork();
+	if (helper == 0) {
+		execl("/proc/self/exe", argv[0], "--helper", steps_arg, pace_arg, fd_arg,
+		      (char *)NULL);
+		_exit(127);
+	}
+	zdtm_check(helper > 0, "vfork");
+	start_daemon(fds[1]);
+	printf("READY\n");
+	fflush(stdout);
+	for (int i = 0; i < 2; i++) {
+		uint64_t msg[2];
+
+		zdtm_check(read(fds[0], msg, sizeof(msg)) == sizeof(msg), "read result %d", i);
+		zdtm_check(msg[0] == HELPER || msg[0] == DAEMON, "bad tag %llu",
+			   (unsigned long long)msg[0]);
+		got[msg[0]] = msg[1];
+	}
+	zdtm_check(got[HELPER] == expected(HELPER), "helper sent %llx",
+		   (unsigned long long)got[HELPER]);
+	zdtm_check(got[DAEMON] == expected(DAEMON), "daemon sent %llx",
+		   (unsigned long long)got[DAEMON]);
+	zdtm_check(waitpid(helper, &status, 0) == helper && WIFEXITED(status) &&
+		   WEXITSTATUS(status) == 7, "helper: status %#x", status);
+	zdtm_pass("%016llx", (unsigned long long)(got[HELPER] ^ got[DAEMON]));
+	return 0;
+}
