@@ -188,10 +188,11 @@ def test_children_not_made_by_fork(session):
     assert restart_and_finish(session, job.images[-1], job) == reference
 
 
-def test_vfork_and_a_daemon(session):
-    """A child made by vfork and exec, and a daemon made by the double fork
-    (its session's leader gone, its parent outside the job): both are in
-    the job, and the restarted daemon has its pid, session and group."""
+def test_vfork_a_daemon_and_an_orphan(session):
+    """A child made by vfork and exec, a daemon made by the double fork
+    (its session's leader gone, its parent outside the job) and an orphan
+    left in the job's session and group: all are in the job, and the
+    restarted daemon and orphan have their pid, session and group."""
     args = ["300", "10"]
     reference = session.reference("daemonize", *args)
     assert "PASS" in reference
@@ -200,5 +201,5 @@ def test_vfork_and_a_daemon(session):
     job.checkpoint_at_random_moments(2, 0.2, 0.5)
     job.kill()
     manifest = (job.images[-1] / "manifest.yaml").read_text()
-    assert manifest.count("- pid:") == 3, manifest
+    assert manifest.count("- pid:") == 4, manifest
     assert restart_and_finish(session, job.images[-1], job) == reference

@@ -16,6 +16,7 @@
 #include <linux/sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -260,6 +261,23 @@ static int wait_for(pid_t pid)
 	return exit_status(status);
 }
 
+/* A subreaper's wait: every child, until pid's status. */
+static int reap_until(pid_t pid)
+{
+	int status;
+
+	for (;;) {
+		pid_t got = waitpid(-1, &status, 0);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			return EXIT_RESTORE_FAILED;
+		if (got == pid)
+			return exit_status(status);
+	}
+}
+
 /* The roots (parent outside the job) whose parent is, or is not, ppid. */
 static void spawn_roots(void *stack, pid_t ppid, int is_parent)
 {
@@ -355,12 +373,13 @@ static int parent_stand_in(void *stack)
 		join_group(pgid);	/* the group's stand-in */
 	else if (image_of(pgid) == root)
 		setpgid(0, pgid);	/* may fail: then the group is ours */
+	/* the launcher adopts orphans (ckpt launch is a subreaper): so does
+	 * its stand-in, daemons whose session's stand-in exits included */
+	prctl(PR_SET_CHILD_SUBREAPER, 1);
 	spawn_roots(stack, self, 1);
-	/* daemons the launcher had adopted (their parent is pid 1 once their
-	 * session's stand-in is gone) */
 	spawn_detached_sessions(stack, self, 1);
 	stand_in_drop_fds();
-	return wait_for(root_pid);
+	return reap_until(root_pid);
 }
 
 /* The root's group, when none of the job's processes nor the parent's
