@@ -40,8 +40,6 @@ static struct image *image_of(pid_t pid)
 	return NULL;
 }
 
-/* Whether pid is one the restart gives to a process or thread of the job
- * or to a stand-in. */
 static int outside(pid_t pid);
 
 /*
@@ -57,6 +55,8 @@ static int detached_root(const struct image *img)
 	return !image_of(img->proc->ppid) && sid > 1 && outside(sid) && sid != root->proc->sid;
 }
 
+/* Whether pid is one the restart gives to a process or thread of the job
+ * or to a stand-in. */
 int tree_pid_taken(pid_t pid)
 {
 	const struct ckpt_process *r = root->proc;
