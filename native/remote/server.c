@@ -31,35 +31,41 @@ static void read_token(char *token)
 	token[TOKEN_LEN] = 0;
 }
 
-/* The client's address: sshd's SSH_CLIENT names the address the session
- * came from, which reaches it; rsh's side resolves its host name. */
-static void client_address(const char *back, struct sockaddr_in *addr)
+/* Where the client may be, best first: the address sshd's SSH_CLIENT
+ * names (the one the session came from), then its host name resolved
+ * here (rsh; or SSH_CLIENT named a jump host).  Returns how many. */
+static int client_addresses(const char *back, struct sockaddr_in addrs[2])
 {
 	const char *ssh_client = getenv("SSH_CLIENT"), *colon = strrchr(back, ':');
 	char host[256];
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
+	int n = 0;
 
 	if (!colon || colon == back)
 		die("bad address %s", back);
-	memset(addr, 0, sizeof(*addr));
-	addr->sin_family = AF_INET;
-	addr->sin_port = htons(atoi(colon + 1));
+	memset(addrs, 0, 2 * sizeof(*addrs));
+	addrs[0].sin_family = addrs[1].sin_family = AF_INET;
+	addrs[0].sin_port = addrs[1].sin_port = htons(atoi(colon + 1));
 	if (ssh_client) {
-		size_t n = strcspn(ssh_client, " ");
-
-		snprintf(host, sizeof(host), "%.*s", (int)n, ssh_client);
+		snprintf(host, sizeof(host), "%.*s", (int)strcspn(ssh_client, " "), ssh_client);
 		if (!strncmp(host, "::ffff:", 7))
 			memmove(host, host + 7, strlen(host + 7) + 1);
-		if (inet_pton(AF_INET, host, &addr->sin_addr) == 1)
-			return;
+		if (inet_pton(AF_INET, host, &addrs[n].sin_addr) == 1)
+			n++;
 	}
 	snprintf(host, sizeof(host), "%.*s", (int)(colon - back), back);
-	if (getaddrinfo(host, NULL, &hints, &res))
+	if (!getaddrinfo(host, NULL, &hints, &res)) {
+		addrs[n].sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+		if (!n || addrs[1].sin_addr.s_addr != addrs[0].sin_addr.s_addr)
+			n++;
+		freeaddrinfo(res);
+	}
+	if (!n)
 		die("cannot resolve %s", host);
-	addr->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
-	freeaddrinfo(res);
+	return n;
 }
 
+/* One connection, with the token and its role; -1 (errno) on failure. */
 static int connect_role(const struct sockaddr_in *addr, const char *token, int role)
 {
 	char hello[TOKEN_LEN + 1];
@@ -67,11 +73,39 @@ static int connect_role(const struct sockaddr_in *addr, const char *token, int r
 
 	memcpy(hello, token, TOKEN_LEN);
 	hello[TOKEN_LEN] = '0' + role;
-	if (fd < 0 || connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) ||
-	    net_write_all(fd, hello, sizeof(hello)))
-		die("cannot connect back to %s:%d: %s", inet_ntoa(addr->sin_addr),
-		    ntohs(addr->sin_port), strerror(errno));
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) ||
+	    net_write_all(fd, hello, sizeof(hello))) {
+		int err = errno;
+
+		close(fd);
+		errno = err;
+		return -1;
+	}
 	return fd;
+}
+
+/* The four connections, to the first address that answers. */
+static void connect_back(const struct sockaddr_in *addrs, int naddrs, const char *token,
+			 int conns[ROLE_COUNT])
+{
+	const struct sockaddr_in *addr = NULL;
+
+	for (int i = 0; i < naddrs && !addr; i++) {
+		conns[0] = connect_role(&addrs[i], token, 0);
+		if (conns[0] >= 0)
+			addr = &addrs[i];
+	}
+	if (!addr)
+		die("cannot connect back to %s:%d: %s", inet_ntoa(addrs[naddrs - 1].sin_addr),
+		    ntohs(addrs[0].sin_port), strerror(errno));
+	for (int r = 1; r < ROLE_COUNT; r++) {
+		conns[r] = connect_role(addr, token, r);
+		if (conns[r] < 0)
+			die("cannot connect back to %s:%d: %s", inet_ntoa(addr->sin_addr),
+			    ntohs(addr->sin_port), strerror(errno));
+	}
 }
 
 static void on_child(int sig)
@@ -152,7 +186,8 @@ static int serve(pid_t pid, int ctl)
 }
 
 /* The detached server: returns only in the first process, with its status. */
-static int start_server(const struct sockaddr_in *addr, const char *token, const char *command)
+static int start_server(const struct sockaddr_in *addrs, int naddrs, const char *token,
+			const char *command)
 {
 	int handed[2], conns[ROLE_COUNT], null, status;
 	char ok = 0;
@@ -169,8 +204,7 @@ static int start_server(const struct sockaddr_in *addr, const char *token, const
 	}
 	close(handed[0]);
 	setsid();
-	for (int r = 0; r < ROLE_COUNT; r++)
-		conns[r] = connect_role(addr, token, r);
+	connect_back(addrs, naddrs, token, conns);
 	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
 		if (dup2(conns[r], r) != r)
 			die("dup2: %s", strerror(errno));
@@ -196,12 +230,13 @@ static int start_server(const struct sockaddr_in *addr, const char *token, const
 int server_main(const char *back, const char *command)
 {
 	char token[TOKEN_LEN + 1];
-	struct sockaddr_in addr;
+	struct sockaddr_in addrs[2];
+	int naddrs;
 
 	remote_plugin_init();
 	remote_set_starting(1);
 	read_token(token);
-	client_address(back, &addr);
+	naddrs = client_addresses(back, addrs);
 	signal(SIGPIPE, SIG_IGN);
-	return start_server(&addr, token, command);
+	return start_server(addrs, naddrs, token, command);
 }

@@ -9,9 +9,10 @@
 
 /* OpenSSH 9 options that take an argument, and those that mean the
  * command line starts no remote command we could run (forwarding only,
- * background, control requests, queries). */
+ * background, control requests, queries, subsystems, a terminal: the
+ * token on stdin would be echoed). */
 static const char ssh_with_arg[] = "BbcDEeFIiJLlmOoPpQRSWw";
-static const char ssh_no_command[] = "NfGOQsVW";
+static const char ssh_no_command[] = "NfGOQstVW";
 /* rsh (netkit, BSD): -l user, -p port, -k realm */
 static const char rsh_with_arg[] = "lpk";
 
