@@ -265,27 +265,24 @@ class Coordinator:
         if self._warnings is not None:
             self._warnings.append(message)
 
-    async def wait_for_processes(self, count, timeout, restored=None):
-        """Wait until `count` live processes registered; False on timeout."""
-        def enough():
-            return len(self._matching(restored)) >= count
+    async def _wait_registered(self, predicate, timeout):
+        """Wait until predicate() holds as processes come and go; False on timeout."""
         async with self._registered:
             try:
-                await asyncio.wait_for(self._registered.wait_for(enough), timeout)
+                await asyncio.wait_for(self._registered.wait_for(predicate), timeout)
             except asyncio.TimeoutError:
                 return False
         return True
 
+    async def wait_for_processes(self, count, timeout, restored=None):
+        """Wait until `count` live processes registered; False on timeout."""
+        return await self._wait_registered(
+            lambda: len(self._matching(restored)) >= count, timeout)
+
     async def wait_for_ids(self, ids, timeout):
         """Wait until every (host, pid) in ids registered; False on timeout."""
-        def known():
-            return ids <= {(p.host, p.pid) for p in self._matching()}
-        async with self._registered:
-            try:
-                await asyncio.wait_for(self._registered.wait_for(known), timeout)
-            except asyncio.TimeoutError:
-                return False
-        return True
+        return await self._wait_registered(
+            lambda: ids <= {(p.host, p.pid) for p in self._matching()}, timeout)
 
     def live_processes(self):
         return self._matching()
