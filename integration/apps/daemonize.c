@@ -19,22 +19,12 @@ static long steps = 300, pace = 10;
 
 static uint64_t work(uint64_t seed)
 {
-	uint64_t hash = seed;
-
-	for (long step = 0; step < steps; step++) {
-		hash = zdtm_mix(hash, step);
-		zdtm_pace(pace);
-	}
-	return hash;
+	return zdtm_steps_hash(seed, steps, pace);
 }
 
 static uint64_t expected(uint64_t seed)
 {
-	uint64_t hash = seed;
-
-	for (long step = 0; step < steps; step++)
-		hash = zdtm_mix(hash, step);
-	return hash;
+	return zdtm_steps_hash(seed, steps, 0);
 }
 
 static void send_result(int fd, uint64_t tag, uint64_t value)

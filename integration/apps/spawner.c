@@ -20,13 +20,7 @@ static int result_fd;
 
 static uint64_t work(uint64_t seed)
 {
-	uint64_t hash = seed;
-
-	for (long step = 0; step < steps; step++) {
-		hash = zdtm_mix(hash, step);
-		zdtm_pace(pace);
-	}
-	return hash;
+	return zdtm_steps_hash(seed, steps, pace);
 }
 
 static int send_result(uint64_t seed)
@@ -45,11 +39,7 @@ static int cloned_child(void *arg)
 
 static uint64_t expected(uint64_t seed)
 {
-	uint64_t hash = seed;
-
-	for (long step = 0; step < steps; step++)
-		hash = zdtm_mix(hash, step);
-	return hash;
+	return zdtm_steps_hash(seed, steps, 0);
 }
 
 static void check_child(pid_t pid, const char *how)

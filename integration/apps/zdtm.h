@@ -46,6 +46,20 @@ static inline uint64_t zdtm_mix(uint64_t h, uint64_t v)
 	return h * 0xff51afd7ed558ccdULL;
 }
 
+/* A hash over steps, each step paced (pace 0: at once, for the value a
+ * child should have sent). */
+static inline uint64_t zdtm_steps_hash(uint64_t seed, long steps, long pace)
+{
+	uint64_t hash = seed;
+
+	for (long step = 0; step < steps; step++) {
+		hash = zdtm_mix(hash, step);
+		if (pace)
+			zdtm_pace(pace);
+	}
+	return hash;
+}
+
 static inline uint64_t zdtm_xorshift(uint64_t *s)
 {
 	uint64_t x = *s;
