@@ -196,5 +196,19 @@ def restart_and_finish(session, image_dir, job):
     return job.output()
 
 
+def checkpoint_kill_restart(session, job_id, app, args, low=0.2, high=0.6):
+    """Three checkpoints at random moments, kill, restart from one of them
+    at random: the output must equal an uninterrupted run's."""
+    reference = session.reference(app, *args)
+    assert "PASS" in reference
+    job = Job(session, job_id, app, *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3, low, high)
+    job.kill()
+    image = session.rng.choice(job.images)
+    assert restart_and_finish(session, image, job) == reference, \
+        f"{job_id} restarted from {image.name} differs"
+
+
 def clean(path):
     shutil.rmtree(path, ignore_errors=True)

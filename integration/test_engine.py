@@ -172,20 +172,26 @@ def test_children_forked_during_the_checkpoint(session):
         assert restart_and_finish(session, image, job) == reference, image.name
 
 
-def test_children_not_made_by_fork(session):
-    """posix_spawn with an environment without LD_PRELOAD, and clone()
-    with memory of its own (no fork handlers): both children are in every
-    checkpoint, and the restarted parent gets their results and statuses."""
+def check_whole_tree_restarts(session, app, processes):
+    """Two checkpoints, kill: the last image holds all `processes`, and its
+    restart ends like an uninterrupted run."""
     args = ["300", "10"]
-    reference = session.reference("spawner", *args)
+    reference = session.reference(app, *args)
     assert "PASS" in reference
-    job = Job(session, "spawner", "spawner", *args)
+    job = Job(session, app, app, *args)
     job.wait_ready()
     job.checkpoint_at_random_moments(2, 0.2, 0.5)
     job.kill()
     manifest = (job.images[-1] / "manifest.yaml").read_text()
-    assert manifest.count("- pid:") == 3, manifest
+    assert manifest.count("- pid:") == processes, manifest
     assert restart_and_finish(session, job.images[-1], job) == reference
+
+
+def test_children_not_made_by_fork(session):
+    """posix_spawn with an environment without LD_PRELOAD, and clone()
+    with memory of its own (no fork handlers): both children are in every
+    checkpoint, and the restarted parent gets their results and statuses."""
+    check_whole_tree_restarts(session, "spawner", 3)
 
 
 def test_vfork_a_daemon_and_an_orphan(session):
@@ -193,13 +199,4 @@ def test_vfork_a_daemon_and_an_orphan(session):
     (its session's leader gone, its parent outside the job) and an orphan
     left in the job's session and group: all are in the job, and the
     restarted daemon and orphan have their pid, session and group."""
-    args = ["300", "10"]
-    reference = session.reference("daemonize", *args)
-    assert "PASS" in reference
-    job = Job(session, "daemonize", "daemonize", *args)
-    job.wait_ready()
-    job.checkpoint_at_random_moments(2, 0.2, 0.5)
-    job.kill()
-    manifest = (job.images[-1] / "manifest.yaml").read_text()
-    assert manifest.count("- pid:") == 4, manifest
-    assert restart_and_finish(session, job.images[-1], job) == reference
+    check_whole_tree_restarts(session, "daemonize", 4)

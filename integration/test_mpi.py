@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, Job, Restart, restart_and_finish
+from harness import REPO, Job, Restart, checkpoint_kill_restart, restart_and_finish
 
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
 MPIRUN = {
@@ -46,16 +46,8 @@ def built():
 def test_mpi_checkpoint_kill_restart(session, stack, ranks, program):
     if not have(stack):
         pytest.skip(f"{stack} is not installed (./setup.sh installs it)")
-    app, args = mpi_job(stack, ranks, program), PROGRAMS[stack][program]
-    reference = session.reference(app, *args)
-    assert "PASS" in reference
-    job = Job(session, f"{stack}-{ranks}-{program}", app, *args)
-    job.wait_ready()
-    job.checkpoint_at_random_moments(3, 0.2, 0.6)
-    job.kill()
-    image = session.rng.choice(job.images)
-    assert restart_and_finish(session, image, job) == reference, \
-        f"{program} on {stack} x{ranks} restarted from {image.name} differs"
+    checkpoint_kill_restart(session, f"{stack}-{ranks}-{program}",
+                            mpi_job(stack, ranks, program), PROGRAMS[stack][program])
 
 
 @pytest.mark.parametrize("stack", ["mpich", "openmpi"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import APPS, REPO, Job, restart_and_finish
+from harness import APPS, REPO, Job, checkpoint_kill_restart, restart_and_finish
 from test_mpi import MPI_BIN, MPIRUN, have
 
 SSHD = Path("/usr/sbin/sshd")
@@ -164,12 +164,4 @@ def test_mpi_daemons_launched_through_ssh(session, sshd, stack):
     subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
     app = MPIRUN[stack] + REMOTE_LAUNCH[stack](sshd.ssh) + [
         "-np", "2", str(MPI_BIN / stack / "ring")]
-    args = ["300", "10"]
-    reference = session.reference(app, *args)
-    assert "PASS" in reference
-    job = Job(session, f"ssh-{stack}", app, *args)
-    job.wait_ready()
-    job.checkpoint_at_random_moments(3, 0.2, 0.6)
-    job.kill()
-    image = session.rng.choice(job.images)
-    assert restart_and_finish(session, image, job) == reference
+    checkpoint_kill_restart(session, f"ssh-{stack}", app, ["300", "10"])
