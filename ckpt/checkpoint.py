@@ -49,7 +49,7 @@ class CheckpointRun:
     async def run(self):
         """Returns the published directory; CkptError (job resumed) on failure."""
         # RESUME abort reaches them all on failure (newcomers join the list)
-        self.to_abort = suspended = list(self.procs)
+        self.to_abort = list(self.procs)
         self.coord.forget_names_of_checkpoint(self.number)
         try:
             # plugins with hardware that cannot be imaged let go of it while
@@ -65,7 +65,7 @@ class CheckpointRun:
                 entries = self._image_entries(written, threads)
             stopped = {}
             if not self.kill:  # --kill: the job dies suspended, never resumed
-                suspended = []  # RESUME ok is out: no abort after this point
+                self.to_abort = []  # RESUME ok is out: no abort after this point
                 # a process that exits once resumed still has a complete image
                 stopped, _ = await self.coord.barrier("RESUME", self.procs, "ok", seq=self.number)
             if self.forked:
@@ -79,11 +79,11 @@ class CheckpointRun:
                     self.coord.note(f"{proc.describe()} started during the checkpoint and is not part of it")
             return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
-            await self._abandon(suspended)
+            await self._abandon(self.to_abort)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {reason}")
         except BaseException:
-            await self._abandon(suspended)
+            await self._abandon(self.to_abort)
             raise
 
     async def _phase(self, phase, arg=None):
