@@ -308,8 +308,10 @@ class Coordinator:
             self._warnings = []
             try:
                 procs = await self._first_processes()
-                # open files claimed in the last checkpoint may have closed
-                self.names = {k: v for k, v in self.names.items() if not k.startswith("file:")}
+                # open files claimed, sockets named in the last checkpoint
+                # may have closed since
+                self.names = {k: v for k, v in self.names.items()
+                              if not k.startswith(("file:", "sock:"))}
                 final = await CheckpointRun(self, procs, kill, forked).run()
                 warnings = self.checkpoint_warnings()
                 if kill:

@@ -6,6 +6,7 @@ random moments, killed, and restarted from the first and from the last
 image: each restarted run must end with exactly the reference output.
 """
 import os
+import socket
 import sys
 import time
 
@@ -200,3 +201,47 @@ def test_vfork_a_daemon_and_an_orphan(session):
     left in the job's session and group: all are in the job, and the
     restarted daemon and orphan have their pid, session and group."""
     check_whole_tree_restarts(session, "daemonize", 4)
+
+
+# Connects out to the test's own listeners, and to itself inside the job.
+CONNECTED_OUT = """
+import socket, sys, time
+tcp = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+unix = socket.socket(socket.AF_UNIX)
+unix.connect(sys.argv[2])
+waiting = socket.socket(socket.AF_UNIX)
+waiting.connect(sys.argv[2])  # not accepted yet at the checkpoint
+pair = socket.socketpair()
+listener = socket.create_server(("127.0.0.1", 0))
+inside = socket.create_connection(listener.getsockname())
+accepted, _ = listener.accept()
+print("READY", tcp.fileno(), unix.fileno(), waiting.fileno(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_connections_outside_the_job_are_reported(session):
+    """A checkpoint names each fd connected to a process outside the job
+    and its peer; the connections inside the job are not reported."""
+    with socket.create_server(("127.0.0.1", 0)) as tcp_server, \
+            socket.socket(socket.AF_UNIX) as unix_server:
+        unix_path = session.work / "outside.sock"
+        unix_server.bind(str(unix_path))
+        unix_server.listen()
+        port = tcp_server.getsockname()[1]
+        job = Job(session, "connected-out", [sys.executable, "-c", CONNECTED_OUT],
+                  port, unix_path)
+        job.wait_ready()
+        tcp_fd, unix_fd, waiting_fd = job.output().split()[1:4]
+        accepted = tcp_server.accept()[0], unix_server.accept()[0]
+        stderr = session.ckpt("checkpoint", job.id).stderr
+        job.kill()
+        for conn in accepted:
+            conn.close()
+    outside = [line for line in stderr.splitlines() if "connected outside the job" in line]
+    assert len(outside) == 3, stderr
+    assert any(f"fd {tcp_fd} is connected outside the job, to TCP 127.0.0.1:{port}:" in line
+               for line in outside), stderr
+    for fd in unix_fd, waiting_fd:
+        assert any(f"fd {fd} is connected outside the job, to Unix socket {unix_path}:" in line
+                   for line in outside), stderr

@@ -562,13 +562,16 @@ static int list_sockets(int *socks)
 	return n;
 }
 
-/* Sockets: TCP bytes on their way land in their receive queue first. */
+/* Sockets: the user hears of each connection that leads outside the
+ * job; TCP bytes on their way land in their receive queue first. */
 static int settle_sockets(void)
 {
 	int socks[MAX_FDS];
 	int n = list_sockets(socks), err;
 	char why[200];
 
+	for (int i = 0; i < n; i++)
+		socket_peer_in_job(socks[i]);
 	err = sockets_settle(socks, n, why, sizeof(why));
 	if (err)
 		ckpt_hook_fail("%s", why);
@@ -579,6 +582,11 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 {
 	(void)arg;
 	switch (ctx->phase) {
+	case CKPT_PHASE_SUSPEND: {
+		int socks[MAX_FDS];
+
+		return socket_peers_publish(socks, list_sockets(socks));
+	}
 	case CKPT_PHASE_DRAIN:
 		return copy_pipes() ?: settle_sockets();
 	case CKPT_PHASE_TERMINATE: {

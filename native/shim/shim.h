@@ -122,6 +122,11 @@ SHIM_HIDDEN int app_getfd(int fd);
 SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q);
 SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_size);
 SHIM_HIDDEN void sockets_reset_on_close(const int *fds, int nfds);
+SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */
+
+/* socket_peers.c: connections inside the job, and the ones leading out */
+SHIM_HIDDEN int socket_peers_publish(const int *socks, int n);
+SHIM_HIDDEN int socket_peer_in_job(int fd);
 
 /* event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
 SHIM_HIDDEN int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec,

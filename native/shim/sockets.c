@@ -43,7 +43,7 @@ int app_getfd(int fd)
 }
 
 /* The inode of a Unix socket's peer, 0 if it has none. */
-static uint64_t unix_peer(uint64_t ino)
+uint64_t socket_unix_peer(uint64_t ino)
 {
 	struct {
 		struct nlmsghdr nlh;
@@ -244,7 +244,7 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 	}
 	get_addresses(s, rec);	/* needs sock_domain */
 	if (rec->sock_domain == AF_UNIX)
-		rec->peer_id = unix_peer(ino);
+		rec->peer_id = socket_unix_peer(ino);
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	rec->value[0] = get_int(s, SOL_SOCKET, SO_SNDBUF);
