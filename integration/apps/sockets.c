@@ -5,7 +5,8 @@
  * TCP connection on 127.0.0.1.  The parent keeps AHEAD tokens queued on
  * every channel; the child answers each with a mix of it on the same
  * channel.  At the end the parent checks every answer, the child's exit
- * status, and that the listeners still accept connections.
+ * status, that the listeners still accept connections, and the socket
+ * options it set.
  */
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include "zdtm.h"
@@ -56,6 +58,58 @@ static int dial(int domain, const struct sockaddr *a, socklen_t len)
 
 	zdtm_check(s >= 0 && connect(s, a, len) == 0, "connect");
 	return s;
+}
+
+/* Options a restart must give back: on the TCP connection and the stream pair. */
+static const struct linger linger_5s = { 1, 5 };
+static const struct timeval send_timeout = { 30, 500000 };
+
+static void set_int(int s, int level, int name, int v)
+{
+	zdtm_check(setsockopt(s, level, name, &v, sizeof(v)) == 0, "setsockopt %d/%d", level, name);
+}
+
+static void check_int(int s, int level, int name, int want, const char *what)
+{
+	int v = -1;
+	socklen_t len = sizeof(v);
+
+	zdtm_check(getsockopt(s, level, name, &v, &len) == 0 && v == want,
+		   "%s is %d, was set to give %d", what, v, want);
+}
+
+static void set_options(int *parent)
+{
+	set_int(parent[4], IPPROTO_TCP, TCP_NODELAY, 1);
+	set_int(parent[4], SOL_SOCKET, SO_KEEPALIVE, 1);
+	set_int(parent[4], IPPROTO_TCP, TCP_KEEPIDLE, 77);
+	set_int(parent[4], SOL_SOCKET, SO_RCVBUF, 65536);
+	zdtm_check(setsockopt(parent[4], SOL_SOCKET, SO_LINGER, &linger_5s, sizeof(linger_5s)) == 0,
+		   "SO_LINGER");
+	zdtm_check(setsockopt(parent[4], SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+			      sizeof(send_timeout)) == 0, "SO_SNDTIMEO");
+	set_int(parent[0], SOL_SOCKET, SO_SNDBUF, 32768);
+	set_int(parent[0], SOL_SOCKET, SO_PASSCRED, 1);
+}
+
+static void check_options(int *parent)
+{
+	struct linger l;
+	struct timeval t;
+	socklen_t len = sizeof(l);
+
+	check_int(parent[4], IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
+	check_int(parent[4], SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
+	check_int(parent[4], IPPROTO_TCP, TCP_KEEPIDLE, 77, "TCP_KEEPIDLE");
+	check_int(parent[4], SOL_SOCKET, SO_RCVBUF, 2 * 65536, "SO_RCVBUF");	/* doubled */
+	zdtm_check(getsockopt(parent[4], SOL_SOCKET, SO_LINGER, &l, &len) == 0 &&
+		   l.l_onoff == 1 && l.l_linger == 5, "SO_LINGER is %d %d", l.l_onoff, l.l_linger);
+	len = sizeof(t);
+	zdtm_check(getsockopt(parent[4], SOL_SOCKET, SO_SNDTIMEO, &t, &len) == 0 &&
+		   t.tv_sec == 30 && t.tv_usec == 500000, "SO_SNDTIMEO is %ld.%06ld",
+		   (long)t.tv_sec, (long)t.tv_usec);
+	check_int(parent[0], SOL_SOCKET, SO_SNDBUF, 2 * 32768, "SO_SNDBUF");
+	check_int(parent[0], SOL_SOCKET, SO_PASSCRED, 1, "SO_PASSCRED");
 }
 
 static int mask = 0x1f;	/* channels in use (argv[4], for debugging) */
@@ -131,11 +185,7 @@ int main(int argc, char **argv)
 		parent[2 + i] = accept(ln[i], NULL, NULL);
 		zdtm_check(parent[2 + i] >= 0, "accept %s", names[2 + i]);
 	}
-	{
-		int one = 1;
-
-		setsockopt(parent[4], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	}
+	set_options(parent);
 	printf("READY\n");
 	fflush(stdout);
 	for (long step = 0; step < steps; step++) {
@@ -167,6 +217,7 @@ int main(int argc, char **argv)
 		close(c);
 		close(s);
 	}
+	check_options(parent);
 	unlink(path);
 	zdtm_pass("%016llx %d", (unsigned long long)hash, WEXITSTATUS(status));
 	return 0;

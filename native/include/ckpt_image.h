@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 3
+#define CKPT_IMAGE_VERSION 4
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -210,10 +210,20 @@ enum ckpt_fd_kind {
 #define CKPT_SOCK_LISTENING 1
 #define CKPT_SOCK_CONNECTED 2
 #define CKPT_SOCK_BOUND 4		/* has a local address of its own */
+#define CKPT_SOCK_OPTS 36		/* options saved per socket, at most */
 
 struct ckpt_sockaddr {
 	uint32_t len;
 	uint8_t addr[128];		/* struct sockaddr_storage */
+};
+
+/* One socket option, as getsockopt() gave it and setsockopt() takes it. */
+struct ckpt_sockopt {
+	int32_t level;
+	int32_t name;
+	uint32_t len;
+	uint32_t pad;
+	uint8_t value[16];
 };
 
 struct ckpt_epoll_entry {
@@ -244,11 +254,14 @@ struct ckpt_fd {
 	int32_t sock_backlog;
 	struct ckpt_sockaddr sock_local;
 	struct ckpt_sockaddr sock_peer;
-	uint64_t value[6];		/* eventfd, timerfd, signalfd state; socket:
-					 * SO_SNDBUF, SO_RCVBUF, IPV6_V6ONLY */
+	uint64_t value[6];		/* eventfd, timerfd, signalfd state */
 	int32_t share_pid;		/* CKPT_FD_FILE: the same open file (one
 					 * offset) as fd share_fd of process */
 	int32_t share_fd;		/* share_pid, inherited across fork; 0: none */
+	/* CKPT_FD_SOCKET: the options the application changed, for setsockopt() */
+	uint32_t nsock_opts;
+	uint32_t pad;
+	struct ckpt_sockopt sock_opts[CKPT_SOCK_OPTS];
 };
 
 struct ckpt_plugin_blob {

@@ -76,6 +76,10 @@ void fatal(const char *what, long err) __attribute__((noreturn));
 void set_failure_hook(void (*hook)(int status));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* sockopts.c: the socket options an image names */
+void sockopts_apply(int s, const struct ckpt_fd *f);
+void sockopts_finish(int s, const struct ckpt_fd *f);
+
 /* fds.c */
 void make_parent_dirs(const char *path);
 struct loaded_fd;

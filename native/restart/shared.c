@@ -348,8 +348,7 @@ static int new_socket(const struct ckpt_fd *f)
 		die("cannot recreate a socket: %s", strerror(errno));
 	if (f->sock_domain != AF_UNIX)
 		setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (f->sock_domain == AF_INET6 && f->value[2])
-		setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	sockopts_apply(s, f);
 	return move_high(s, "a socket");
 }
 
@@ -448,6 +447,7 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 		goto out;
 	}
 	*fb = move_high(*fb, "a socket");
+	sockopts_apply(*fb, b);	/* it has the listener's, of a moment */
 out:
 	close(l);
 	return err;
@@ -481,6 +481,8 @@ static void connect_pair(struct shared_socket *a, struct shared_socket *b)
 		die("cannot recreate a socket pair: %s", strerror(errno));
 	a->fd = move_high(sv[0], "a socket");
 	b->fd = move_high(sv[1], "a socket");
+	sockopts_apply(a->fd, &a->rec->f);
+	sockopts_apply(b->fd, &b->rec->f);
 }
 
 /* Connected to an address that is not a socket of the job: connect
@@ -607,6 +609,7 @@ static void create_sockets(struct image *imgs, unsigned n)
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct loaded_fd *lf = socks[i].rec, *peer;
 
+		sockopts_finish(socks[i].fd, &lf->f);
 		if (!lf->f.data_size)
 			continue;
 		peer = peer_record(lf);

@@ -596,9 +596,10 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 		return 0;
 	}
 	case CKPT_PHASE_RESUME:
-		if (ctx->restarted)
+		if (ctx->restarted) {
 			npipes = 0;	/* the buffers belonged to the old process */
-		else
+			sockopt_buffers_renew();
+		} else
 			release_pipes();
 		return 0;
 	default:

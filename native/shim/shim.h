@@ -124,6 +124,12 @@ SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_s
 SHIM_HIDDEN void sockets_reset_on_close(const int *fds, int nfds);
 SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */
 
+/* sockopt_calls.c: the socket buffer sizes the application set */
+#define SOCKOPT_SET_SNDBUF 1
+#define SOCKOPT_SET_RCVBUF 2
+SHIM_HIDDEN unsigned sockopt_buffers_set(uint64_t ino);
+SHIM_HIDDEN void sockopt_buffers_renew(void);
+
 /* socket_peers.c: connections inside the job, and the ones leading out */
 SHIM_HIDDEN int socket_peers_publish(const int *socks, int n);
 SHIM_HIDDEN int socket_peer_in_job(int fd);

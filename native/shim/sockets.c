@@ -24,6 +24,7 @@
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
 #include <linux/sockios.h>
+#include "ckpt_sockopts.h"
 #include "shim.h"
 
 #define DGRAM_MAX (256 << 10)
@@ -226,6 +227,53 @@ void sockets_reset_on_close(const int *fds, int nfds)
 	}
 }
 
+static void add_option(struct ckpt_fd *rec, int level, int name, const void *v, socklen_t len)
+{
+	struct ckpt_sockopt *o = &rec->sock_opts[rec->nsock_opts++];
+
+	o->level = level;
+	o->name = name;
+	o->len = len;
+	memcpy(o->value, v, len);
+}
+
+/* A buffer size the application set: what it passed (the kernel doubles it). */
+static void add_buffer_size(int s, struct ckpt_fd *rec, int name)
+{
+	int size = get_int(s, SOL_SOCKET, name) / 2;
+
+	if (size > 0)
+		add_option(rec, SOL_SOCKET, name, &size, sizeof(size));
+}
+
+/* The options in which s differs from a new socket of its kind. */
+static void save_options(int s, uint64_t ino, struct ckpt_fd *rec)
+{
+	int fresh = socket(rec->sock_domain, rec->sock_type | SOCK_CLOEXEC,
+			   get_int(s, SOL_SOCKET, SO_PROTOCOL));
+	unsigned set = sockopt_buffers_set(ino);
+
+	rec->nsock_opts = 0;
+	for (unsigned i = 0; i < CKPT_NSOCKOPT_NAMES; i++) {
+		const struct ckpt_sockopt_name *n = &ckpt_sockopt_names[i];
+		uint8_t v[16], d[16];
+		socklen_t vlen = sizeof(v), dlen = sizeof(d);
+
+		if (getsockopt(s, n->level, n->name, v, &vlen))
+			continue;
+		if (fresh >= 0 && !getsockopt(fresh, n->level, n->name, d, &dlen) &&
+		    dlen == vlen && !memcmp(v, d, vlen))
+			continue;
+		add_option(rec, n->level, n->name, v, vlen);
+	}
+	if (set & SOCKOPT_SET_SNDBUF)
+		add_buffer_size(s, rec, SO_SNDBUF);
+	if (set & SOCKOPT_SET_RCVBUF)
+		add_buffer_size(s, rec, SO_RCVBUF);
+	if (fresh >= 0)
+		close(fresh);
+}
+
 /* Fills the socket fields of rec; q gets the receive queue. */
 int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
 {
@@ -247,10 +295,7 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->peer_id = socket_unix_peer(ino);
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
-	rec->value[0] = get_int(s, SOL_SOCKET, SO_SNDBUF);
-	rec->value[1] = get_int(s, SOL_SOCKET, SO_RCVBUF);
-	if (rec->sock_domain == AF_INET6)	/* else [::]:port also takes 0.0.0.0:port */
-		rec->value[2] = get_int(s, IPPROTO_IPV6, IPV6_V6ONLY) == 1;
+	save_options(s, ino, rec);
 	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
 		err = peek_queue(s, rec->sock_type, q);
 	close(s);
