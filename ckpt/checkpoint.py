@@ -1,8 +1,9 @@
-"""One checkpoint of a job: SUSPEND, DRAIN, WRITE, RESUME as barriers, then
+"""One checkpoint of a job: SUSPEND, DRAIN, FLUSH, WRITE, RESUME as barriers, then
 the manifest and the atomic publication of <job-dir>/ckpt-NNNN."""
 
 import errno
 import os
+import secrets
 import time
 
 from ckpt import manifest as manifests
@@ -59,6 +60,9 @@ class CheckpointRun:
             threads = await self._phase("SUSPEND")
             threads.update(await self._take_in_newcomers(threads))
             await self._phase("DRAIN")
+            # bytes a TCP sender holds reach their receiver: the marker
+            # tells where its peer stopped writing
+            await self._phase("FLUSH", secrets.token_hex(16))
             mode = " fork" if self.forked else ""
             written = await self._phase("WRITE", escape(self.tmp) + mode)
             if not self.forked:

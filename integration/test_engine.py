@@ -7,6 +7,7 @@ image: each restarted run must end with exactly the reference output.
 """
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -28,6 +29,7 @@ PROGRAMS = {
     "sockets": ["300", "10", "."],
     "eventfds": ["300", "10"],
     "fifos": ["300", "10", "."],
+    "tcpflood": ["400", "10"],
 }
 
 
@@ -45,7 +47,7 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
             f"{app} restarted from {image.name} differs from an uninterrupted run"
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer"])
+@pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood"])
 def test_forked_checkpoints(session, app):
     """A copy-on-write child writes the image while the job runs on; its
     image must be as good as one written with the job stopped."""
@@ -62,7 +64,8 @@ def test_forked_checkpoints(session, app):
         assert restart_and_finish(session, image, job) == reference
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos"])
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos",
+                                 "tcpflood"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]
@@ -245,3 +248,49 @@ def test_connections_outside_the_job_are_reported(session):
     for fd in unix_fd, waiting_fd:
         assert any(f"fd {fd} is connected outside the job, to Unix socket {unix_path}:" in line
                    for line in outside), stderr
+
+
+# Two listeners: one whose port TIME_WAIT holds (the server side closed
+# first; it set SO_REUSEADDR, as servers do for this), one without it.
+TIME_WAIT_LISTENERS = """
+import socket, sys, time
+reusing = socket.socket()
+reusing.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+plain = socket.socket()
+for listener in reusing, plain:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+ports = [listener.getsockname()[1] for listener in (reusing, plain)]
+for _ in range(3):
+    client = socket.create_connection(("127.0.0.1", ports[0]))
+    server, _ = reusing.accept()
+    server.close()
+    client.recv(1)
+    client.close()
+print("READY", *ports, flush=True)
+time.sleep(float(sys.argv[1]))
+for listener in reusing, plain:
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    server.sendall(b"x")
+    assert client.recv(1) == b"x"
+    print("listening on", listener.getsockname()[1], "SO_REUSEADDR",
+          listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR), flush=True)
+"""
+
+
+def test_listeners_bound_again_while_time_wait_holds_a_port(session):
+    """Connections the server closed first leave TIME_WAIT on the listener's
+    port: a restart on this host binds the listener there again.  Each
+    listener keeps its own SO_REUSEADDR (the restart binds with it set)."""
+    job = Job(session, "time-wait", [sys.executable, "-c", TIME_WAIT_LISTENERS], "1.5")
+    job.wait_ready()
+    reusing, plain = job.output().split()[1:3]
+    waiting = subprocess.run(["ss", "-tan", "state", "time-wait", f"( sport = :{reusing} )"],
+                             capture_output=True, text=True, check=True).stdout
+    assert f":{reusing} " in waiting, waiting
+    job.checkpoint()
+    job.kill()
+    output = restart_and_finish(session, job.images[0], job)
+    assert f"listening on {reusing} SO_REUSEADDR 1\n" in output, output
+    assert f"listening on {plain} SO_REUSEADDR 0\n" in output, output

@@ -120,6 +120,27 @@ def test_full_disk_abandons_checkpoint_and_job_keeps_running(session):
         subprocess.run(["umount", "-l", fs])
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
+def test_failed_checkpoint_gives_flushed_tcp_bytes_back(session):
+    """tcpflood keeps its connection full both ways: FLUSH reads megabytes
+    out of it before WRITE fails for want of space; RESUME must put every
+    byte back, or the program sees its streams broken."""
+    fs = session.root / "tiny-fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", fs], check=True)
+    try:
+        app = ["tcpflood", "400", "10"]
+        reference = session.reference(*app)
+        job = _launch_with_dir(session, "flood", fs, app)
+        job.wait_ready()
+        for _ in range(3):
+            one_line(session.ckpt("checkpoint", job.id, check=False), "No space left")
+        assert job.wait() == 0, job.output()
+        assert job.output() == reference
+    finally:
+        subprocess.run(["umount", "-l", fs])
+
+
 def _launch_with_dir(session, job_id, ckpt_dir, app_args):
     saved = session.images
     session.images = ckpt_dir

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,7 +18,7 @@ from tests.fakeshim import FakeProcess
 from ckpt.image import verify_checkpoint
 from ckpt.wire import unescape
 
-CHECKPOINT_PHASES = ["STOP", "RELEASE", "SUSPEND", "DRAIN", "WRITE", "RESUME"]
+CHECKPOINT_PHASES = ["STOP", "RELEASE", "SUSPEND", "DRAIN", "FLUSH", "WRITE", "RESUME"]
 
 
 @pytest.fixture
@@ -92,16 +93,18 @@ def test_full_checkpoint_with_three_processes(workdir):
             assert path == h.job_dir / "ckpt-0001" and warnings == []
             for fake in fakes:
                 assert names(fake) == CHECKPOINT_PHASES
-                assert unescape(fake.phases[4][1]) == str(h.job_dir / ".ckpt-0001.tmp")
-                assert fake.phases[5][1] == "ok"
+                assert re.fullmatch(r"[0-9a-f]{32}", fake.phases[4][1])  # FLUSH's marker
+                assert unescape(fake.phases[5][1]) == str(h.job_dir / ".ckpt-0001.tmp")
+                assert fake.phases[6][1] == "ok"
             manifest = verify_checkpoint(path)
             assert sorted(p["pid"] for p in manifest["processes"]) == [101, 102, 103]
             assert manifest["command"] == ["app", "arg"]
             assert all(p["stopped_ns"] == 2000 and p["threads"] == 1 for p in manifest["processes"])
-            assert fakes[0].seqs == [1] * 6  # seq: the checkpoint number
+            assert fakes[0].seqs == [1] * 7  # seq: the checkpoint number
             path2, _ = await h.coord.checkpoint()
             assert path2.name == "ckpt-0002"
-            assert fakes[0].seqs[6:] == [2] * 6
+            assert fakes[0].seqs[7:] == [2] * 7
+            assert fakes[0].phases[4][1] != fakes[0].phases[11][1], "the same marker twice"
             assert os.readlink(h.job_dir / "latest") == "ckpt-0002"
     run(scenario())
 
@@ -138,7 +141,7 @@ def test_client_gets_err_line_on_failure(workdir):
     run(scenario())
 
 
-@pytest.mark.parametrize("phase", ["STOP", "RELEASE", "SUSPEND", "DRAIN", "WRITE"])
+@pytest.mark.parametrize("phase", ["STOP", "RELEASE", "SUSPEND", "DRAIN", "FLUSH", "WRITE"])
 def test_process_disconnecting_mid_checkpoint_is_left_out(workdir, phase):
     async def scenario():
         async with Harness(workdir) as h:
@@ -311,7 +314,7 @@ def test_checkpoint_kill_publishes_then_terminates_and_kills_without_resume(work
             reply = await h.client("CHECKPOINT kill")
             assert reply.startswith("OK ") and reply.endswith("ckpt-0001")
             # no RESUME: TERMINATE lets the job reset its TCP connections
-            assert names(fake) == ["STOP", "RELEASE", "SUSPEND", "DRAIN", "WRITE", "TERMINATE"]
+            assert names(fake) == ["STOP", "RELEASE", "SUSPEND", "DRAIN", "FLUSH", "WRITE", "TERMINATE"]
             assert signalled == [(os.getpid(), 19), (os.getpid(), 9)]  # stopped, then killed
             assert h.killed and h.coord.killed.is_set()
             verify_checkpoint(h.job_dir / "latest")

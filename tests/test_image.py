@@ -25,7 +25,7 @@ def checkpoint_with(tmp_path, data, **manifest_overrides):
 def test_headers_come_from_the_c_headers():
     headers = load_headers()
     assert list(headers.phases) == ["SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL",
-                                    "SYNC", "TERMINATE", "STOP", "RELEASE"]
+                                    "SYNC", "TERMINATE", "STOP", "RELEASE", "FLUSH"]
     assert headers.const("CKPT_IMAGE_MAGIC") == int.from_bytes(b"CKPTIMG1", "little")
     assert headers.ffi.sizeof("struct ckpt_image_header") <= headers.const("CKPT_HEADER_SIZE")
 

@@ -21,6 +21,7 @@ struct ckpt_hook_ctx {
 	unsigned seq;			/* checkpoint number */
 	int restarted;			/* 1 in the restart phases */
 	int aborted;			/* RESUME after a failed checkpoint */
+	const char *arg;		/* the phase's argument (FLUSH: the marker), or NULL */
 };
 
 struct ckpt_plugin {

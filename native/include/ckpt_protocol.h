@@ -32,7 +32,11 @@ enum ckpt_phase {
 	 * release the hardware (RELEASE), job-wide barriers in between */
 	CKPT_PHASE_STOP = 8,
 	CKPT_PHASE_RELEASE = 9,
-	CKPT_PHASE_COUNT = 10
+	/* after DRAIN: TCP connections inside the job are flushed to their
+	 * receivers, each end sending a marker its peer reads up to (arg:
+	 * the marker, 32 hex digits); RESUME gives the bytes back */
+	CKPT_PHASE_FLUSH = 10,
+	CKPT_PHASE_COUNT = 11
 };
 
 #define CKPT_PROTOCOL_VERSION 1
@@ -43,7 +47,7 @@ static inline const char *ckpt_phase_name(enum ckpt_phase p)
 {
 	static const char *const names[CKPT_PHASE_COUNT] = {
 		"SUSPEND", "DRAIN", "WRITE", "RESUME", "REBUILD", "REFILL", "SYNC", "TERMINATE",
-		"STOP", "RELEASE",
+		"STOP", "RELEASE", "FLUSH",
 	};
 	return (unsigned)p < CKPT_PHASE_COUNT ? names[p] : "?";
 }

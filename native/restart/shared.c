@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -51,7 +52,7 @@ struct filled {
 
 struct shared_socket {
 	uint64_t id;
-	const struct loaded_fd *rec;	/* its first record */
+	const struct loaded_fd *rec;	/* the record with its queue, else its first */
 	const struct image *img;	/* and the image that has it */
 	int fd;
 };
@@ -393,6 +394,12 @@ static void bind_as_before(int s, const struct shared_socket *ss)
 			snprintf(at, sizeof(at), "%s", f->sock_local.addr + 2);
 		else
 			addr_text(&f->sock_local, at, sizeof(at));
+		/* TIME_WAIT of connections a listener without SO_REUSEADDR
+		 * closed first holds its port for a minute */
+		if (errno == EADDRINUSE && f->sock_domain != AF_UNIX)
+			die("cannot bind a socket to %s again: it is in use, or the old job's "
+			    "closed connections hold it for up to a minute (TIME_WAIT): restart "
+			    "again later", at);
 		die("cannot bind a socket to %s again: %s", at, strerror(errno));
 	}
 }
@@ -416,6 +423,21 @@ static const struct loaded_fd *peer_record(const struct loaded_fd *lf)
 	return NULL;
 }
 
+/*
+ * A queue larger than a new connection holds (bytes its sender had held,
+ * which FLUSH saved) needs a receive buffer that is large before the
+ * connection opens its window, and a large send buffer at the sender.
+ */
+#define LARGE_QUEUE (1 << 20)
+
+static void make_room(int s, int opt, uint64_t bytes)
+{
+	int size = bytes < (1U << 30) ? (int)bytes : 1 << 30;
+
+	if (bytes > LARGE_QUEUE)
+		setsockopt(s, SOL_SOCKET, opt, &size, sizeof(size));
+}
+
 /* A listener of a moment at b's address (or any port of it), the other
  * end bound to a's (or not): 0, or errno. */
 static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b, int keep_ports,
@@ -425,6 +447,7 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 	socklen_t len = sizeof(at.addr);
 	int l = new_socket(b), err = 0;
 
+	make_room(l, SO_RCVBUF, b->data_size);	/* the accepted socket inherits it */
 	if (!keep_ports)
 		((struct sockaddr_in *)at.addr)->sin_port = 0;	/* same for IPv6 */
 	*fa = -1;
@@ -434,6 +457,8 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 		goto out;
 	}
 	*fa = new_socket(a);
+	make_room(*fa, SO_RCVBUF, a->data_size);
+	make_room(*fa, SO_SNDBUF, b->data_size);
 	if ((keep_ports && bind(*fa, sa(&a->sock_local), a->sock_local.len)) ||
 	    connect(*fa, sa(&at), at.len)) {
 		err = errno;
@@ -448,6 +473,8 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 	}
 	*fb = move_high(*fb, "a socket");
 	sockopts_apply(*fb, b);	/* it has the listener's, of a moment */
+	make_room(*fb, SO_RCVBUF, b->data_size);
+	make_room(*fb, SO_SNDBUF, a->data_size);
 out:
 	close(l);
 	return err;
@@ -500,17 +527,46 @@ static int reconnect(const struct ckpt_fd *f)
 	return s;
 }
 
+#define REFILL_GROWTHS 4
+
+/* Room for `more` bytes in the sender's queue: nobody reads yet. */
+static int grow_send_buffer(int sender, size_t more)
+{
+	int size = 0;
+	socklen_t len = sizeof(size);
+
+	if (getsockopt(sender, SOL_SOCKET, SO_SNDBUF, &size, &len))
+		return -1;
+	size = size / 2 + (int)(more < (1U << 30) ? more : 1U << 30);
+	return setsockopt(sender, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+}
+
+/*
+ * The peer end sends the bytes again.  They fit in the receiver's queue
+ * and the sender's, as they did in the old connection, unless the sender
+ * held many (FLUSH saved them): its buffer then grows, as it had grown.
+ */
 static void send_all(int s, const char *p, size_t len)
 {
-	while (len) {
-		ssize_t n = send(s, p, len, MSG_NOSIGNAL);
+	int growths = 0;
 
+	while (len) {
+		ssize_t n = send(s, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		struct pollfd pfd = { .fd = s, .events = POLLOUT };
+
+		if (n > 0) {
+			p += n;
+			len -= n;
+			continue;
+		}
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0)
+		if (n < 0 && errno != EAGAIN)
 			die("cannot refill a socket: %s", strerror(errno));
-		p += n;
-		len -= n;
+		if (poll(&pfd, 1, 200) > 0)
+			continue;
+		if (growths++ == REFILL_GROWTHS || grow_send_buffer(s, len))
+			die("%zu bytes queued on a socket do not fit in a new connection", len);
 	}
 }
 
@@ -568,11 +624,17 @@ static void collect_sockets(struct image *imgs, unsigned n)
 	for (unsigned i = 0; i < n; i++)
 		for (unsigned j = 0; j < imgs[i].nfds; j++) {
 			const struct loaded_fd *lf = &imgs[i].fds[j];
+			struct shared_socket *known;
 
-			if (lf->f.kind != CKPT_FD_SOCKET || lf->f.dup_of >= 0 ||
-			    find_socket(lf->f.object_id))
+			if (lf->f.kind != CKPT_FD_SOCKET || lf->f.dup_of >= 0)
 				continue;
-			socks[nsocks++] = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1 };
+			/* of a socket shared by several processes, the one that
+			 * flushed it carries its queue (tcp_flush.c) */
+			known = find_socket(lf->f.object_id);
+			if (known && !known->rec->f.data_size && lf->f.data_size)
+				*known = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1 };
+			if (!known)
+				socks[nsocks++] = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1 };
 		}
 }
 

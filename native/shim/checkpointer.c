@@ -108,10 +108,10 @@ static void phase_sync(void)
 	reply(CKPT_PHASE_SYNC, err, detail);
 }
 
-static int run_hooks(enum ckpt_phase phase, unsigned seq, int aborted)
+static int run_hooks(enum ckpt_phase phase, unsigned seq, int aborted, const char *arg)
 {
 	struct ckpt_hook_ctx ctx = {
-		.phase = phase, .seq = seq, .restarted = restarting, .aborted = aborted,
+		.phase = phase, .seq = seq, .restarted = restarting, .aborted = aborted, .arg = arg,
 	};
 	char why[300];
 	int err = plugins_run(&ctx, why, sizeof(why));
@@ -140,7 +140,7 @@ static void phase_suspend(unsigned seq)
 		      "a thread did not stop (is the checkpoint signal blocked?)" : NULL);
 		return;
 	}
-	if (run_hooks(CKPT_PHASE_SUSPEND, seq, 0))
+	if (run_hooks(CKPT_PHASE_SUSPEND, seq, 0, NULL))
 		return;
 	process_job_children(children, sizeof(children));
 	snprintf(detail, sizeof(detail), "threads=%u%s%s", quiesce_count() + 1,
@@ -156,7 +156,7 @@ static void phase_resume(unsigned seq, const char *arg)
 
 	if (aborted)
 		image_write_cancel();
-	run_hooks(CKPT_PHASE_RESUME, seq, aborted);
+	run_hooks(CKPT_PHASE_RESUME, seq, aborted, NULL);
 	quiesce_resume();
 	snprintf(detail, sizeof(detail), "stopped_ns=%lld",
 		 restarting ? 0LL : (long long)(shim_now_ns() - suspended_at));
@@ -174,18 +174,20 @@ static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 		phase_sync();
 	else if (!strcmp(name, "RESUME"))
 		phase_resume(seq, arg);
-	else if (!strcmp(name, "DRAIN") && !run_hooks(CKPT_PHASE_DRAIN, seq, 0))
+	else if (!strcmp(name, "DRAIN") && !run_hooks(CKPT_PHASE_DRAIN, seq, 0, NULL))
 		reply(CKPT_PHASE_DRAIN, 0, NULL);
-	else if (!strcmp(name, "REBUILD") && !run_hooks(CKPT_PHASE_REBUILD, seq, 0))
+	else if (!strcmp(name, "REBUILD") && !run_hooks(CKPT_PHASE_REBUILD, seq, 0, NULL))
 		reply(CKPT_PHASE_REBUILD, 0, NULL);
-	else if (!strcmp(name, "REFILL") && !run_hooks(CKPT_PHASE_REFILL, seq, 0))
+	else if (!strcmp(name, "REFILL") && !run_hooks(CKPT_PHASE_REFILL, seq, 0, NULL))
 		reply(CKPT_PHASE_REFILL, 0, NULL);
-	else if (!strcmp(name, "TERMINATE") && !run_hooks(CKPT_PHASE_TERMINATE, seq, 0))
+	else if (!strcmp(name, "TERMINATE") && !run_hooks(CKPT_PHASE_TERMINATE, seq, 0, NULL))
 		reply(CKPT_PHASE_TERMINATE, 0, NULL);
-	else if (!strcmp(name, "STOP") && !run_hooks(CKPT_PHASE_STOP, seq, 0))
+	else if (!strcmp(name, "STOP") && !run_hooks(CKPT_PHASE_STOP, seq, 0, NULL))
 		reply(CKPT_PHASE_STOP, 0, NULL);
-	else if (!strcmp(name, "RELEASE") && !run_hooks(CKPT_PHASE_RELEASE, seq, 0))
+	else if (!strcmp(name, "RELEASE") && !run_hooks(CKPT_PHASE_RELEASE, seq, 0, NULL))
 		reply(CKPT_PHASE_RELEASE, 0, NULL);
+	else if (!strcmp(name, "FLUSH") && !run_hooks(CKPT_PHASE_FLUSH, seq, 0, arg))
+		reply(CKPT_PHASE_FLUSH, 0, NULL);
 	return 0;
 }
 

@@ -563,16 +563,20 @@ static int list_sockets(int *socks)
 }
 
 /* Sockets: the user hears of each connection that leads outside the
- * job; TCP bytes on their way land in their receive queue first. */
+ * job; TCP bytes on their way land in their receive queue first, except
+ * on the connections inside the job, which FLUSH empties. */
 static int settle_sockets(void)
 {
-	int socks[MAX_FDS];
-	int n = list_sockets(socks), err;
+	int socks[MAX_FDS], settle[MAX_FDS];
+	int n = list_sockets(socks), nsettle = 0, err;
 	char why[200];
 
-	for (int i = 0; i < n; i++)
-		socket_peer_in_job(socks[i]);
-	err = sockets_settle(socks, n, why, sizeof(why));
+	for (int i = 0; i < n; i++) {
+		socket_peer(socks[i], 1);
+		if (!tcp_flush_wanted(socks[i]))
+			settle[nsettle++] = socks[i];
+	}
+	err = sockets_settle(settle, nsettle, why, sizeof(why));
 	if (err)
 		ckpt_hook_fail("%s", why);
 	return err;
@@ -589,6 +593,15 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	}
 	case CKPT_PHASE_DRAIN:
 		return copy_pipes() ?: settle_sockets();
+	case CKPT_PHASE_FLUSH: {
+		int socks[MAX_FDS];
+		char why[200];
+		int err = tcp_flush(ctx->arg, socks, list_sockets(socks), why, sizeof(why));
+
+		if (err)
+			ckpt_hook_fail("%s", why);
+		return err;
+	}
 	case CKPT_PHASE_TERMINATE: {
 		int socks[MAX_FDS];
 
@@ -596,6 +609,7 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 		return 0;
 	}
 	case CKPT_PHASE_RESUME:
+		tcp_flush_give_back(ctx->restarted);
 		if (ctx->restarted) {
 			npipes = 0;	/* the buffers belonged to the old process */
 			sockopt_buffers_renew();

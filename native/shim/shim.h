@@ -132,7 +132,15 @@ SHIM_HIDDEN void sockopt_buffers_renew(void);
 
 /* socket_peers.c: connections inside the job, and the ones leading out */
 SHIM_HIDDEN int socket_peers_publish(const int *socks, int n);
-SHIM_HIDDEN int socket_peer_in_job(int fd);
+enum { PEER_NONE, PEER_IN_JOB, PEER_PENDING, PEER_OUTSIDE };
+SHIM_HIDDEN int socket_peer(int fd, int report);
+
+/* tcp_flush.c: TCP connections inside the job, emptied with a marker */
+SHIM_HIDDEN int tcp_flush_wanted(int fd);
+SHIM_HIDDEN int tcp_flush(const char *marker_hex, const int *socks, int nsocks, char *why,
+			  size_t why_size);
+SHIM_HIDDEN int tcp_flushed_queue(uint64_t ino, const char **data, size_t *len);
+SHIM_HIDDEN void tcp_flush_give_back(int restarted);
 
 /* event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
 SHIM_HIDDEN int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec,

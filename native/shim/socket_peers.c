@@ -1,9 +1,9 @@
 /*
  * Which connected sockets lead to a process of the job, and which lead
- * outside it.  At SUSPEND every process publishes each connected socket
- * end under a name the other end can compute ("sock:..." keys of the
- * coordinator); at DRAIN, when the whole job has published, an end whose
- * peer's name is missing leads outside.  The user is told which fd and
+ * outside it.  At SUSPEND every process publishes each socket end and
+ * listener it has under a name the other end can compute ("sock:..." keys
+ * of the coordinator); after SUSPEND, when the whole job has published,
+ * an end whose peer's name is missing leads outside.  The user is told which fd and
  * peer: a restart connects such a socket again, but the process at the
  * other end keeps no state of ours.
  */
@@ -22,10 +22,11 @@
 #define KEY_MAX 160
 
 struct sock_end {
-	char mine[KEY_MAX];		/* this end's name */
+	char mine[KEY_MAX];		/* this end's name, or "" */
 	char theirs[KEY_MAX];		/* the peer end's name */
+	char listener[KEY_MAX];		/* the name of the job's listener the peer
+					 * would be accepted from, or "" */
 	char peer_text[120];		/* the peer, for the user */
-	int tcp;
 };
 
 static const char *inet_text(const struct sockaddr_storage *ss, char *buf, size_t size)
@@ -50,11 +51,34 @@ static int is_loopback(const struct sockaddr_storage *ss)
 
 	if (ss->ss_family == AF_INET)
 		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-	return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) || IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr);
+	return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+	       (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127);
 }
 
-/* An IP connection is named by its two addresses (and the host, when
- * they are loopback ones, which every host has). */
+static unsigned inet_port(const struct sockaddr_storage *ss)
+{
+	return ntohs(((const struct sockaddr_in *)ss)->sin_port);	/* same place in IPv6 */
+}
+
+static int same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	const struct sockaddr_in *a4 = (const void *)a, *b4 = (const void *)b;
+	const struct sockaddr_in6 *a6 = (const void *)a, *b6 = (const void *)b;
+
+	if (is_loopback(b))
+		return 1;
+	if (a->ss_family != b->ss_family)
+		return 0;
+	return a->ss_family == AF_INET ? a4->sin_addr.s_addr == b4->sin_addr.s_addr :
+	       !memcmp(&a6->sin6_addr, &b6->sin6_addr, sizeof(a6->sin6_addr));
+}
+
+/*
+ * An IP connection is named by its two addresses (and the host, when
+ * they are loopback ones, which every host has).  A TCP listener of the
+ * job is named by its port on its host: a connection it has not accepted
+ * yet has no other end in any process.
+ */
 static int inet_end(int s, int type, struct sock_end *e)
 {
 	struct sockaddr_storage local, peer;
@@ -62,9 +86,18 @@ static int inet_end(int s, int type, struct sock_end *e)
 	char l[64], p[64];
 	const char *proto = type == SOCK_STREAM ? "tcp" : "udp";
 	const char *host = "";
+	int listening = 0;
+	socklen_t olen = sizeof(listening);
 
-	if (getsockname(s, (struct sockaddr *)&local, &llen) ||
-	    getpeername(s, (struct sockaddr *)&peer, &plen))
+	if (getsockname(s, (struct sockaddr *)&local, &llen))
+		return ENOTCONN;
+	if (type == SOCK_STREAM && !getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) &&
+	    listening) {
+		snprintf(e->mine, sizeof(e->mine), "sock:%s:tcplisten:%u", shim_hostname(),
+			 inet_port(&local));
+		return ENOTCONN;
+	}
+	if (getpeername(s, (struct sockaddr *)&peer, &plen))
 		return ENOTCONN;
 	if (is_loopback(&peer))
 		host = shim_hostname();
@@ -72,8 +105,10 @@ static int inet_end(int s, int type, struct sock_end *e)
 	inet_text(&peer, p, sizeof(p));
 	snprintf(e->mine, sizeof(e->mine), "sock:%s:%s:%s>%s", host, proto, l, p);
 	snprintf(e->theirs, sizeof(e->theirs), "sock:%s:%s:%s>%s", host, proto, p, l);
+	if (type == SOCK_STREAM && same_host(&local, &peer))
+		snprintf(e->listener, sizeof(e->listener), "sock:%s:tcplisten:%u", shim_hostname(),
+			 inet_port(&peer));
 	snprintf(e->peer_text, sizeof(e->peer_text), "%s %s", type == SOCK_STREAM ? "TCP" : "UDP", p);
-	e->tcp = type == SOCK_STREAM;
 	return 0;
 }
 
@@ -90,9 +125,10 @@ static int unix_name(const struct sockaddr_un *a, socklen_t len, char *buf, size
 }
 
 /*
- * A Unix socket is named by its inode; sock_diag gives the peer's.  A
- * connection its listener has not accepted yet has no peer inode: it is
- * named by the listener's address, which a listener of the job names too.
+ * A Unix socket is named by its inode, connected or not (a datagram socket
+ * bound to a name receives from sockets connected to it); sock_diag gives
+ * the peer's.  A connection its listener has not accepted yet has no peer
+ * inode: the listener's address names its listener.
  */
 static int unix_end(int s, uint64_t ino, struct sock_end *e)
 {
@@ -100,55 +136,47 @@ static int unix_end(int s, uint64_t ino, struct sock_end *e)
 	socklen_t len = sizeof(a);
 	uint64_t peer_ino = socket_unix_peer(ino);
 	char name[sizeof(a.sun_path) + 2] = "";
+	int listening = 0;
+	socklen_t olen = sizeof(listening);
 
+	snprintf(e->mine, sizeof(e->mine), "sock:%s:unix:%llu", shim_hostname(),
+		 (unsigned long long)ino);
+	if (!getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) && listening) {
+		if (getsockname(s, (struct sockaddr *)&a, &len) == 0 &&
+		    !unix_name(&a, len, name, sizeof(name)))
+			snprintf(e->mine, sizeof(e->mine), "sock:%s:unixlisten:%s", shim_hostname(),
+				 name);
+		return ENOTCONN;
+	}
 	if (getpeername(s, (struct sockaddr *)&a, &len) == 0)
 		unix_name(&a, len, name, sizeof(name));
 	if (!peer_ino && !name[0])
 		return ENOTCONN;
-	snprintf(e->mine, sizeof(e->mine), "sock:%s:unix:%llu", shim_hostname(),
-		 (unsigned long long)ino);
 	if (peer_ino)
 		snprintf(e->theirs, sizeof(e->theirs), "sock:%s:unix:%llu", shim_hostname(),
 			 (unsigned long long)peer_ino);
-	else
-		snprintf(e->theirs, sizeof(e->theirs), "sock:%s:unix:%s", shim_hostname(), name);
-	if (name[0])
+	if (name[0]) {
+		snprintf(e->listener, sizeof(e->listener), "sock:%s:unixlisten:%s",
+			 shim_hostname(), name);
 		snprintf(e->peer_text, sizeof(e->peer_text), "Unix socket %s", name);
-	else
+	} else {
 		snprintf(e->peer_text, sizeof(e->peer_text), "Unix socket (inode %llu)",
 			 (unsigned long long)peer_ino);
+	}
 	return 0;
 }
 
-/* The name under which a job's Unix listener is found, or "". */
-static void unix_listener_key(int fd, char *key, size_t size)
-{
-	struct sockaddr_un a;
-	socklen_t len = sizeof(a);
-	char name[sizeof(a.sun_path) + 2];
-	int s = app_getfd(fd), listening = 0;
-	socklen_t olen = sizeof(listening);
-
-	key[0] = '\0';
-	if (s < 0)
-		return;
-	if (getsockname(s, (struct sockaddr *)&a, &len) == 0 && a.sun_family == AF_UNIX &&
-	    !getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) && listening &&
-	    !unix_name(&a, len, name, sizeof(name)))
-		snprintf(key, size, "sock:%s:unix:%s", shim_hostname(), name);
-	close(s);
-}
-
-/* 0 and e filled for a connected socket of the application; else errno. */
+/* 0 and e filled for a connected socket of the application; else errno
+ * (e->mine may still name a listener or an unconnected Unix socket). */
 static int describe_end(int fd, struct sock_end *e)
 {
 	struct stat st;
 	int s = app_getfd(fd), domain = 0, type = 0, err = ENOTCONN;
 	socklen_t len = sizeof(int);
 
+	memset(e, 0, sizeof(*e));
 	if (s < 0)
 		return errno;
-	memset(e, 0, sizeof(*e));
 	if (fstat(s, &st) || getsockopt(s, SOL_SOCKET, SO_DOMAIN, &domain, &len))
 		goto out;
 	len = sizeof(int);
@@ -162,7 +190,7 @@ out:
 	return err;
 }
 
-/* SUSPEND: name every connected end and Unix listener of this process. */
+/* SUSPEND: name every socket end and listener of this process. */
 int socket_peers_publish(const int *socks, int n)
 {
 	char pid[16];
@@ -170,34 +198,40 @@ int socket_peers_publish(const int *socks, int n)
 	snprintf(pid, sizeof(pid), "%d", getpid());
 	for (int i = 0; i < n; i++) {
 		struct sock_end e;
-		int err = 0;
+		int err;
 
-		if (!describe_end(socks[i], &e))
-			err = ckpt_kv_put(e.mine, pid);
-		unix_listener_key(socks[i], e.mine, sizeof(e.mine));
-		if (!err && e.mine[0])
-			err = ckpt_kv_put(e.mine, pid);
+		describe_end(socks[i], &e);
+		err = e.mine[0] ? ckpt_kv_put(e.mine, pid) : 0;
 		if (err)
 			return err;
 	}
 	return 0;
 }
 
-/* DRAIN: whether fd's peer is a process of the job (1), outside (0, and
- * the user is told), or fd is no connected socket (-1). */
-int socket_peer_in_job(int fd)
+static int name_known(const char *key)
+{
+	char owner[32];
+
+	return key[0] && ckpt_kv_get(key, owner, sizeof(owner)) == 0;
+}
+
+/*
+ * After SUSPEND: where fd's peer is: PEER_IN_JOB, PEER_PENDING (a
+ * connection a listener of the job has not accepted yet), PEER_OUTSIDE
+ * (the user is told if report), or PEER_NONE (not connected).
+ */
+int socket_peer(int fd, int report)
 {
 	struct sock_end e;
-	char owner[32];
-	int err;
 
 	if (describe_end(fd, &e))
-		return -1;
-	err = ckpt_kv_get(e.theirs, owner, sizeof(owner));
-	if (!err)
-		return 1;
-	if (err == ENOENT)
+		return PEER_NONE;
+	if (name_known(e.theirs))
+		return PEER_IN_JOB;
+	if (name_known(e.listener))
+		return PEER_PENDING;
+	if (report)
 		ckpt_warn("fd %d is connected outside the job, to %s: a restart connects it again, "
 			  "but that peer's state is not part of the checkpoint", fd, e.peer_text);
-	return 0;
+	return PEER_OUTSIDE;
 }

@@ -170,10 +170,30 @@ static int peek_queue(int s, int type, struct fd_payload *q)
 	return err;
 }
 
+/* What is queued for the application: on a TCP connection inside the job,
+ * what FLUSH read (the kernel's queue is empty then); else a peek. */
+static int queued_bytes(int s, uint64_t ino, int type, struct fd_payload *q)
+{
+	const char *flushed;
+	size_t len;
+
+	if (!tcp_flushed_queue(ino, &flushed, &len))
+		return peek_queue(s, type, q);
+	q->len = 0;
+	q->cap = len ? len : 1;
+	q->data = scratch_map(q->cap);
+	if (!q->data)
+		return ENOMEM;
+	memcpy(q->data, flushed, len);
+	q->len = len;
+	return 0;
+}
+
 /*
  * TCP bytes still on their way (sent, not yet acknowledged) are in no
- * receive queue: wait until every receiver has them.  The whole job is
- * suspended by now, so only a full receive buffer keeps them out.
+ * receive queue: wait until every receiver has them.  FLUSH empties the
+ * connections inside the job; these lead outside or are half closed, so
+ * a full receive buffer keeps their bytes out.
  */
 #define TCP_SETTLE_MS 2000
 
@@ -297,7 +317,7 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	save_options(s, ino, rec);
 	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
-		err = peek_queue(s, rec->sock_type, q);
+		err = queued_bytes(s, ino, rec->sock_type, q);
 	close(s);
 	return err;
 }
