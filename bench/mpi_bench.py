@@ -3,6 +3,8 @@
   - checkpoint and restart of a 4-rank MPICH job with 512 MiB per rank, as
     ratios to writing and reading the same bytes on the same filesystem in
     the same run, and the application's stopped time;
+  - checkpoint of a TCP connection kept full both ways (FLUSH), against
+    the same two-process shape with little in flight;
   - runtime overhead of the shim on an MPI ping-pong and an allreduce loop.
 
     python3 bench/mpi_bench.py [--ranks 4] [--mib 512] [--reps 3]
@@ -82,6 +84,37 @@ def bench_job(env, work, ranks, mib, reps):
           f"baseline read {fmt(base_read)}  restart {fmt(restarts)}")
 
 
+def checkpoint_figures(env, work, job, argv, reps):
+    """Median checkpoint wall and stopped time, and image MiB, of a job."""
+    proc, _out = launch(env, work, job, *argv)
+    walls, stops, sizes = [], [], []
+    for _ in range(reps):
+        time.sleep(0.3)
+        image_dir, wall, _info = checkpoint(env, job)
+        procs = yaml.safe_load((image_dir / "manifest.yaml").read_text())["processes"]
+        walls.append(wall)
+        stops.append(max(p["stopped_ns"] for p in procs) / 1e9)
+        sizes.append(sum(p["size"] for p in procs) / 2**20)
+    stop_job(env, job, proc)
+    med = statistics.median
+    return med(walls), med(stops), med(sizes)
+
+
+def bench_tcp_flush(env, work, reps):
+    """FLUSH reads the megabytes a full TCP connection holds into the image
+    and RESUME writes them back: the same two-process shape with little in
+    flight (the sockets test program) is the baseline."""
+    apps = REPO / "integration" / "apps" / "bin"
+    jobs = [("idle connections (sockets)", "sockets", [apps / "sockets", 100000, 10, work]),
+            ("TCP full both ways (tcpflood)", "tcpflood", [apps / "tcpflood", 100000, 10])]
+    figures = [checkpoint_figures(env, work, job, argv, reps) for _, job, argv in jobs]
+    base_wall = figures[0][0]
+    table(f"Checkpoint of a TCP connection kept full both ways (2 processes, median of {reps})",
+          ["job", "checkpoint wall s", "app stopped s", "images MiB", "wall / idle job's"],
+          [[what, f"{wall:.2f}", f"{stop:.2f}", f"{mib:.1f}", f"{wall / base_wall:.2f}"]
+           for (what, _, _), (wall, stop, mib) in zip(jobs, figures)])
+
+
 def run_loop(env, kind, n, shim):
     argv = ["mpirun.mpich", "-np", "2", str(MPI_BIN / "mpiloops"), kind, str(n)]
     if shim:
@@ -123,7 +156,8 @@ def main():
     if not shutil.which("mpirun.mpich"):
         print("mpi_bench: MPICH is not installed (./setup.sh installs it)")
         return
-    for d in (REPO / "native", REPO / "bench" / "apps", REPO / "bench" / "mpi"):
+    for d in (REPO / "native", REPO / "bench" / "apps", REPO / "bench" / "mpi",
+              REPO / "integration" / "apps"):
         subprocess.run(["make", "-s", "-C", d], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
@@ -132,6 +166,7 @@ def main():
         print(f"ckpt MPI benchmarks, work dir {work}")
         if not args.only_overhead:
             bench_job(env, work, args.ranks, args.mib, args.reps)
+            bench_tcp_flush(env, work, args.reps)
         bench_overhead(env, args.loop_reps)
 
 
