@@ -3,6 +3,7 @@ never a traceback or a hang; a failed checkpoint leaves the job running
 and the earlier checkpoint intact."""
 import os
 import subprocess
+import sys
 
 import pytest
 import xxhash
@@ -174,3 +175,44 @@ def test_exited_main_thread_is_refused_and_job_keeps_running(session):
     one_line(session.ckpt("checkpoint", job.id, check=False), "main thread has exited")
     assert job.wait() == 0
     assert job.output() == reference
+
+
+# Fills a TCP connection, then half closes it: one end is established,
+# the other (FIN_WAIT1, its FIN behind the bytes it holds) is not.
+HALF_CLOSED = """
+import os, socket, sys, time
+listener = socket.create_server(("127.0.0.1", 0))
+writer = socket.create_connection(listener.getsockname())
+reader, _ = listener.accept()
+writer.setblocking(False)
+pattern = bytes(range(256)) * 256
+sent = 0
+try:
+    while True:
+        sent += writer.send(pattern[sent % 256:] + pattern[:sent % 256])
+except BlockingIOError:
+    pass
+writer.shutdown(socket.SHUT_WR)
+print("READY", sent, flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+got = bytearray()
+while chunk := reader.recv(1 << 20):
+    got += chunk
+expected = (pattern * (len(got) // len(pattern) + 1))[:len(got)]
+print("received", len(got), "intact" if got == expected else "CORRUPT", flush=True)
+"""
+
+
+def test_half_closed_connection_is_not_flushed(session):
+    """A connection one end has half closed is not flushed from the other
+    end either (the marker would land in the stream): the checkpoint fails
+    cleanly, and every byte reaches the reader intact."""
+    go = session.work / "go"
+    job = Job(session, "half", [sys.executable, "-c", HALF_CLOSED], go)
+    job.wait_ready()
+    sent = int(job.output().split()[1])
+    one_line(session.ckpt("checkpoint", job.id, check=False), "TCP bytes not taken by the receiver")
+    go.touch()
+    assert job.wait() == 0
+    assert f"received {sent} intact\n" in job.output(), job.output()

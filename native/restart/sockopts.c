@@ -25,6 +25,11 @@ void sockopts_apply(int s, const struct ckpt_fd *f)
 		const struct ckpt_sockopt *o = &f->sock_opts[i];
 		const char *text = ckpt_sockopt_text(o->level, o->name);
 
+		/* the moment's listener that makes a connection must not wait
+		 * for data to accept */
+		if (o->level == IPPROTO_TCP && o->name == TCP_DEFER_ACCEPT &&
+		    !(f->sock_flags & CKPT_SOCK_LISTENING))
+			continue;
 		if (o->len > sizeof(o->value) ||
 		    setsockopt(s, o->level, o->name, o->value, o->len) == 0)
 			continue;

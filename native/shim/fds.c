@@ -568,13 +568,16 @@ static int list_sockets(int *socks)
 static int settle_sockets(void)
 {
 	int socks[MAX_FDS], settle[MAX_FDS];
-	int n = list_sockets(socks), nsettle = 0, err;
-	char why[200];
+	int n = list_sockets(socks), nsettle, err;
+	char why[200] = "";
 
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n; i++)
 		socket_peer(socks[i], 1);
-		if (!tcp_flush_wanted(socks[i]))
-			settle[nsettle++] = socks[i];
+	nsettle = tcp_flush_choose(socks, n, settle);
+	if (nsettle < 0) {
+		ckpt_hook_fail("cannot choose the TCP connections to flush: %s",
+			       shim_strerror(-nsettle));
+		return -nsettle;
 	}
 	err = sockets_settle(settle, nsettle, why, sizeof(why));
 	if (err)
@@ -594,9 +597,8 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	case CKPT_PHASE_DRAIN:
 		return copy_pipes() ?: settle_sockets();
 	case CKPT_PHASE_FLUSH: {
-		int socks[MAX_FDS];
-		char why[200];
-		int err = tcp_flush(ctx->arg, socks, list_sockets(socks), why, sizeof(why));
+		char why[200] = "";
+		int err = tcp_flush(ctx->arg, why, sizeof(why));
 
 		if (err)
 			ckpt_hook_fail("%s", why);

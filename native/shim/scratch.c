@@ -6,7 +6,7 @@
 #include <sys/mman.h>
 #include "shim.h"
 
-#define MAX_SCRATCH 128
+#define MAX_SCRATCH 1024	/* a few per fd with a payload, a few per flushed connection */
 
 static struct { uint64_t start, end; } ranges[MAX_SCRATCH];
 

@@ -134,11 +134,12 @@ SHIM_HIDDEN void sockopt_buffers_renew(void);
 SHIM_HIDDEN int socket_peers_publish(const int *socks, int n);
 enum { PEER_NONE, PEER_IN_JOB, PEER_PENDING, PEER_OUTSIDE };
 SHIM_HIDDEN int socket_peer(int fd, int report);
+SHIM_HIDDEN int socket_end_ready(int fd);	/* its end is to be flushed */
+SHIM_HIDDEN int socket_peer_ready(int fd);	/* and its peer's is too */
 
 /* tcp_flush.c: TCP connections inside the job, emptied with a marker */
-SHIM_HIDDEN int tcp_flush_wanted(int fd);
-SHIM_HIDDEN int tcp_flush(const char *marker_hex, const int *socks, int nsocks, char *why,
-			  size_t why_size);
+SHIM_HIDDEN int tcp_flush_choose(const int *socks, int n, int *others);
+SHIM_HIDDEN int tcp_flush(const char *marker_hex, char *why, size_t why_size);
 SHIM_HIDDEN int tcp_flushed_queue(uint64_t ino, const char **data, size_t *len);
 SHIM_HIDDEN void tcp_flush_give_back(int restarted);
 

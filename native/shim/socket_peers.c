@@ -51,8 +51,22 @@ static int is_loopback(const struct sockaddr_storage *ss)
 
 	if (ss->ss_family == AF_INET)
 		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-	return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
-	       (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127);
+	return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+}
+
+/* ::ffff:a.b.c.d as a.b.c.d: an IPv6 listener's end of an IPv4 connection
+ * must name it as the IPv4 end does. */
+static void unmap_v4(struct sockaddr_storage *ss)
+{
+	struct sockaddr_in6 in6 = *(struct sockaddr_in6 *)ss;
+	struct sockaddr_in *in = (struct sockaddr_in *)ss;
+
+	if (ss->ss_family != AF_INET6 || !IN6_IS_ADDR_V4MAPPED(&in6.sin6_addr))
+		return;
+	memset(ss, 0, sizeof(*ss));
+	in->sin_family = AF_INET;
+	in->sin_port = in6.sin6_port;
+	memcpy(&in->sin_addr, &in6.sin6_addr.s6_addr[12], 4);
 }
 
 static unsigned inet_port(const struct sockaddr_storage *ss)
@@ -99,6 +113,8 @@ static int inet_end(int s, int type, struct sock_end *e)
 	}
 	if (getpeername(s, (struct sockaddr *)&peer, &plen))
 		return ENOTCONN;
+	unmap_v4(&local);
+	unmap_v4(&peer);
 	if (is_loopback(&peer))
 		host = shim_hostname();
 	inet_text(&local, l, sizeof(l));
@@ -112,7 +128,8 @@ static int inet_end(int s, int type, struct sock_end *e)
 	return 0;
 }
 
-/* A Unix address as text: a file name, or @name for an abstract one. */
+/* A Unix address as text: a file name, or @name for an abstract one
+ * (which may hold any byte: shown as '?'). */
 static int unix_name(const struct sockaddr_un *a, socklen_t len, char *buf, size_t size)
 {
 	int abstract = a->sun_path[0] == '\0';
@@ -121,7 +138,17 @@ static int unix_name(const struct sockaddr_un *a, socklen_t len, char *buf, size
 	if (len <= sizeof(sa_family_t))
 		return ENOENT;
 	snprintf(buf, size, "%s%.*s", abstract ? "@" : "", name_len, a->sun_path + abstract);
+	for (char *p = buf; *p; p++)
+		if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
+			*p = '?';
 	return 0;
+}
+
+/* Keys hold no spaces: a Unix name goes in as its hash. */
+static void unix_listener_key(const char *name, char *key, size_t size)
+{
+	snprintf(key, size, "sock:%s:unixlisten:%016llx", shim_hostname(),
+		 (unsigned long long)shim_xxh3(name, strlen(name)));
 }
 
 /*
@@ -144,8 +171,7 @@ static int unix_end(int s, uint64_t ino, struct sock_end *e)
 	if (!getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) && listening) {
 		if (getsockname(s, (struct sockaddr *)&a, &len) == 0 &&
 		    !unix_name(&a, len, name, sizeof(name)))
-			snprintf(e->mine, sizeof(e->mine), "sock:%s:unixlisten:%s", shim_hostname(),
-				 name);
+			unix_listener_key(name, e->mine, sizeof(e->mine));
 		return ENOTCONN;
 	}
 	if (getpeername(s, (struct sockaddr *)&a, &len) == 0)
@@ -156,8 +182,7 @@ static int unix_end(int s, uint64_t ino, struct sock_end *e)
 		snprintf(e->theirs, sizeof(e->theirs), "sock:%s:unix:%llu", shim_hostname(),
 			 (unsigned long long)peer_ino);
 	if (name[0]) {
-		snprintf(e->listener, sizeof(e->listener), "sock:%s:unixlisten:%s",
-			 shim_hostname(), name);
+		unix_listener_key(name, e->listener, sizeof(e->listener));
 		snprintf(e->peer_text, sizeof(e->peer_text), "Unix socket %s", name);
 	} else {
 		snprintf(e->peer_text, sizeof(e->peer_text), "Unix socket (inode %llu)",
@@ -234,4 +259,28 @@ int socket_peer(int fd, int report)
 		ckpt_warn("fd %d is connected outside the job, to %s: a restart connects it again, "
 			  "but that peer's state is not part of the checkpoint", fd, e.peer_text);
 	return PEER_OUTSIDE;
+}
+
+/* DRAIN: fd's end of a connection inside the job is to be flushed. */
+int socket_end_ready(int fd)
+{
+	struct sock_end e;
+	char key[KEY_MAX + 8];
+
+	if (describe_end(fd, &e))
+		return ENOTCONN;
+	snprintf(key, sizeof(key), "sock:ready:%.*s", KEY_MAX - 5, e.mine + 5);
+	return ckpt_kv_put(key, "1");
+}
+
+/* FLUSH: the peer's end is to be flushed too. */
+int socket_peer_ready(int fd)
+{
+	struct sock_end e;
+	char key[KEY_MAX + 8];
+
+	if (describe_end(fd, &e))
+		return 0;
+	snprintf(key, sizeof(key), "sock:ready:%.*s", KEY_MAX - 5, e.theirs + 5);
+	return name_known(key);
 }

@@ -179,8 +179,10 @@ static int queued_bytes(int s, uint64_t ino, int type, struct fd_payload *q)
 
 	if (!tcp_flushed_queue(ino, &flushed, &len))
 		return peek_queue(s, type, q);
-	q->len = 0;
-	q->cap = len ? len : 1;
+	*q = (struct fd_payload){ 0 };
+	if (!len)
+		return 0;
+	q->cap = len;
 	q->data = scratch_map(q->cap);
 	if (!q->data)
 		return ENOMEM;

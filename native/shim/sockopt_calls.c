@@ -59,14 +59,28 @@ static void remember(int fd, unsigned which)
 	__atomic_clear(&table_lock, __ATOMIC_RELEASE);
 }
 
+static setsockopt_fn real_setsockopt;
+
+/* Looked up at load: the checkpoint thread, whose own setsockopt calls
+ * come here too, must not call dlsym (the loader lock may be held by a
+ * parked thread). */
+__attribute__((constructor)) static void find_setsockopt(void)
+{
+	real_setsockopt = (setsockopt_fn)dlsym(RTLD_NEXT, "setsockopt");
+}
+
 SHIM_EXPORT int setsockopt(int fd, int level, int name, const void *value, socklen_t len)
 {
-	static setsockopt_fn real;
 	int ret;
 
-	if (!real)
-		real = (setsockopt_fn)dlsym(RTLD_NEXT, "setsockopt");
-	ret = real(fd, level, name, value, len);
+	if (!real_setsockopt)	/* called from a constructor that ran before ours */
+		find_setsockopt();
+	ret = real_setsockopt(fd, level, name, value, len);
+
+	/* the checkpoint thread's sockets are its own; and it must not wait
+	 * for the lock a parked thread may hold */
+	if (checkpointer_is_current())
+		return ret;
 	if (ret == 0 && level == SOL_SOCKET) {
 		if (name == SO_SNDBUF || name == SO_SNDBUFFORCE)
 			remember(fd, SOCKOPT_SET_SNDBUF);

@@ -19,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -30,6 +31,8 @@
 #define HEADER_LEN (MARKER_LEN + 8)	/* marker, little-endian length */
 #define FLUSH_TIMEOUT_MS 20000
 #define READ_CHUNK (256 << 10)
+#define BLOCK_MAX (1ULL << 34)		/* more than any socket buffers hold */
+#define PEER_CLOSED ESHUTDOWN		/* read() gave 0 */
 
 struct byte_buf {
 	char *data;
@@ -37,6 +40,7 @@ struct byte_buf {
 };
 
 enum end_step {
+	CHOSEN,				/* DRAIN: ours to flush if the peer end is too */
 	READING_TO_MARKER,		/* FLUSH: marker out, the peer's in */
 	FLUSHED,
 	EXCHANGING,			/* RESUME: each end returns what it read */
@@ -46,9 +50,10 @@ enum end_step {
 
 struct flushed_end {
 	int fd;				/* the application's */
-	int s;				/* our own copy, until RESUME; -1 if failed */
+	int s;				/* our own copy, until RESUME */
 	uint64_t ino;
 	enum end_step step;
+	int failed;
 	size_t marker_sent;
 	int marker_seen;
 	struct byte_buf in;		/* what the peer sent before its marker */
@@ -70,6 +75,8 @@ static int buf_reserve(struct byte_buf *b, size_t more)
 
 	if (b->len + more <= b->cap)
 		return 0;
+	if (more > BLOCK_MAX || b->len > BLOCK_MAX)
+		return ENOMEM;
 	while (cap < b->len + more)
 		cap *= 2;
 	data = scratch_map(cap);
@@ -114,8 +121,7 @@ static int parse_marker(const char *hex)
 	return 0;
 }
 
-/* An established TCP connection whose peer is in the job: FLUSH empties it. */
-int tcp_flush_wanted(int fd)
+static int tcp_established(int fd)
 {
 	struct tcp_info ti;
 	socklen_t len = sizeof(ti);
@@ -127,7 +133,7 @@ int tcp_flush_wanted(int fd)
 	ok = !getsockopt(s, SOL_SOCKET, SO_PROTOCOL, &proto, &plen) && proto == IPPROTO_TCP &&
 	     !getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &len) && ti.tcpi_state == TCP_ESTABLISHED;
 	close(s);
-	return ok && socket_peer(fd, 0) == PEER_IN_JOB;
+	return ok;
 }
 
 static struct flushed_end *tcp_flushed_end(uint64_t ino)
@@ -138,20 +144,24 @@ static struct flushed_end *tcp_flushed_end(uint64_t ino)
 	return NULL;
 }
 
-/* A socket shared by several processes is flushed by the first to claim it. */
+/* A socket shared by several processes is flushed by the first to claim
+ * it: 0 (ours), EEXIST (another's) or an error. */
 static int claim_end(uint64_t ino)
 {
 	char key[96], pid[16], owner[16];
 
 	snprintf(key, sizeof(key), "sock:flush:%s:%llu", shim_hostname(), (unsigned long long)ino);
 	snprintf(pid, sizeof(pid), "%d", getpid());
-	return kv_claim(key, pid, owner, sizeof(owner)) == 0;
+	return kv_claim(key, pid, owner, sizeof(owner));
 }
 
-static int add_end(int fd)
+/* 0, with the end chosen or left to its owner (a dup of one we have, or
+ * another process's); else errno. */
+static int choose_end(int fd)
 {
 	struct flushed_end *e = &ends[nends];
 	struct stat st;
+	int err;
 
 	if (nends == MAX_ENDS)
 		return EMFILE;
@@ -160,20 +170,46 @@ static int add_end(int fd)
 	e->s = app_getfd(fd);
 	if (e->s < 0)
 		return errno;
-	if (fstat(e->s, &st)) {
-		int err = errno;
+	err = fstat(e->s, &st) ? errno : 0;
+	if (!err && !tcp_flushed_end(st.st_ino)) {
+		e->ino = st.st_ino;
+		err = claim_end(e->ino);
+		if (!err)
+			err = socket_end_ready(fd);
+		if (!err) {
+			nends++;
+			return 0;
+		}
+	}
+	close(e->s);
+	return err == EEXIST ? 0 : err;
+}
 
-		close(e->s);
-		return err;
+/*
+ * DRAIN: the ends FLUSH will empty: established TCP connections whose peer
+ * is in the job.  Each chosen end says so in the name service, and FLUSH
+ * empties a connection only if its peer end was chosen too (one end may
+ * be half closed while the other is not yet).  Sockets not chosen, and
+ * not another process's, go to `others` (settled the old way); returns
+ * how many, or -errno.
+ */
+int tcp_flush_choose(const int *socks, int n, int *others)
+{
+	int nothers = 0;
+
+	nends = 0;	/* the last RESUME let go of the last checkpoint's */
+	for (int i = 0; i < n; i++) {
+		int err;
+
+		if (!tcp_established(socks[i]) || socket_peer(socks[i], 0) != PEER_IN_JOB) {
+			others[nothers++] = socks[i];
+			continue;
+		}
+		err = choose_end(socks[i]);
+		if (err)
+			return -err;
 	}
-	e->ino = st.st_ino;
-	/* a dup of an end we have, or another process's end */
-	if (tcp_flushed_end(e->ino) || !claim_end(e->ino)) {
-		close(e->s);
-		return 0;
-	}
-	nends++;
-	return 0;
+	return nothers;
 }
 
 /* The returned block's header names its length. */
@@ -186,12 +222,15 @@ static int parse_header(struct flushed_end *e)
 	if (memcmp(e->back.data, marker, MARKER_LEN))
 		return EPROTO;
 	memcpy(&len, e->back.data + MARKER_LEN, 8);
+	if (len > BLOCK_MAX)
+		return EPROTO;
 	e->back_want = HEADER_LEN + len;
 	return 0;
 }
 
-/* Bytes read past the peer's marker start its returned block (its RESUME
- * may begin before ours ends FLUSH): they are kept for it. */
+/* Bytes read past the peer's marker would start its returned block: kept
+ * for it, should an aborted FLUSH end only at RESUME, when the peer may be
+ * a step ahead. */
 static int marker_found(struct flushed_end *e, char *at)
 {
 	char *after = at + MARKER_LEN;
@@ -212,7 +251,7 @@ static int read_to_marker(struct flushed_end *e)
 		return ENOMEM;
 	n = recv(e->s, e->in.data + e->in.len, READ_CHUNK, MSG_DONTWAIT);
 	if (n == 0)
-		return ECONNRESET;
+		return PEER_CLOSED;
 	if (n < 0)
 		return errno == EAGAIN || errno == EINTR ? 0 : errno;
 	e->in.len += n;
@@ -241,7 +280,7 @@ static int read_block(struct flushed_end *e)
 		return ENOMEM;
 	n = recv(e->s, e->back.data + e->back.len, want - e->back.len, MSG_DONTWAIT);
 	if (n == 0)
-		return ECONNRESET;
+		return PEER_CLOSED;
 	if (n < 0)
 		return errno == EAGAIN || errno == EINTR ? 0 : errno;
 	e->back.len += n;
@@ -333,102 +372,131 @@ static int advance(struct flushed_end *e, short revents)
 	return err;
 }
 
+static long sysctl_value(const char *path)
+{
+	char buf[32];
+	ssize_t n = shim_read_proc(path, buf, sizeof(buf) - 1);
+
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	return strtol(buf, NULL, 10);
+}
+
 /*
  * Nobody reads while the bytes go back, so they must fit in the peer's
  * receive queue and our send queue, as they did before the checkpoint;
  * but the receive window may have closed further since.  A send buffer
- * that stays full grows by what is left to write (the kernel caps it).
+ * that stays full grows by what is left to write, if it can: never to
+ * less than TCP had grown it to (net.core.wmem_max caps SO_SNDBUF).
  */
 static void grow_send_buffer(struct flushed_end *e)
 {
 	size_t left = e->back.len - HEADER_LEN - e->written_back;
-	int size = 0;
-	socklen_t len = sizeof(size);
+	int now = 0, want;
+	socklen_t len = sizeof(now);
 
-	if (getsockopt(e->s, SOL_SOCKET, SO_SNDBUF, &size, &len) || size <= 0)
+	if (getsockopt(e->s, SOL_SOCKET, SO_SNDBUF, &now, &len) || now <= 0)
 		return;
-	size = (size + (int)(left < (1U << 29) ? left : 1U << 29)) / 2;	/* the kernel doubles it */
-	setsockopt(e->s, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+	want = (int)(((size_t)now + (left < (1U << 29) ? left : 1U << 29)) / 2);  /* doubled */
+	if (setsockopt(e->s, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) == 0)
+		return;
+	if (2 * sysctl_value("/proc/sys/net/core/wmem_max") > now)
+		setsockopt(e->s, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
 }
 
 static void end_failed(struct flushed_end *e, int err, char *why, size_t why_size)
 {
 	snprintf(why, why_size, "fd %d: TCP connection inside the job: %s", e->fd,
-		 shim_strerror(err));
-	close(e->s);
-	e->s = -1;
+		 err == PEER_CLOSED ? "the peer closed its side" : shim_strerror(err));
+	e->failed = 1;
+}
+
+/* The ends still on their way to `until`, as a poll set. */
+static int poll_set(enum end_step until, struct pollfd *pfd, struct flushed_end **of,
+		    char *why, size_t why_size, int *err)
+{
+	int n = 0;
+
+	for (int i = 0; i < nends; i++) {
+		struct flushed_end *e = &ends[i];
+		int e_err;
+
+		if (e->failed || e->step == CHOSEN || e->step >= until)
+			continue;
+		e_err = next_step(e, until);
+		if (e_err) {
+			end_failed(e, e_err, why, why_size);
+			*err = e_err;
+		} else if (e->step < until) {
+			pfd[n] = (struct pollfd){ .fd = e->s, .events = wanted_events(e) };
+			of[n++] = e;
+		}
+	}
+	return n;
 }
 
 /*
- * Moves every end on until each is at `until`: one poll over them all,
- * since each end's peer does the same at the same time.  An end that
- * fails is closed and reported in why; the others go on.
+ * Moves every started end on until each is at `until`: one poll over them
+ * all, since each end's peer does the same at the same time.  An end that
+ * fails is reported in why; the others go on.
  */
-static int run_ends(enum end_step until, char *why, size_t why_size)
+static int run_ends(enum end_step until, const char *doing, char *why, size_t why_size)
 {
 	struct pollfd pfd[MAX_ENDS];
 	struct flushed_end *of[MAX_ENDS];
 	int64_t deadline = shim_now_ns() + FLUSH_TIMEOUT_MS * 1000000LL;
-	int err = 0;
+	int err = 0, n;
 
-	for (;;) {
-		int n = 0, ready;
+	while ((n = poll_set(until, pfd, of, why, why_size, &err)) > 0) {
+		int ready;
 
-		for (int i = 0; i < nends; i++) {
-			struct flushed_end *e = &ends[i];
-			int e_err = e->s >= 0 ? next_step(e, until) : 0;
-
-			if (e_err) {
-				end_failed(e, e_err, why, why_size);
-				err = e_err;
-			}
-			if (e->s < 0 || e->step >= until)
-				continue;
-			pfd[n] = (struct pollfd){ .fd = e->s, .events = wanted_events(e) };
-			of[n++] = e;
-		}
-		if (!n)
-			return err;
 		if (shim_now_ns() > deadline) {
-			snprintf(why, why_size, "%d TCP connection(s) inside the job still unflushed "
-				 "after %d s (fd %d)", n, FLUSH_TIMEOUT_MS / 1000, of[0]->fd);
+			snprintf(why, why_size, "fd %d%s: TCP connection inside the job not %s after "
+				 "%d s", of[0]->fd, n > 1 ? " and others" : "", doing,
+				 FLUSH_TIMEOUT_MS / 1000);
 			return ETIMEDOUT;
 		}
 		ready = poll(pfd, n, 100);
-		if (ready < 0 && errno != EINTR)
-			return errno;
-		for (int j = 0; j < n && ready == 0; j++)
-			if (of[j]->step == WRITING_BACK)
-				grow_send_buffer(of[j]);
+		if (ready < 0 && errno != EINTR) {
+			err = errno;
+			snprintf(why, why_size, "poll: %s", shim_strerror(err));
+			return err;
+		}
 		for (int j = 0; j < n; j++) {
-			int e_err = pfd[j].revents ? advance(of[j], pfd[j].revents) : 0;
+			int e_err = 0;
 
+			if (ready == 0 && of[j]->step == WRITING_BACK)
+				grow_send_buffer(of[j]);
+			else if (pfd[j].revents)
+				e_err = advance(of[j], pfd[j].revents);
 			if (e_err) {
 				end_failed(of[j], e_err, why, why_size);
 				err = e_err;
 			}
 		}
 	}
+	return err;
 }
 
-/* FLUSH: every end of this process, at once. */
-int tcp_flush(const char *marker_hex, const int *socks, int nsocks, char *why, size_t why_size)
+/* FLUSH: the chosen ends whose peer end was chosen too, all at once; the
+ * others settle as at DRAIN. */
+int tcp_flush(const char *marker_hex, char *why, size_t why_size)
 {
-	int err = parse_marker(marker_hex);
+	int settle[MAX_ENDS], nsettle = 0, err = parse_marker(marker_hex);
 
 	if (err) {
 		snprintf(why, why_size, "FLUSH without a marker");
 		return err;
 	}
-	nends = 0;
-	for (int i = 0; i < nsocks && !err; i++)
-		if (tcp_flush_wanted(socks[i]))
-			err = add_end(socks[i]);
-	if (err) {
-		snprintf(why, why_size, "cannot flush a TCP connection: %s", shim_strerror(err));
-		return err;
+	for (int i = 0; i < nends; i++) {
+		if (socket_peer_ready(ends[i].fd))
+			ends[i].step = READING_TO_MARKER;
+		else
+			settle[nsettle++] = ends[i].fd;
 	}
-	return run_ends(FLUSHED, why, why_size);
+	err = sockets_settle(settle, nsettle, why, why_size);
+	return err ? err : run_ends(FLUSHED, "flushed", why, why_size);
 }
 
 /* What FLUSH read on the socket with inode ino: its queue in the image. */
@@ -436,34 +504,41 @@ int tcp_flushed_queue(uint64_t ino, const char **data, size_t *len)
 {
 	const struct flushed_end *e = tcp_flushed_end(ino);
 
-	if (!e || e->step < FLUSHED)
+	if (!e || e->failed || e->step < FLUSHED)
 		return 0;
 	*data = e->in.data;
 	*len = e->in.len;
 	return 1;
 }
 
-/* RESUME: the bytes go back where they were.  After a restart they are
- * there already (ckpt-restart), and our sockets and buffers belonged to
- * the old process. */
+/*
+ * RESUME: the bytes go back where they were.  A connection that cannot
+ * have them back is shut down, so that both programs see an error rather
+ * than a stream with a hole.  After a restart the bytes are there already
+ * (ckpt-restart), and our fds and buffers belonged to the old process.
+ */
 void tcp_flush_give_back(int restarted)
 {
-	char why[200];
+	char why[200] = "";
 
 	if (restarted) {
 		nends = 0;
 		return;
 	}
-	if (nends && run_ends(GIVEN_BACK, why, sizeof(why)))
+	if (nends && run_ends(GIVEN_BACK, "put back", why, sizeof(why)))
 		ckpt_warn("%s", why);
 	for (int i = 0; i < nends; i++) {
-		if (ends[i].step != GIVEN_BACK)
+		struct flushed_end *e = &ends[i];
+
+		if (e->step != CHOSEN && e->step != GIVEN_BACK) {
 			ckpt_warn("fd %d: a TCP connection inside the job could not be put back as it "
-				  "was (%zu bytes had been flushed from it)", ends[i].fd, ends[i].in.len);
-		if (ends[i].s >= 0)
-			close(ends[i].s);
-		buf_free(&ends[i].in);
-		buf_free(&ends[i].back);
+				  "was (%zu bytes had been flushed from it): it is shut down",
+				  e->fd, e->in.len);
+			shutdown(e->s, SHUT_RDWR);
+		}
+		close(e->s);
+		buf_free(&e->in);
+		buf_free(&e->back);
 	}
 	nends = 0;
 }
