@@ -133,3 +133,18 @@ int kv_claim(const char *key, const char *value, char *owner, size_t size)
 	strcpy(owner, line + 4);
 	return EEXIST;
 }
+
+/* Until key is there (0), or `seconds` have passed (ETIMEDOUT). */
+int kv_wait(const char *key, int seconds)
+{
+	char line[CKPT_LINE_MAX];
+	int err = coord_send("MWAIT %d %s", seconds, key);
+
+	if (err)
+		return err;
+	if (coord_recv(line, sizeof(line)))
+		return EPIPE;
+	if (!strncmp(line, "VAL", 3))
+		return 0;
+	return strncmp(line, "NONE", 4) ? EPROTO : ETIMEDOUT;
+}

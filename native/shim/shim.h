@@ -106,6 +106,7 @@ SHIM_HIDDEN int coord_recv(char *line, size_t size);	/* 0, or -1 on EOF/error */
 SHIM_HIDDEN int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size);
 SHIM_HIDDEN void plugins_clear_failure(void);
 SHIM_HIDDEN int kv_claim(const char *key, const char *value, char *owner, size_t size);
+SHIM_HIDDEN int kv_wait(const char *key, int seconds);
 
 /* fds.c: the built-in fd plugin and the fd records */
 SHIM_HIDDEN void fds_plugin_init(void);

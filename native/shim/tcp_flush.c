@@ -66,6 +66,10 @@ struct flushed_end {
 
 static struct flushed_end ends[MAX_ENDS];
 static int nends;
+/* sockets we share with the process that flushes them: ours must not read
+ * them (the application resumed) before it has given their bytes back */
+static uint64_t others_ends[MAX_ENDS];
+static int nothers_ends;
 static unsigned char marker[MARKER_LEN];
 
 static int buf_reserve(struct byte_buf *b, size_t more)
@@ -155,6 +159,11 @@ static int claim_end(uint64_t ino)
 	return kv_claim(key, pid, owner, sizeof(owner));
 }
 
+static void done_key(uint64_t ino, char *key, size_t size)
+{
+	snprintf(key, size, "sock:given-back:%s:%llu", shim_hostname(), (unsigned long long)ino);
+}
+
 /* 0, with the end chosen or left to its owner (a dup of one we have, or
  * another process's); else errno. */
 static int choose_end(int fd)
@@ -180,6 +189,8 @@ static int choose_end(int fd)
 			nends++;
 			return 0;
 		}
+		if (err == EEXIST && nothers_ends < MAX_ENDS)
+			others_ends[nothers_ends++] = st.st_ino;
 	}
 	close(e->s);
 	return err == EEXIST ? 0 : err;
@@ -197,7 +208,7 @@ int tcp_flush_choose(const int *socks, int n, int *others)
 {
 	int nothers = 0;
 
-	nends = 0;	/* the last RESUME let go of the last checkpoint's */
+	nends = nothers_ends = 0;	/* the last RESUME let go of the last checkpoint's */
 	for (int i = 0; i < n; i++) {
 		int err;
 
@@ -511,6 +522,23 @@ int tcp_flushed_queue(uint64_t ino, const char **data, size_t *len)
 	return 1;
 }
 
+/* Until the processes that flush the sockets we share with them have
+ * given the bytes back: our application must not take them first. */
+static void wait_for_owners(void)
+{
+	for (int i = 0; i < nothers_ends; i++) {
+		char key[96];
+		int err;
+
+		done_key(others_ends[i], key, sizeof(key));
+		err = kv_wait(key, FLUSH_TIMEOUT_MS / 1000 + 5);
+		if (err)
+			ckpt_warn("a TCP connection shared with another process of the job was not "
+				  "given back by it: %s", shim_strerror(err));
+	}
+	nothers_ends = 0;
+}
+
 /*
  * RESUME: the bytes go back where they were.  A connection that cannot
  * have them back is shut down, so that both programs see an error rather
@@ -522,13 +550,14 @@ void tcp_flush_give_back(int restarted)
 	char why[200] = "";
 
 	if (restarted) {
-		nends = 0;
+		nends = nothers_ends = 0;
 		return;
 	}
 	if (nends && run_ends(GIVEN_BACK, "put back", why, sizeof(why)))
 		ckpt_warn("%s", why);
 	for (int i = 0; i < nends; i++) {
 		struct flushed_end *e = &ends[i];
+		char key[96];
 
 		if (e->step != CHOSEN && e->step != GIVEN_BACK) {
 			ckpt_warn("fd %d: a TCP connection inside the job could not be put back as it "
@@ -536,9 +565,12 @@ void tcp_flush_give_back(int restarted)
 				  e->fd, e->in.len);
 			shutdown(e->s, SHUT_RDWR);
 		}
+		done_key(e->ino, key, sizeof(key));
+		ckpt_kv_put(key, "1");
 		close(e->s);
 		buf_free(&e->in);
 		buf_free(&e->back);
 	}
 	nends = 0;
+	wait_for_owners();
 }
