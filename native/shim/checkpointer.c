@@ -157,11 +157,13 @@ static void phase_resume(unsigned seq, const char *arg)
 	if (aborted)
 		image_write_cancel();
 	run_hooks(CKPT_PHASE_RESUME, seq, aborted, NULL);
-	quiesce_resume();
 	snprintf(detail, sizeof(detail), "stopped_ns=%lld",
 		 restarting ? 0LL : (long long)(shim_now_ns() - suspended_at));
 	restarting = 0;
+	/* the answer first: an application that exits as soon as it runs must
+	 * not look to the coordinator like a process that died before RESUME */
 	reply(CKPT_PHASE_RESUME, 0, detail);
+	quiesce_resume();
 }
 
 static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
