@@ -3,14 +3,20 @@
  * value differs from a new socket's (the application changed it), and
  * ckpt-restart sets it again.  Buffer sizes are kept only when the
  * application set them: TCP grows an unset one by itself, and setting it
- * would stop that (see the shim's setsockopt wrapper).
+ * would stop that (see the shim's setsockopt wrapper).  Also how the shim
+ * and ckpt-restart make room in a socket's buffers for a queue refilled
+ * while nobody reads.
  */
 #ifndef CKPT_SOCKOPTS_H
 #define CKPT_SOCKOPTS_H
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include "ckpt_image.h"
 
 struct ckpt_sockopt_name {
@@ -71,6 +77,53 @@ static inline const char *ckpt_sockopt_text(int level, int name)
 		if (ckpt_sockopt_names[i].level == level && ckpt_sockopt_names[i].name == name)
 			return ckpt_sockopt_names[i].text;
 	return NULL;
+}
+
+/* A number in /proc/sys, or 0. */
+static inline long ckpt_sysctl(const char *path)
+{
+	char buf[32];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	return strtol(buf, NULL, 10);
+}
+
+/*
+ * A socket buffer made to hold `bytes` (what SO_*BUF takes: the kernel
+ * doubles it), never smaller than it is (TCP may have grown it):
+ * SO_*BUFFORCE when we may, else SO_*BUF as far as net.core.[rw]mem_max
+ * lets it go.  For queues refilled while nobody reads: the shim's RESUME
+ * and ckpt-restart.
+ */
+static inline void ckpt_raise_socket_buffer(int s, int opt, uint64_t bytes)
+{
+	int force = opt == SO_SNDBUF ? SO_SNDBUFFORCE : SO_RCVBUFFORCE;
+	int want = bytes < (1U << 29) ? (int)bytes : 1 << 29, now = 0;
+	socklen_t len = sizeof(now);
+
+	if (getsockopt(s, SOL_SOCKET, opt, &now, &len) || now >= 2 * want)
+		return;
+	if (setsockopt(s, SOL_SOCKET, force, &want, sizeof(want)) == 0)
+		return;
+	if (2 * ckpt_sysctl(opt == SO_SNDBUF ? "/proc/sys/net/core/wmem_max" :
+			    "/proc/sys/net/core/rmem_max") > now)
+		setsockopt(s, SOL_SOCKET, opt, &want, sizeof(want));
+}
+
+/* Room for `more` bytes more in s's send queue. */
+static inline void ckpt_grow_send_buffer(int s, uint64_t more)
+{
+	int now = 0;
+	socklen_t len = sizeof(now);
+
+	if (!getsockopt(s, SOL_SOCKET, SO_SNDBUF, &now, &len))
+		ckpt_raise_socket_buffer(s, SO_SNDBUF, (uint64_t)now / 2 + more);
 }
 
 #endif

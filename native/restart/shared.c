@@ -24,6 +24,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <unistd.h>
+#include "ckpt_sockopts.h"
 #include "restart.h"
 #include "sys.h"
 
@@ -430,42 +431,10 @@ static const struct loaded_fd *peer_record(const struct loaded_fd *lf)
  */
 #define LARGE_QUEUE (512 << 10)
 
-static long sysctl_value(const char *path)
-{
-	char buf[32];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-
-	if (fd >= 0)
-		close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	return strtol(buf, NULL, 10);
-}
-
-/* A socket buffer made to hold `bytes`, never smaller than it is (TCP may
- * have grown it): SO_*BUFFORCE when we may, else SO_*BUF as far as
- * net.core.[rw]mem_max lets it go. */
-static void raise_buffer(int s, int opt, uint64_t bytes)
-{
-	int force = opt == SO_SNDBUF ? SO_SNDBUFFORCE : SO_RCVBUFFORCE;
-	int want = bytes < (1U << 29) ? (int)bytes : 1 << 29, now = 0;
-	socklen_t len = sizeof(now);
-
-	if (getsockopt(s, SOL_SOCKET, opt, &now, &len) || now >= 2 * want)	/* doubled */
-		return;
-	if (setsockopt(s, SOL_SOCKET, force, &want, sizeof(want)) == 0)
-		return;
-	if (2 * sysctl_value(opt == SO_SNDBUF ? "/proc/sys/net/core/wmem_max" :
-			     "/proc/sys/net/core/rmem_max") > now)
-		setsockopt(s, SOL_SOCKET, opt, &want, sizeof(want));
-}
-
 static void make_room(int s, int opt, uint64_t bytes)
 {
 	if (bytes > LARGE_QUEUE)
-		raise_buffer(s, opt, bytes);
+		ckpt_raise_socket_buffer(s, opt, bytes);
 }
 
 /* A listener of a moment at b's address (or any port of it), the other
@@ -559,16 +528,6 @@ static int reconnect(const struct ckpt_fd *f)
 
 #define REFILL_GROWTHS 4
 
-/* Room for `more` bytes in the sender's queue: nobody reads yet. */
-static void grow_send_buffer(int sender, size_t more)
-{
-	int now = 0;
-	socklen_t len = sizeof(now);
-
-	if (!getsockopt(sender, SOL_SOCKET, SO_SNDBUF, &now, &len))
-		raise_buffer(sender, SO_SNDBUF, (uint64_t)now / 2 + more);
-}
-
 /*
  * The peer end sends the bytes again.  They fit in the receiver's queue
  * and the sender's, as they did in the old connection, unless the sender
@@ -596,7 +555,7 @@ static void send_all(int s, const char *p, size_t len)
 		if (growths++ == REFILL_GROWTHS)
 			die("%zu bytes queued on a socket do not fit in a new connection (its "
 			    "buffers are capped by net.core.wmem_max and rmem_max)", len);
-		grow_send_buffer(s, len);
+		ckpt_grow_send_buffer(s, len);
 	}
 }
 

@@ -36,7 +36,7 @@ static int app_open(pid_t pid, int fd, int flags)
 	return open(path, flags | O_CLOEXEC | O_NOCTTY);
 }
 
-static int app_stat(int fd, struct stat *st)
+int app_stat(int fd, struct stat *st)
 {
 	char path[64];
 
@@ -567,13 +567,13 @@ static int list_sockets(int *socks)
  * on the connections inside the job, which FLUSH empties. */
 static int settle_sockets(void)
 {
-	int socks[MAX_FDS], settle[MAX_FDS];
+	int socks[MAX_FDS], peers[MAX_FDS], settle[MAX_FDS];
 	int n = list_sockets(socks), nsettle, err;
 	char why[200] = "";
 
 	for (int i = 0; i < n; i++)
-		socket_peer(socks[i], 1);
-	nsettle = tcp_flush_choose(socks, n, settle);
+		peers[i] = socket_peer(socks[i], 1);
+	nsettle = tcp_flush_choose(socks, peers, n, settle);
 	if (nsettle < 0) {
 		ckpt_hook_fail("cannot choose the TCP connections to flush: %s",
 			       shim_strerror(-nsettle));

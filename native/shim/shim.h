@@ -110,6 +110,8 @@ SHIM_HIDDEN int kv_wait(const char *key, int seconds);
 
 /* fds.c: the built-in fd plugin and the fd records */
 SHIM_HIDDEN void fds_plugin_init(void);
+struct stat;
+SHIM_HIDDEN int app_stat(int fd, struct stat *st);	/* the application's fd, from any thread */
 
 /* Bytes an fd record carries after its path (socket queue, epoll set),
  * in a scratch buffer. */
@@ -139,7 +141,7 @@ SHIM_HIDDEN int socket_end_ready(int fd);	/* its end is to be flushed */
 SHIM_HIDDEN int socket_peer_ready(int fd);	/* and its peer's is too */
 
 /* tcp_flush.c: TCP connections inside the job, emptied with a marker */
-SHIM_HIDDEN int tcp_flush_choose(const int *socks, int n, int *others);
+SHIM_HIDDEN int tcp_flush_choose(const int *socks, const int *peers, int n, int *others);
 SHIM_HIDDEN int tcp_flush(const char *marker_hex, char *why, size_t why_size);
 SHIM_HIDDEN int tcp_flushed_queue(uint64_t ino, const char **data, size_t *len);
 SHIM_HIDDEN void tcp_flush_give_back(int restarted);

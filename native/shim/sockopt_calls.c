@@ -10,7 +10,6 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,24 +68,29 @@ __attribute__((constructor)) static void find_setsockopt(void)
 	real_setsockopt = (setsockopt_fn)dlsym(RTLD_NEXT, "setsockopt");
 }
 
+static unsigned buffer_option(int level, int name)
+{
+	if (level != SOL_SOCKET)
+		return 0;
+	if (name == SO_SNDBUF || name == SO_SNDBUFFORCE)
+		return SOCKOPT_SET_SNDBUF;
+	if (name == SO_RCVBUF || name == SO_RCVBUFFORCE)
+		return SOCKOPT_SET_RCVBUF;
+	return 0;
+}
+
 SHIM_EXPORT int setsockopt(int fd, int level, int name, const void *value, socklen_t len)
 {
+	unsigned which = buffer_option(level, name);
 	int ret;
 
 	if (!real_setsockopt)	/* called from a constructor that ran before ours */
 		find_setsockopt();
 	ret = real_setsockopt(fd, level, name, value, len);
-
 	/* the checkpoint thread's sockets are its own; and it must not wait
 	 * for the lock a parked thread may hold */
-	if (checkpointer_is_current())
-		return ret;
-	if (ret == 0 && level == SOL_SOCKET) {
-		if (name == SO_SNDBUF || name == SO_SNDBUFFORCE)
-			remember(fd, SOCKOPT_SET_SNDBUF);
-		else if (name == SO_RCVBUF || name == SO_RCVBUFFORCE)
-			remember(fd, SOCKOPT_SET_RCVBUF);
-	}
+	if (ret == 0 && which && !checkpointer_is_current())
+		remember(fd, which);
 	return ret;
 }
 
@@ -104,11 +108,9 @@ unsigned sockopt_buffers_set(uint64_t ino)
 void sockopt_buffers_renew(void)
 {
 	for (unsigned i = 0; i < ntable; i++) {
-		char path[64];
 		struct stat st;
 
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", table[i].fd);
-		if (stat(path, &st) || !S_ISSOCK(st.st_mode))
+		if (app_stat(table[i].fd, &st) || !S_ISSOCK(st.st_mode))
 			table[i].which = 0;
 		else
 			table[i].ino = st.st_ino;

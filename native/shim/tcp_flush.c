@@ -19,11 +19,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "ckpt_sockopts.h"
 #include "shim.h"
 
 #define MAX_ENDS 256
@@ -198,13 +198,13 @@ static int choose_end(int fd)
 
 /*
  * DRAIN: the ends FLUSH will empty: established TCP connections whose peer
- * is in the job.  Each chosen end says so in the name service, and FLUSH
+ * is in the job (peers[i]: socket_peer() of socks[i]).  Each chosen end says so in the name service, and FLUSH
  * empties a connection only if its peer end was chosen too (one end may
  * be half closed while the other is not yet).  Sockets not chosen, and
  * not another process's, go to `others` (settled the old way); returns
  * how many, or -errno.
  */
-int tcp_flush_choose(const int *socks, int n, int *others)
+int tcp_flush_choose(const int *socks, const int *peers, int n, int *others)
 {
 	int nothers = 0;
 
@@ -212,7 +212,7 @@ int tcp_flush_choose(const int *socks, int n, int *others)
 	for (int i = 0; i < n; i++) {
 		int err;
 
-		if (!tcp_established(socks[i]) || socket_peer(socks[i], 0) != PEER_IN_JOB) {
+		if (peers[i] != PEER_IN_JOB || !tcp_established(socks[i])) {
 			others[nothers++] = socks[i];
 			continue;
 		}
@@ -383,37 +383,15 @@ static int advance(struct flushed_end *e, short revents)
 	return err;
 }
 
-static long sysctl_value(const char *path)
-{
-	char buf[32];
-	ssize_t n = shim_read_proc(path, buf, sizeof(buf) - 1);
-
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	return strtol(buf, NULL, 10);
-}
-
 /*
  * Nobody reads while the bytes go back, so they must fit in the peer's
  * receive queue and our send queue, as they did before the checkpoint;
  * but the receive window may have closed further since.  A send buffer
- * that stays full grows by what is left to write, if it can: never to
- * less than TCP had grown it to (net.core.wmem_max caps SO_SNDBUF).
+ * that stays full grows by what is left to write, if it can.
  */
 static void grow_send_buffer(struct flushed_end *e)
 {
-	size_t left = e->back.len - HEADER_LEN - e->written_back;
-	int now = 0, want;
-	socklen_t len = sizeof(now);
-
-	if (getsockopt(e->s, SOL_SOCKET, SO_SNDBUF, &now, &len) || now <= 0)
-		return;
-	want = (int)(((size_t)now + (left < (1U << 29) ? left : 1U << 29)) / 2);  /* doubled */
-	if (setsockopt(e->s, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) == 0)
-		return;
-	if (2 * sysctl_value("/proc/sys/net/core/wmem_max") > now)
-		setsockopt(e->s, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+	ckpt_grow_send_buffer(e->s, e->back.len - HEADER_LEN - e->written_back);
 }
 
 static void end_failed(struct flushed_end *e, int err, char *why, size_t why_size)
