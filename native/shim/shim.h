@@ -12,7 +12,11 @@
 #include "ckpt_image.h"
 #include "ckpt_plugin.h"
 
-#define CKPT_SIGNAL 64			/* SIGRTMAX, reserved for parking */
+/* Parking signal: glibc's SIGSETXID.  glibc keeps its two internal signals
+ * (32, 33) out of the application's hands (sigaction refuses them,
+ * sigfillset, sigprocmask and pthread_sigmask leave them out), so every
+ * signal the application may use stays its own. */
+#define CKPT_SIGNAL 33
 #define CKPT_MAX_THREADS 4096
 #define CKPT_ENGINE_VERSION "0.1.0"
 
@@ -76,12 +80,43 @@ SHIM_HIDDEN const char *shim_strerror(int err);
 /* procfs.c */
 SHIM_HIDDEN ssize_t shim_read_proc(const char *path, char *buf, size_t size);
 
-/* signals.c: the reserved signal, protected from the application */
+/* signals.c: the parking signal, shared with glibc's set*id broadcast */
 SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));
+SHIM_HIDDEN int signals_reclaim(void);
+SHIM_HIDDEN int signals_chain(int sig, siginfo_t *si, void *uc);
+
+/* syscall_restart.c: a parked thread's interrupted system call goes on as
+ * if no signal had come.  The checkpoint thread notes, before it signals a
+ * thread, the call the thread is blocked in (/proc/self/task/T/syscall). */
+struct blocked_call {
+	int known;
+	long nr;
+	uint64_t args[6], sp, pc;
+};
+SHIM_HIDDEN void blocked_call_read(pid_t tid, struct blocked_call *call);
+/* parked_ns: CLOCK_MONOTONIC when the thread parked */
+SHIM_HIDDEN void syscall_restart_resume(void *uc, const struct blocked_call *call,
+					int64_t parked_ns, int restored);
+
+/* timed_calls.c: blocking calls with a relative timeout, timed by the shim
+ * so that a call a checkpoint interrupted goes on with the time it had left */
+struct timed_call {
+	long nr;			/* the system call the wrapper makes */
+	int64_t deadline_ns;		/* CLOCK_MONOTONIC */
+	int ckpt_interrupted;		/* its EINTR came from parking */
+	struct timed_call *outer;	/* a wrapped call in a signal handler */
+};
+SHIM_HIDDEN extern __thread struct timed_call *timed_call_current
+	__attribute__((tls_model("initial-exec")));
+SHIM_HIDDEN void timed_call_begin(struct timed_call *tc, long nr, int64_t timeout_ns);
+SHIM_HIDDEN int timed_call_again(struct timed_call *tc, int ret);
+SHIM_HIDDEN void timed_call_end(struct timed_call *tc);
+SHIM_HIDDEN int64_t timed_call_left_ns(const struct timed_call *tc);
 
 /* quiesce.c: park every thread but the checkpointer */
 struct parked_thread {
 	struct ckpt_thread rec;
+	struct blocked_call call;	/* noted before it was signalled */
 	_Atomic int state;		/* enum park_state */
 	unsigned gen;			/* resume generation it waits on */
 };

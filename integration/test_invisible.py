@@ -1,0 +1,59 @@
+"""A checkpoint is invisible to the application: no EINTR, no early
+return from a call that was waiting, and every signal stays its own."""
+import time
+
+from harness import Job, restart_and_finish
+
+
+def checkpoint_until_the_end(job, interval):
+    """Checkpoint every `interval` seconds until the job ends; the images."""
+    while job.proc.poll() is None:
+        proc = job.s.ckpt("checkpoint", job.id, check=False)
+        if proc.returncode == 0:
+            job.images.append(proc.stdout.strip().splitlines()[-1])
+        time.sleep(interval)
+    return job.images
+
+
+def test_blocking_calls_checkpointed_every_100ms_then_restarted(session):
+    """Each thread blocks again and again in one interruptible call (poll,
+    select, epoll_wait, sleeps, sigtimedwait, futex, SO_RCVTIMEO, pause...)
+    and fails at the first EINTR or early return; checkpointed every
+    100 ms for 30 s, it must end as an uninterrupted run, and so must a
+    restart from the middle checkpoint."""
+    args = ["1500", "20", "restartable"]
+    reference = session.reference("blocking_calls", *args)
+    job = Job(session, "calls", "blocking_calls", *args)
+    job.wait_ready()
+    images = checkpoint_until_the_end(job, 0.1)
+    assert job.wait() == 0, job.output()[-300:]
+    assert job.output() == reference
+    assert len(images) >= 20, f"only {len(images)} checkpoints in 30 s"
+    middle = images[len(images) // 2]
+    assert restart_and_finish(session, middle, job) == reference
+
+
+def test_system_v_and_aio_waits_checkpointed_every_100ms(session):
+    """semop, semtimedop, msgrcv and io_getevents too (their kernel objects
+    are not restored yet, so no restart here)."""
+    args = ["300", "20", "all"]
+    reference = session.reference("blocking_calls", *args)
+    job = Job(session, "sysv-calls", "blocking_calls", *args)
+    job.wait_ready()
+    images = checkpoint_until_the_end(job, 0.1)
+    assert job.wait() == 0, job.output()[-300:]
+    assert job.output() == reference
+    assert len(images) >= 5
+
+
+def test_every_realtime_signal_is_the_applications(session):
+    """Handlers for SIGRTMIN..SIGRTMAX, queued signals in order, a full mask
+    that reads back whole, sigwaitinfo and signalfd on the last two."""
+    args = ["300", "10"]
+    reference = session.reference("rtsignals", *args)
+    job = Job(session, "rtsig", "rtsignals", *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3)
+    job.kill()
+    for image in (job.images[0], job.images[-1]):
+        assert restart_and_finish(session, image, job) == reference
