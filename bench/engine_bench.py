@@ -6,9 +6,13 @@ same filesystem, because absolute times drift on these machines:
     same number of bytes;
   - restart time vs reading the image's bytes back into fresh memory;
   - a mostly untouched 8 GiB process: checkpoint time and image size;
-  - runtime overhead of the shim on compute, syscall, clock and malloc loops.
+  - runtime overhead of the shim on compute, syscall, clock, malloc, poll and
+    epoll loops (timed waits go through the shim's wrappers);
+  - how long a checkpoint stops a process whose threads are blocked in
+    system calls, against the shim of an earlier commit (--baseline-ref,
+    default: the previous commit that changed native/shim).
 
-    python3 bench/engine_bench.py [--mib 2048] [--dir DIR] [--reps 5]
+    python3 bench/engine_bench.py [--mib 2048] [--dir DIR] [--reps 5] [--only TABLE]
 """
 import argparse
 import os
@@ -163,7 +167,8 @@ def run_loop(env, kind, n, shim):
 
 def bench_overhead(env, reps):
     loops = {"compute": 1_000_000_000, "syscalls": 3_000_000, "clock": 60_000_000,
-             "malloc": 60_000_000}
+             "malloc": 60_000_000, "poll": 5_000_000, "poll0": 5_000_000,
+             "epoll": 5_000_000, "epoll0": 5_000_000}
     rows = []
     for kind, n in loops.items():
         plain, shim = [], []
@@ -176,11 +181,63 @@ def bench_overhead(env, reps):
           ["loop", "iterations", "plain s", "under ckpt s", "ratio (target <=1.01)"], rows)
 
 
+def previous_shim_commit():
+    commits = subprocess.run(["git", "-C", REPO, "log", "-n", "2", "--format=%h", "--",
+                              "native/shim"], capture_output=True, text=True).stdout.split()
+    return commits[1] if len(commits) > 1 else None
+
+
+def build_baseline(ref, work):
+    """native/ of commit ref, built in a worktree of its own: its directory."""
+    tree = work / "baseline"
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "-q", tree, ref],
+                   check=True)
+    for part in ("native", "plugins/ib"):   # preloaded alike in both runs
+        subprocess.run(["make", "-s", "-C", tree / part], check=True, capture_output=True)
+    return tree
+
+
+def remove_baseline(tree):
+    subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", tree],
+                   capture_output=True)
+
+
+def stopped_ms(env, work, job, threads, reps):
+    proc, _ = launch(env, work, job, BIN / "parked", threads)
+    stops = [checkpoint(env, job)[2]["stopped_ns"] / 1e6 for _ in range(reps)]
+    kill(env, job, proc)
+    return statistics.median(stops)
+
+
+def bench_stopped(env, work, reps, ref):
+    """Stopped time of checkpoints (written in place) of processes whose
+    threads are blocked in poll: this shim against the one of commit ref
+    (the parking notes each thread's system call, and takes it up again)."""
+    tree = build_baseline(ref, work)
+    try:
+        base_env = dict(env, CKPT_NATIVE_DIR=str(tree / "native"))
+        rows = []
+        for n in (1, 16, 64):
+            base, now = [], []
+            for i in range(reps):      # interleaved, so drift hits both alike
+                base.append(stopped_ms(base_env, work, f"b{n}-{i}", n, 3))
+                now.append(stopped_ms(env, work, f"n{n}-{i}", n, 3))
+            b, c = statistics.median(base), statistics.median(now)
+            rows.append([n, f"{b:.2f}", f"{c:.2f}", f"{c / b:.2f}"])
+    finally:
+        remove_baseline(tree)
+    table(f"App stopped by a checkpoint, threads blocked in poll (median ms; baseline: "
+          f"shim of {ref})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=2048)
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", choices=["overhead", "stopped"], help="run one table only")
+    ap.add_argument("--baseline-ref", default=None,
+                    help="commit whose shim the stopped-time table compares with")
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", REPO / "native"], check=True)
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
@@ -189,9 +246,14 @@ def main():
         env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
                    CKPT_CONFIG=str(work / "none.yaml"))
         print(f"ckpt engine benchmarks, work dir {work}")
-        bench_big(env, work, args.mib, args.reps)
-        bench_sparse(env, work)
-        bench_overhead(env, args.reps)
+        if not args.only:
+            bench_big(env, work, args.mib, args.reps)
+            bench_sparse(env, work)
+        if args.only in (None, "overhead"):
+            bench_overhead(env, args.reps)
+        ref = args.baseline_ref or previous_shim_commit()
+        if args.only in (None, "stopped") and ref:
+            bench_stopped(env, work, args.reps, ref)
 
 
 if __name__ == "__main__":

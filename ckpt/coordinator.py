@@ -287,6 +287,17 @@ class Coordinator:
     def live_processes(self):
         return self._matching()
 
+    async def wait_until_empty(self, settle=0.5):
+        """Until no process of the job is left, or it was killed.  A child
+        forked just before its parent ended has `settle` seconds to say
+        HELLO."""
+        while True:
+            async with self._registered:
+                await self._registered.wait_for(lambda: not self._matching())
+            await asyncio.sleep(settle)
+            if not self._matching():
+                return
+
     def _matching(self, restored=None):
         return [p for p in self.processes if p.alive and (restored is None or p.restored == restored)]
 

@@ -163,6 +163,13 @@ def register(entry, directory=None):
         raise CkptError(
             f"job {entry.job_id} is already running (launcher pid {other.launcher_pid})"
         )
+    rewrite(entry, directory)
+
+
+def rewrite(entry, directory=None):
+    """Write a job's entry (atomically), e.g. when its coordinator moved to
+    another process."""
+    directory = directory if directory is not None else state_dir()
     path = _entry_path(entry.job_id, directory)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(entry)))

@@ -123,4 +123,5 @@ async def _run(command, config, job_id, shim):
         announce(job_id)
         pid = job.spawn(command, env)
         job.start_periodic()
-        return await job.wait_exit(pid)
+        status = await job.wait_exit(pid)
+        return await job.lives_on(command[0], status, pid)

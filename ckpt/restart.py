@@ -12,11 +12,14 @@ from ckpt.session import JobSession, announce
 RESTART_REFUSED = 2  # ckpt-restart's exit status before its point of no return
 
 
-def restart_command(binary, socket_path, job_id, images):
+def restart_command(binary, socket_path, job_id, images, status_fd=None):
     """One ckpt-restart per host: it rebuilds that host's process tree.
 
-    images: (path, xxh3) pairs, the tree's root first."""
+    images: (path, xxh3) pairs, the tree's root first.  On status_fd it
+    says "exited N" if the root exits while others of the job run on."""
     argv = [str(binary), "--coord", socket_path, "--job-id", job_id]
+    if status_fd is not None:
+        argv += ["--status-fd", str(status_fd)]
     for _path, xxh3 in images:
         argv += ["--xxh3", str(xxh3)]
     return argv + [str(path) for path, _xxh3 in images]
@@ -50,14 +53,36 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary):
                           config=config, restarted_from=manifest["checkpoint"]) as job:
         env = dict(os.environ, CKPT_COORD=job.socket_path, CKPT_JOB_ID=job_id)
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
+        status_read, status_write = os.pipe()
+        os.set_inheritable(status_write, True)
         # one host for now: multi-host restart starts one per host remotely
-        pids = [job.spawn(restart_command(binary, job.socket_path, job_id, images), env)
+        pids = [job.spawn(restart_command(binary, job.socket_path, job_id, images,
+                                          status_write), env)
                 for images in images_by_host(checkpoint_dir, processes).values()]
+        os.close(status_write)
         await _restore(job, pids, [proc["pid"] for proc in processes])
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
-        codes = await asyncio.gather(*(job.wait_exit(pid) for pid in pids))
-        return codes[0]
+        ended = asyncio.gather(*(job.wait_exit(pid) for pid in pids))
+        root_exit = asyncio.ensure_future(_root_exit(status_read))
+        await asyncio.wait([ended, root_exit], return_when=asyncio.FIRST_COMPLETED)
+        if ended.done():
+            root_exit.cancel()
+            return ended.result()[0]
+        return await job.lives_on(f"process {processes[0]['pid']}", root_exit.result())
+
+
+async def _root_exit(fd):
+    """The root's status, once ckpt-restart says "exited N"."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                 os.fdopen(fd, "rb", buffering=0))
+    while line := await reader.readline():
+        word, _, status = line.decode().partition(" ")
+        if word == "exited" and status.strip().isdigit():
+            return int(status)
+    await asyncio.Future()  # no word: ckpt-restart's own exit ends the restart
 
 
 def _signal_targets(job, root_pid):

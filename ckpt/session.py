@@ -3,6 +3,7 @@ children reaped as a child subreaper, and signals forwarded to the job."""
 
 import asyncio
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -10,7 +11,8 @@ import sys
 
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
-from ckpt.jobs import JobEntry, process_start_time, register, socket_path_for, state_dir, unregister
+from ckpt.jobs import (JobEntry, process_start_time, register, rewrite, socket_path_for,
+                       state_dir, unregister)
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -155,6 +157,73 @@ class JobSession:
     async def wait_exit(self, pid):
         # shielded: a cancelled waiter must not cancel the shared exit future
         return await asyncio.shield(self.exits[pid])
+
+    async def lives_on(self, what, status, ended_pid=None):
+        """`what` (the command, the restored root) ended with `status`.  The
+        job lives as long as any of its processes: if some still run, say
+        which, and go on without the launcher.  Returns the status."""
+        left = [] if self.coordinator.killed.is_set() else await self.still_running(ended_pid)
+        if not left:
+            return status
+        job_id = self.entry.job_id
+        pids = ", ".join(str(p.real_pid) for p in left[:8]) + (", ..." if len(left) > 8 else "")
+        print(f"ckpt: job {job_id}: {what} exited with status {status}; {len(left)} of the "
+              f"job's processes still run ({pids}): the job goes on until they end "
+              f"(ckpt checkpoint|kill {job_id}; messages in "
+              f"{self.coordinator.job_dir / 'coordinator.log'})", file=sys.stderr)
+        return await self.go_on_without_launcher(status)
+
+    async def still_running(self, ended_pid, settle=1.0):
+        """The job's processes that still run once ended_pid is gone (its
+        children that ended with it have `settle` seconds to leave)."""
+        deadline = self.loop.time() + settle
+        while True:
+            left = [p for p in self.coordinator.live_processes()
+                    if p.real_pid != ended_pid and _running(p.real_pid)]
+            if not left or self.loop.time() > deadline:
+                return left
+            await asyncio.sleep(0.05)
+
+    async def go_on_without_launcher(self, status):
+        """The command ended but processes of the job still run: the
+        launcher exits now with the command's status, and the coordinator
+        goes on in a process of its own (a new session, its messages in
+        the job's coordinator.log) until the last process of the job ends
+        or `ckpt kill`."""
+        log = self.coordinator.job_dir / "coordinator.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() != 0:
+            os._exit(status)
+        # the loop runs on in this child: asyncio keys the running loop by
+        # pid, and adding a signal handler sets the loop's wakeup fd again
+        asyncio._set_running_loop(self.loop)
+        self.loop.add_signal_handler(signal.SIGCHLD, self._reap)
+        os.setsid()
+        become_subreaper()
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        os.close(null)
+        self.entry = dataclasses.replace(self.entry, launcher_pid=os.getpid(),
+                                         launcher_start=process_start_time(os.getpid()))
+        rewrite(self.entry, self.directory)
+        self.signal_targets = lambda: []
+        await self.coordinator.wait_until_empty()
+        return status
+
+
+def _running(pid):
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def announce(job_id):

@@ -118,19 +118,26 @@ def command(app, *args):
 class Job:
     """A job launched with `ckpt launch`, its stdout in a file."""
 
-    def __init__(self, session, job_id, app, *args, prefix=(), launch_args=()):
+    def __init__(self, session, job_id, app, *args, prefix=(), launch_args=(),
+                 stderr_file=False):
+        """stderr_file: the launcher's stderr in a file, not a pipe (a job
+        that outlives its launcher holds on to it)."""
         self.s = session
         self.id = job_id
         self.out = session.work / f"{job_id}.out"
+        self.err = session.work / f"{job_id}.err"
         self.images = []
-        with open(self.out, "w") as out:
+        with open(self.out, "w") as out, open(self.err, "w") as err:
             if session.user.uid != os.getuid():
                 os.chown(self.out, session.user.uid, session.user.uid)
             self.proc = subprocess.Popen(
                 [*prefix] + session.ckpt_argv("launch", "--job-id", job_id, "--ckpt-dir",
                                   session.images, *launch_args, "--", *command(app, *args)),
                 cwd=session.work, env=session.env(), stdout=out,
-                stderr=subprocess.PIPE, text=True)
+                stderr=err if stderr_file else subprocess.PIPE, text=True)
+
+    def stderr_text(self):
+        return self.err.read_text()
 
     def output(self):
         return self.out.read_text()

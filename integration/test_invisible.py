@@ -1,8 +1,9 @@
 """A checkpoint is invisible to the application: no EINTR, no early
 return from a call that was waiting, and every signal stays its own."""
+import subprocess
 import time
 
-from harness import Job, restart_and_finish
+from harness import Job, command, restart_and_finish
 
 
 def checkpoint_until_the_end(job, interval):
@@ -57,3 +58,27 @@ def test_every_realtime_signal_is_the_applications(session):
     job.kill()
     for image in (job.images[0], job.images[-1]):
         assert restart_and_finish(session, image, job) == reference
+
+
+def test_the_job_lives_as_long_as_any_of_its_processes(session):
+    """The first process ends at once, leaving a daemon and an orphan that
+    work on together: `ckpt launch` exits with its status and names them,
+    the job is still checkpointed, and a restart brings both back."""
+    args = ["300", "10"]
+    plain = subprocess.run(command("outlive", *args), capture_output=True, text=True,
+                           timeout=120, cwd=session.work)
+    assert plain.returncode == 3 and "PASS" in plain.stdout
+    job = Job(session, "outlive", "outlive", *args, stderr_file=True)
+    assert job.wait(timeout=60) == 3
+    said = job.stderr_text()
+    assert "exited with status 3; 2 of the job's processes still run" in said, said
+    status = session.ckpt("status", "outlive").stdout
+    assert "outlive" in status
+    job.checkpoint_at_random_moments(2, 0.1, 0.4)
+    session.ckpt("kill", "outlive")
+    deadline = time.monotonic() + 30
+    while session.ckpt("status", "outlive", check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the job did not end after ckpt kill"
+        time.sleep(0.1)
+    assert "PASS" not in job.output()
+    assert restart_and_finish(session, job.images[0], job) == plain.stdout

@@ -2,7 +2,9 @@
  * Every real-time signal is the application's: a handler for each of
  * SIGRTMIN..SIGRTMAX, each queued with values in every step (in order,
  * none lost), a full mask that reads back whole, and a few of them taken
- * through sigwaitinfo and a signalfd instead of a handler.
+ * through sigwaitinfo and a signalfd instead of a handler.  A second
+ * thread makes glibc broadcast set*id calls with its own internal signal
+ * (SIGSETXID, which the checkpoint shares): they must go on working.
  *
  *   rtsignals [steps] [ms-per-step]
  */
@@ -18,6 +20,14 @@
 static volatile long got[64];
 static volatile long last_value[64];
 static volatile int order_broken;
+static volatile int finished;
+
+static void *bystander(void *arg)
+{
+	while (!finished)
+		zdtm_pace(5);
+	return arg;
+}
 
 static void on_rt(int sig, siginfo_t *si, void *uc)
 {
@@ -72,6 +82,7 @@ int main(int argc, char **argv)
 	struct sigaction sa;
 	sigset_t waited;
 	uint64_t hash = 0;
+	pthread_t other;
 	int sfd;
 
 	zdtm_args(argc, argv, &steps, &pace);
@@ -87,6 +98,7 @@ int main(int argc, char **argv)
 	zdtm_check(sigprocmask(SIG_BLOCK, &waited, NULL) == 0, "block waited");
 	sfd = signalfd(-1, &waited, 0);
 	zdtm_check(sfd >= 0, "signalfd");
+	zdtm_check(pthread_create(&other, NULL, bystander, NULL) == 0, "pthread_create");
 	sigdelset(&waited, SIGRTMAX - 1);
 	check_full_mask();
 	printf("READY\n");
@@ -109,9 +121,14 @@ int main(int argc, char **argv)
 		take_waited(sfd, step);
 		if (step % 50 == 0)
 			check_full_mask();
+		/* glibc signals every thread for it (SIGSETXID) */
+		if (step % 20 == 0)
+			zdtm_check(setgid(getgid()) == 0, "setgid: %s", strerror(errno));
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	finished = 1;
+	pthread_join(other, NULL);
 	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++) {
 		struct sigaction now;
 

@@ -2,9 +2,11 @@
  * ckpt-restart: restores the process images of one host, as one process
  * tree in one fresh pid namespace (docs/PROTOCOL.md, "ckpt-restart").
  *
- *   ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX]... IMAGE...
+ *   ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--xxh3 HEX]... IMAGE...
  *
- * The n-th --xxh3 is the checksum of the n-th image.
+ * The n-th --xxh3 is the checksum of the n-th image.  On --status-fd it
+ * writes "exited N" when the job's root exits while other processes of the
+ * job still run; it then goes on until they are gone.
  *
  * Statically linked at CKPT_RESERVE_START, a range every checkpointed
  * process keeps free, so it can replace the whole address space around
@@ -12,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,7 +34,7 @@ static char job_copy[64];
 
 static void usage(void)
 {
-	die("usage: ckpt-restart --coord SOCKET --job-id ID [--xxh3 HEX]... IMAGE...");
+	die("usage: ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--xxh3 HEX]... IMAGE...");
 }
 
 static void parse_args(int argc, char **argv)
@@ -40,14 +43,21 @@ static void parse_args(int argc, char **argv)
 		{ "coord", required_argument, NULL, 'c' },
 		{ "job-id", required_argument, NULL, 'j' },
 		{ "xxh3", required_argument, NULL, 'x' },
+		{ "status-fd", required_argument, NULL, 's' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
 
+	args.status_fd = -1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'c': args.coord = optarg; break;
 		case 'j': args.job_id = optarg; break;
+		case 's':
+			args.status_fd = atoi(optarg);
+			if (args.status_fd < 0 || fcntl(args.status_fd, F_GETFD) < 0)
+				die("--status-fd %s: not an open fd", optarg);
+			break;
 		case 'x':
 			if (args.nxxh3 == MAX_IMAGES)
 				die("too many --xxh3");
@@ -178,7 +188,8 @@ int main(int argc, char **argv)
 	check_pids(imgs, args.nimages);
 	mark("images checked and loaded");
 	prepare_fds(imgs, args.nimages);
-	tree_init(imgs, args.nimages, restorer);
+	tree_init(imgs, args.nimages, restorer,
+		  args.status_fd < 0 ? -1 : move_high(args.status_fd, "the status fd"));
 	helpers_pick_pids();
 	enter_namespaces();
 	shared_create(imgs, args.nimages);	/* System V segments: in the new IPC namespace */

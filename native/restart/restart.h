@@ -61,6 +61,7 @@ struct restart_args {
 	unsigned nxxh3;
 	const char *image[MAX_IMAGES];
 	unsigned nimages;
+	int status_fd;			/* -1, or where "exited N" goes */
 };
 
 /* arena.c */
@@ -105,7 +106,7 @@ void enter_namespaces(void);
 int run_init(int (*init_main)(void));
 
 /* tree.c */
-void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *));
+void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *), int status_fd);
 int tree_run(void);
 void tree_enter(struct image *img);
 void tree_report_restored(struct image *img);

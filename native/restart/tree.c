@@ -9,6 +9,12 @@
  * A process that fails to restore says why on stderr, reports its status
  * to pid 1 on a pipe and kills the namespace's other processes: pid 1
  * then ends the restart with that status.
+ *
+ * The job lives as long as any of its processes: when the root exits while
+ * others run (daemons, orphans), pid 1 says so on the status fd and goes
+ * on until the last one is gone.  A job whose launcher's child had already
+ * exited at the checkpoint has no main root: each root's session is made
+ * by a stand-in, as a daemon's is, and pid 1 is their parent.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -17,8 +23,12 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,8 +39,9 @@ static struct image *images;
 static unsigned nimages;
 static int (*restore_one)(void *);
 static int report[2] = { -1, -1 };
-static struct image *root;		/* its exit ends the job */
-static pid_t root_pid;
+static struct image *root;		/* the launcher's child, or NULL */
+static pid_t root_pid;			/* whose status is the job's */
+static int status_fd = -1;		/* "exited N" once the root is gone */
 
 static struct image *image_of(pid_t pid)
 {
@@ -52,22 +63,36 @@ static int detached_root(const struct image *img)
 {
 	pid_t sid = img->proc->sid;
 
-	return !image_of(img->proc->ppid) && sid > 1 && outside(sid) && sid != root->proc->sid;
+	return !image_of(img->proc->ppid) && sid > 1 && outside(sid) &&
+	       (!root || sid != root->proc->sid);
+}
+
+/* A stand-in's pid: what the main root or a detached root had outside the
+ * job (parent, session, group). */
+static int stand_in_pid(pid_t pid)
+{
+	if (!outside(pid))
+		return 0;
+	if (root && (pid == root->proc->sid || pid == root->proc->pgid ||
+		     pid == root->proc->ppid))
+		return 1;
+	for (unsigned i = 0; i < nimages; i++)
+		if (detached_root(&images[i]) &&
+		    (pid == images[i].proc->sid || pid == images[i].proc->pgid))
+			return 1;
+	return 0;
 }
 
 /* Whether pid is one the restart gives to a process or thread of the job
  * or to a stand-in. */
 int tree_pid_taken(pid_t pid)
 {
-	const struct ckpt_process *r = root->proc;
-
-	if (pid == r->sid || pid == r->pgid || pid == r->ppid)
+	if (stand_in_pid(pid))
 		return 1;
 	for (unsigned i = 0; i < nimages; i++) {
 		const struct image *img = &images[i];
 
-		if (img->hdr.pid == pid || (detached_root(img) &&
-					     (pid == img->proc->sid || pid == img->proc->pgid)))
+		if (img->hdr.pid == pid)
 			return 1;
 		for (unsigned t = 0; t < img->nthreads; t++)
 			if (img->threads[t].tid == pid)
@@ -158,7 +183,7 @@ void tree_enter(struct image *img)
 			spawn(p->zombies[i].pid, NULL, zombie_main, (void *)&p->zombies[i]);
 	/* a group led by another process of the job, or the root's group */
 	if (p->pgid > 0 && p->pgid != pid && getpgid(0) != p->pgid &&
-	    (image_of(p->pgid) || p->pgid == root->proc->pgid || detached_root(img)))
+	    (image_of(p->pgid) || (root && p->pgid == root->proc->pgid) || detached_root(img)))
 		join_group(p->pgid);
 }
 
@@ -215,23 +240,33 @@ static void forward_signal(int sig)
 		kill(root_pid, sig);
 }
 
-/* The process whose exit ends the job: the first image with no parent in
- * the job (the launcher's child comes first in the manifest). */
+/* The launcher's child: the first image whose parent is outside the job
+ * and not pid 1 (the manifest lists it first).  NULL when it had exited
+ * before the checkpoint and its orphans went to init. */
 static struct image *root_image(void)
 {
-	for (unsigned i = 0; i < nimages; i++)
-		if (!image_of(images[i].proc->ppid))
+	int any = 0;
+
+	for (unsigned i = 0; i < nimages; i++) {
+		if (image_of(images[i].proc->ppid))
+			continue;
+		any = 1;
+		if (images[i].proc->ppid > 1)
 			return &images[i];
-	die("the images form no process tree (every parent is in the job)");
+	}
+	if (!any)
+		die("the images form no process tree (every parent is in the job)");
+	return NULL;
 }
 
-void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *))
+void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *), int fd)
 {
 	images = imgs;
 	nimages = n;
 	restore_one = restorer;
+	status_fd = fd;
 	root = root_image();
-	root_pid = root->hdr.pid;
+	root_pid = root ? root->hdr.pid : images[0].hdr.pid;
 	if (pipe2(report, O_CLOEXEC))
 		die("cannot create a pipe: %s", strerror(errno));
 	report[0] = move_high(report[0], "the restart's report pipe");
@@ -405,36 +440,103 @@ static int session_stand_in(void *stack)
 	return wait_for(child);
 }
 
+/* A process of the job still runs: one in this namespace that is
+ * neither pid 1, nor a stand-in, nor a zombie (its fresh /proc is ours). */
+static int job_alive(void)
+{
+	DIR *proc = opendir("/proc");
+	struct dirent *d;
+	int alive = 0;
+
+	if (!proc)
+		return 0;
+	while (!alive && (d = readdir(proc))) {
+		pid_t pid = atoi(d->d_name);
+		char path[64], stat[256], *c;
+		int fd;
+		ssize_t n;
+
+		if (pid <= 1 || stand_in_pid(pid))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		n = read(fd, stat, sizeof(stat) - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		stat[n] = '\0';
+		c = strrchr(stat, ')');
+		alive = c && c[1] == ' ' && c[2] != 'Z' && c[2] != 'X';
+	}
+	closedir(proc);
+	return alive;
+}
+
+static void wake_up(int sig)
+{
+	(void)sig;	/* only interrupts waitpid */
+}
+
+/* The root exited, others of the job run on: say so, and look again for
+ * them every half second. */
+static void root_exited(int status)
+{
+	struct itimerval every = { { 0, 500000 }, { 0, 500000 } };
+	struct sigaction sa;
+	char line[32];
+	int n = snprintf(line, sizeof(line), "exited %d\n", status);
+
+	if (status_fd >= 0) {
+		ssize_t w = write(status_fd, line, n);
+
+		(void)w;	/* the restart manager is gone: nobody to tell */
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = wake_up;	/* no SA_RESTART */
+	sigaction(SIGALRM, &sa, NULL);
+	setitimer(ITIMER_REAL, &every, NULL);
+}
+
 /* pid 1 of the namespace: creates the stand-ins and the roots, reaps, and
- * exits with the root's status, or the status of a process that failed
- * to restore. */
+ * exits with the root's status once no process of the job is left, or the
+ * status of a process that failed to restore. */
 int tree_run(void)
 {
 	void *stack = zone_stack(0);
-	pid_t sid = root->proc->sid, parent = root->proc->ppid, top;
-	int status;
+	pid_t parent = -1, top = -1;
+	int status, job_status = -1;
 
 	if (!stack)
 		die("cannot allocate a stack in the restart range");
-	/*
-	 * A session or group the job saw as 0 was outside its pid namespace
-	 * (a container's exec, say): pid 1's are too, so it keeps them.  One
-	 * the job saw as 1 was its namespace's init: pid 1 takes its place.
-	 */
-	if (sid == 1)
-		setsid();
-	else if (root->proc->pgid == 1)
-		setpgid(0, 0);
-	if (outside(parent) && outside(sid) && sid != parent) {
-		top = spawn(sid, NULL, session_stand_in, stack);
-	} else {
-		if (!outside(sid))
-			spawn_group_stand_in();	/* in pid 1's session */
-		top = outside(parent) ? spawn(parent, NULL, parent_stand_in, stack) : -1;
+	if (root) {
+		pid_t sid = root->proc->sid;
+
+		parent = root->proc->ppid;
+		/*
+		 * A session or group the job saw as 0 was outside its pid
+		 * namespace (a container's exec, say): pid 1's are too, so it
+		 * keeps them.  One the job saw as 1 was its namespace's init:
+		 * pid 1 takes its place.
+		 */
+		if (sid == 1)
+			setsid();
+		else if (root->proc->pgid == 1)
+			setpgid(0, 0);
+		if (outside(parent) && outside(sid) && sid != parent) {
+			top = spawn(sid, NULL, session_stand_in, stack);
+		} else {
+			if (!outside(sid))
+				spawn_group_stand_in();	/* in pid 1's session */
+			top = outside(parent) ? spawn(parent, NULL, parent_stand_in, stack) : -1;
+		}
+		if (top < 0)
+			parent = -1;
 	}
 	/* the roots under the parent's stand-in are its to create */
-	spawn_roots(stack, top < 0 ? -1 : parent, 0);
-	spawn_detached_sessions(stack, top < 0 ? -1 : parent, 0);
+	spawn_roots(stack, parent, 0);
+	spawn_detached_sessions(stack, parent, 0);
 	if (top < 0)
 		top = root_pid;
 	close(report[1]);
@@ -449,14 +551,21 @@ int tree_run(void)
 		pid_t got = waitpid(-1, &status, 0);
 		int failed;
 
-		if (got < 0 && errno == EINTR)
+		if (got < 0 && errno == EINTR) {
+			if (job_status >= 0 && !job_alive())
+				return job_status;
 			continue;
-		if (got < 0)
-			return EXIT_RESTORE_FAILED;
+		}
+		if (got < 0)	/* no child left at all */
+			return job_status >= 0 ? job_status : EXIT_RESTORE_FAILED;
 		failed = failure_reported();	/* the process said why on stderr */
 		if (failed)
 			return failed;
-		if (got == top)
-			return exit_status(status);
+		if (got == top && job_status < 0) {
+			job_status = exit_status(status);
+			if (!job_alive())
+				return job_status;
+			root_exited(job_status);
+		}
 	}
 }
