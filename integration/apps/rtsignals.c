@@ -24,6 +24,11 @@ static volatile int finished;
 
 static void *bystander(void *arg)
 {
+	sigset_t all;
+
+	/* the process's signals are for the main thread */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	while (!finished)
 		zdtm_pace(5);
 	return arg;

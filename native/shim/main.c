@@ -38,6 +38,7 @@ __attribute__((constructor)) static void shim_init(void)
 		shim_log("cannot install the checkpoint signal: %s", shim_strerror(err));
 		return;
 	}
+	syscall_sites_init();
 	fds_plugin_init();
 	err = checkpointer_start(coord);
 	if (err) {

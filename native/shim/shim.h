@@ -94,6 +94,7 @@ struct blocked_call {
 	uint64_t args[6], sp, pc;
 };
 SHIM_HIDDEN void blocked_call_read(pid_t tid, struct blocked_call *call);
+SHIM_HIDDEN void syscall_sites_init(void);
 /* parked_ns: CLOCK_MONOTONIC when the thread parked */
 SHIM_HIDDEN void syscall_restart_resume(void *uc, const struct blocked_call *call,
 					int64_t parked_ns, int restored);
@@ -112,6 +113,8 @@ SHIM_HIDDEN void timed_call_begin(struct timed_call *tc, long nr, int64_t timeou
 SHIM_HIDDEN int timed_call_again(struct timed_call *tc, int ret);
 SHIM_HIDDEN void timed_call_end(struct timed_call *tc);
 SHIM_HIDDEN int64_t timed_call_left_ns(const struct timed_call *tc);
+/* the shim's syscall(): RIP after its `syscall` instruction, number in R12 */
+SHIM_HIDDEN extern const char shim_raw_syscall_return[];
 
 /* quiesce.c: park every thread but the checkpointer */
 struct parked_thread {

@@ -16,12 +16,15 @@
  * ppoll) go on with the time they had left.
  *
  * The call's number is gone from the frame (the kernel keeps it in
- * orig_ax, which signal frames do not carry).  The checkpoint thread reads
- * it from /proc/self/task/T/syscall just before it signals the thread; the
- * handler trusts it only if the program counter, stack pointer and the six
- * argument registers are the ones of the frame.  A thread that entered its
- * call after that read is recognised by the `mov $nr, %eax` that glibc's
- * wrappers put right before `syscall`.
+ * orig_ax, which signal frames do not carry).  It is known by where the
+ * call was made: calls through syscall() keep it in R12 (the shim's own
+ * syscall(), timed_calls.c); the `syscall` instructions of glibc's
+ * blocking functions are found once, at start-up, each with its
+ * function's number.  For other code the checkpoint thread reads the
+ * number from /proc/self/task/T/syscall just before it signals the
+ * thread; the handler trusts it only if the program counter, stack pointer
+ * and the six argument registers are the ones of the frame (a thread that
+ * entered such a call after that read keeps its EINTR, with a warning).
  *
  * Calls with a relative timeout that the kernel does not update (poll,
  * epoll_wait, semtimedop, sigtimedwait, nanosleep...) are timed by the
@@ -32,7 +35,9 @@
  * delivered at once: then the EINTR is the application's and stays.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +47,70 @@
 #include "shim.h"
 
 #define SYSCALL_INSN_LEN 2
+#define MAX_SITES 256
+
+/* glibc's functions that may block, and the system call each makes. */
+static const struct {
+	const char *name;
+	long nr;
+} blocking_functions[] = {
+	{ "poll", SYS_poll }, { "ppoll", SYS_ppoll },
+	{ "select", SYS_pselect6 }, { "pselect", SYS_pselect6 },
+	{ "epoll_wait", SYS_epoll_wait }, { "epoll_pwait", SYS_epoll_pwait },
+	{ "epoll_pwait2", SYS_epoll_pwait2 }, { "clock_nanosleep", SYS_clock_nanosleep },
+	{ "pause", SYS_pause }, { "sigsuspend", SYS_rt_sigsuspend },
+	{ "sigtimedwait", SYS_rt_sigtimedwait }, { "sigwaitinfo", SYS_rt_sigtimedwait },
+	{ "msgrcv", SYS_msgrcv }, { "msgsnd", SYS_msgsnd },
+	{ "semop", SYS_semop }, { "semtimedop", SYS_semtimedop },
+	{ "read", SYS_read }, { "readv", SYS_readv }, { "write", SYS_write },
+	{ "writev", SYS_writev }, { "recv", SYS_recvfrom }, { "recvfrom", SYS_recvfrom },
+	{ "recvmsg", SYS_recvmsg }, { "recvmmsg", SYS_recvmmsg }, { "send", SYS_sendto },
+	{ "sendto", SYS_sendto }, { "sendmsg", SYS_sendmsg }, { "accept", SYS_accept },
+	{ "accept4", SYS_accept4 }, { "wait4", SYS_wait4 }, { "waitid", SYS_waitid },
+	{ "mq_timedreceive", SYS_mq_timedreceive }, { "mq_timedsend", SYS_mq_timedsend },
+	{ "flock", SYS_flock }, { "ioctl", SYS_ioctl },
+};
+
+/* The return address of each `syscall` instruction in those functions. */
+static struct {
+	uint64_t ret;
+	long nr;
+} sites[MAX_SITES];
+static unsigned nsites;
+
+static void find_sites(const char *name, long nr)
+{
+	const ElfW(Sym) *sym = NULL;
+	const unsigned char *code;
+	Dl_info info;
+	void *fn = dlsym(RTLD_NEXT, name);
+
+	if (!fn || !dladdr1(fn, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym ||
+	    !sym->st_size)
+		return;
+	code = fn;
+	for (size_t i = 0; i + 1 < sym->st_size && nsites < MAX_SITES; i++)
+		if (code[i] == 0x0f && code[i + 1] == 0x05) {
+			sites[nsites].ret = (uint64_t)(code + i + SYSCALL_INSN_LEN);
+			sites[nsites].nr = nr;
+			nsites++;
+		}
+}
+
+/* At start-up, in the application's context (dlsym may allocate). */
+void syscall_sites_init(void)
+{
+	for (size_t i = 0; i < sizeof(blocking_functions) / sizeof(blocking_functions[0]); i++)
+		find_sites(blocking_functions[i].name, blocking_functions[i].nr);
+}
+
+static long site_call(uint64_t ret)
+{
+	for (unsigned i = 0; i < nsites; i++)
+		if (sites[i].ret == ret)
+			return sites[i].nr;
+	return -1;
+}
 
 void blocked_call_read(pid_t tid, struct blocked_call *call)
 {
@@ -88,26 +157,26 @@ static int read_code(uint64_t addr, void *buf, size_t len)
 static long interrupted_call(const ucontext_t *uc, const struct blocked_call *call)
 {
 	const greg_t *g = uc->uc_mcontext.gregs;
-	unsigned char code[7];
+	unsigned char code[SYSCALL_INSN_LEN];
+	long nr;
 
-	if (g[REG_RAX] != -EINTR || g[REG_RIP] < (greg_t)sizeof(code))
+	if (g[REG_RAX] != -EINTR || g[REG_RIP] < SYSCALL_INSN_LEN)
 		return -1;
-	if (read_code(g[REG_RIP] - sizeof(code), code, sizeof(code)) ||
-	    code[5] != 0x0f || code[6] != 0x05)	/* syscall */
+	if (read_code(g[REG_RIP] - SYSCALL_INSN_LEN, code, sizeof(code)) ||
+	    code[0] != 0x0f || code[1] != 0x05)	/* syscall */
 		return -1;
+	if (g[REG_RIP] == (greg_t)shim_raw_syscall_return)
+		return g[REG_R12];		/* the shim's syscall() */
+	nr = site_call(g[REG_RIP]);
+	if (nr >= 0)
+		return nr;
 	if (call->known && call->pc == (uint64_t)g[REG_RIP] &&
 	    call->sp == (uint64_t)g[REG_RSP] &&
 	    call->args[0] == (uint64_t)g[REG_RDI] && call->args[1] == (uint64_t)g[REG_RSI] &&
 	    call->args[2] == (uint64_t)g[REG_RDX] && call->args[3] == (uint64_t)g[REG_R10] &&
 	    call->args[4] == (uint64_t)g[REG_R8] && call->args[5] == (uint64_t)g[REG_R9])
 		return call->nr;
-	if (code[0] == 0xb8) {			/* mov $imm32, %eax */
-		int32_t nr;
-
-		memcpy(&nr, code + 1, sizeof(nr));
-		return nr >= 0 ? nr : -1;
-	}
-	return -1;
+	return -2;			/* a call, but which one? */
 }
 
 /* Calls that must not simply be entered again: close has released the fd
@@ -153,8 +222,13 @@ void syscall_restart_resume(void *ucv, const struct blocked_call *call,
 	if (restored && tc)
 		for (struct timed_call *t = tc; t; t = t->outer)
 			t->deadline_ns += shim_now_ns() - parked_ns;
-	if (nr < 0 || application_signal_pending(uc))
+	if (nr == -1 || application_signal_pending(uc))
 		return;
+	if (nr == -2) {
+		shim_log("a checkpoint interrupted an unknown system call of thread %ld: "
+			 "it returns EINTR", (long)syscall(SYS_gettid));
+		return;
+	}
 	if (tc && tc->nr == nr) {
 		tc->ckpt_interrupted = 1;	/* the wrapper calls again */
 		return;
