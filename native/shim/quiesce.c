@@ -91,7 +91,6 @@ void quiesce_handler(int sig, siginfo_t *si, void *uc)
 {
 	int saved_errno = errno;
 	unsigned idx = (unsigned)si->si_value.sival_int;
-	struct blocked_call call;
 	struct parked_thread *t;
 	int64_t parked_ns;
 	int restored;
@@ -106,14 +105,13 @@ void quiesce_handler(int sig, siginfo_t *si, void *uc)
 	    atomic_load(&t->state) != SLOT_SIGNALLED)
 		goto out;		/* late signal of an aborted suspend */
 	gen = t->gen;
-	call = t->call;		/* the slot is reused by the next checkpoint */
 	parked_ns = shim_now_ns();
 	thread_fill_record(&t->rec);
 	restored = ckpt_save_context(&t->rec.regs) != 0;
 	slot_set_state(&slots[idx], restored ? SLOT_RESTORED : SLOT_PARKED);
 	while (atomic_load(&resume_gen) == gen)
 		futex(&resume_gen, FUTEX_WAIT_PRIVATE, gen, NULL);
-	syscall_restart_resume(uc, &call, parked_ns, restored);
+	syscall_restart_resume(uc, parked_ns, restored);
 out:
 	errno = saved_errno;
 }
@@ -129,7 +127,6 @@ static int signal_thread(pid_t tid)
 	memset(t, 0, sizeof(*t));
 	t->rec.tid = tid;
 	t->gen = atomic_load(&resume_gen);
-	blocked_call_read(tid, &t->call);
 	atomic_store(&t->state, SLOT_SIGNALLED);
 	nslots++;
 

@@ -86,18 +86,9 @@ SHIM_HIDDEN int signals_reclaim(void);
 SHIM_HIDDEN int signals_chain(int sig, siginfo_t *si, void *uc);
 
 /* syscall_restart.c: a parked thread's interrupted system call goes on as
- * if no signal had come.  The checkpoint thread notes, before it signals a
- * thread, the call the thread is blocked in (/proc/self/task/T/syscall). */
-struct blocked_call {
-	int known;
-	long nr;
-	uint64_t args[6], sp, pc;
-};
-SHIM_HIDDEN void blocked_call_read(pid_t tid, struct blocked_call *call);
+ * if no signal had come.  parked_ns: CLOCK_MONOTONIC when it parked. */
 SHIM_HIDDEN void syscall_sites_init(void);
-/* parked_ns: CLOCK_MONOTONIC when the thread parked */
-SHIM_HIDDEN void syscall_restart_resume(void *uc, const struct blocked_call *call,
-					int64_t parked_ns, int restored);
+SHIM_HIDDEN void syscall_restart_resume(void *uc, int64_t parked_ns, int restored);
 
 /* timed_calls.c: blocking calls with a relative timeout, timed by the shim
  * so that a call a checkpoint interrupted goes on with the time it had left */
@@ -119,7 +110,6 @@ SHIM_HIDDEN extern const char shim_raw_syscall_return[];
 /* quiesce.c: park every thread but the checkpointer */
 struct parked_thread {
 	struct ckpt_thread rec;
-	struct blocked_call call;	/* noted before it was signalled */
 	_Atomic int state;		/* enum park_state */
 	unsigned gen;			/* resume generation it waits on */
 };

@@ -20,11 +20,10 @@
  * call was made: calls through syscall() keep it in R12 (the shim's own
  * syscall(), timed_calls.c); the `syscall` instructions of glibc's
  * blocking functions are found once, at start-up, each with its
- * function's number.  For other code the checkpoint thread reads the
- * number from /proc/self/task/T/syscall just before it signals the
- * thread; the handler trusts it only if the program counter, stack pointer
- * and the six argument registers are the ones of the frame (a thread that
- * entered such a call after that read keeps its EINTR, with a warning).
+ * function's number; other code is read for a `mov $nr, %eax` right before
+ * its `syscall`.  A call that cannot be told keeps its EINTR, with a
+ * warning.  (Reading /proc/self/task/T/syscall before signalling each
+ * thread would tell more, but it cost 12 us a thread of stopped time.)
  *
  * Calls with a relative timeout that the kernel does not update (poll,
  * epoll_wait, semtimedop, sigtimedwait, nanosleep...) are timed by the
@@ -39,14 +38,13 @@
 #include <errno.h>
 #include <link.h>
 #include <signal.h>
-#include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 #include <sys/uio.h>
 #include <ucontext.h>
 #include "shim.h"
 
 #define SYSCALL_INSN_LEN 2
+#define MOV_EAX_LEN 5
 #define MAX_SITES 256
 
 /* glibc's functions that may block, and the system call each makes. */
@@ -112,38 +110,6 @@ static long site_call(uint64_t ret)
 	return -1;
 }
 
-void blocked_call_read(pid_t tid, struct blocked_call *call)
-{
-	char path[64], buf[512], *p, *end;
-	ssize_t n;
-
-	memset(call, 0, sizeof(*call));
-	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return;
-	buf[n] = '\0';
-	/* "nr a0 a1 a2 a3 a4 a5 sp pc", "-1 sp pc" (not in a call) or "running" */
-	call->nr = strtol(buf, &end, 10);
-	if (end == buf || call->nr < 0)
-		return;
-	p = end;
-	for (int i = 0; i < 6; i++) {
-		call->args[i] = strtoull(p, &end, 16);
-		if (end == p)
-			return;
-		p = end;
-	}
-	call->sp = strtoull(p, &end, 16);
-	if (end == p)
-		return;
-	p = end;
-	call->pc = strtoull(p, &end, 16);
-	if (end == p)
-		return;
-	call->known = 1;
-}
-
 /* Bytes of our own memory that may not be mapped, without a fault. */
 static int read_code(uint64_t addr, void *buf, size_t len)
 {
@@ -154,28 +120,29 @@ static int read_code(uint64_t addr, void *buf, size_t len)
 }
 
 /* The system call the context returned from with EINTR, or -1. */
-static long interrupted_call(const ucontext_t *uc, const struct blocked_call *call)
+static long interrupted_call(const ucontext_t *uc)
 {
 	const greg_t *g = uc->uc_mcontext.gregs;
-	unsigned char code[SYSCALL_INSN_LEN];
+	unsigned char code[MOV_EAX_LEN + SYSCALL_INSN_LEN];
 	long nr;
 
-	if (g[REG_RAX] != -EINTR || g[REG_RIP] < SYSCALL_INSN_LEN)
+	if (g[REG_RAX] != -EINTR || g[REG_RIP] < (greg_t)sizeof(code))
 		return -1;
-	if (read_code(g[REG_RIP] - SYSCALL_INSN_LEN, code, sizeof(code)) ||
-	    code[0] != 0x0f || code[1] != 0x05)	/* syscall */
+	if (read_code(g[REG_RIP] - sizeof(code), code, sizeof(code)) ||
+	    code[MOV_EAX_LEN] != 0x0f || code[MOV_EAX_LEN + 1] != 0x05)	/* syscall */
 		return -1;
 	if (g[REG_RIP] == (greg_t)shim_raw_syscall_return)
 		return g[REG_R12];		/* the shim's syscall() */
 	nr = site_call(g[REG_RIP]);
 	if (nr >= 0)
 		return nr;
-	if (call->known && call->pc == (uint64_t)g[REG_RIP] &&
-	    call->sp == (uint64_t)g[REG_RSP] &&
-	    call->args[0] == (uint64_t)g[REG_RDI] && call->args[1] == (uint64_t)g[REG_RSI] &&
-	    call->args[2] == (uint64_t)g[REG_RDX] && call->args[3] == (uint64_t)g[REG_R10] &&
-	    call->args[4] == (uint64_t)g[REG_R8] && call->args[5] == (uint64_t)g[REG_R9])
-		return call->nr;
+	if (code[0] == 0xb8) {			/* mov $imm32, %eax; syscall */
+		int32_t imm;
+
+		memcpy(&imm, code + 1, sizeof(imm));
+		if (imm >= 0)
+			return imm;
+	}
 	return -2;			/* a call, but which one? */
 }
 
@@ -209,13 +176,12 @@ static int application_signal_pending(const ucontext_t *uc)
 	return pending != 0;
 }
 
-void syscall_restart_resume(void *ucv, const struct blocked_call *call,
-			    int64_t parked_ns, int restored)
+void syscall_restart_resume(void *ucv, int64_t parked_ns, int restored)
 {
 	ucontext_t *uc = ucv;
 	greg_t *g = uc->uc_mcontext.gregs;
 	struct timed_call *tc = timed_call_current;
-	long nr = interrupted_call(uc, call);
+	long nr = interrupted_call(uc);
 
 	/* the time a wrapped call had left goes on from now on a new kernel,
 	 * whose monotonic clock has nothing to do with the old one */
