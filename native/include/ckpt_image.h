@@ -151,6 +151,9 @@ struct ckpt_rlim {
 };
 
 #define CKPT_NSIG 65
+/* The shim parks threads with glibc's SIGSETXID (33): never pending in a
+ * restored process. */
+#define CKPT_PARKING_SIGNAL 33
 #define CKPT_NRLIMITS 16
 #define CKPT_AUXV_WORDS 64
 #define CKPT_PATH_MAX 4096

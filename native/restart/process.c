@@ -100,7 +100,7 @@ static void restore_pending(const struct ckpt_process *p)
 
 	for (int sig = 1; sig < CKPT_NSIG; sig++)
 		if ((p->shared_pending >> (sig - 1)) & 1 && sig != SIGKILL && sig != SIGSTOP &&
-		    sig != CKPT_RESERVED_SIGNAL)
+		    sig != CKPT_PARKING_SIGNAL)
 			sys2(SYS_kill, pid, sig);
 }
 

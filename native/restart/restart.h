@@ -21,7 +21,6 @@
 #define MAX_FDS 4096
 #define MAX_THREADS 4096
 
-#define CKPT_RESERVED_SIGNAL 64		/* the shim's parking signal */
 #define EXIT_RESTART_FAILED 2		/* before the point of no return */
 #define EXIT_RESTORE_FAILED 70		/* after it: the process is lost */
 

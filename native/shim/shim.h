@@ -16,7 +16,7 @@
  * (32, 33) out of the application's hands (sigaction refuses them,
  * sigfillset, sigprocmask and pthread_sigmask leave them out), so every
  * signal the application may use stays its own. */
-#define CKPT_SIGNAL 33
+#define CKPT_SIGNAL CKPT_PARKING_SIGNAL
 #define CKPT_MAX_THREADS 4096
 #define CKPT_ENGINE_VERSION "0.1.0"
 
