@@ -30,6 +30,7 @@ PROGRAMS = {
     "eventfds": ["300", "10"],
     "fifos": ["300", "10", "."],
     "tcpflood": ["400", "10"],
+    "guard_pages": ["300", "10", "."],
 }
 
 
@@ -47,7 +48,8 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
             f"{app} restarted from {image.name} differs from an uninterrupted run"
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood"])
+@pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood",
+                                 "guard_pages"])
 def test_forked_checkpoints(session, app):
     """A copy-on-write child writes the image while the job runs on; its
     image must be as good as one written with the job stopped."""

@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 4
+#define CKPT_IMAGE_VERSION 5
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -100,6 +100,8 @@ struct ckpt_vma {
 	uint32_t sysv_mode;		/* permissions, SHM_DEST (removed, still attached) */
 	uint32_t flags;			/* CKPT_VMA_PAGES_* */
 	uint64_t sysv_size;
+	uint64_t nguards;		/* struct ckpt_run after the runs: guard
+					 * pages (MADV_GUARD_INSTALL), never read */
 };
 
 /* Shared memory mapped alike by several processes is saved by one: the

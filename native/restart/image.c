@@ -121,8 +121,9 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	if (size < sizeof(lv->v))
 		die("%s: corrupt memory record", img->file);
 	read_exact_at(img, &lv->v, sizeof(lv->v), off);
-	meta = lv->v.path_len + lv->v.nruns * sizeof(struct ckpt_run);
-	if (lv->v.nruns > size / sizeof(struct ckpt_run) || sizeof(lv->v) + meta > size ||
+	meta = lv->v.path_len + (lv->v.nruns + lv->v.nguards) * sizeof(struct ckpt_run);
+	if (lv->v.nruns > size / sizeof(struct ckpt_run) ||
+	    lv->v.nguards > size / sizeof(struct ckpt_run) || sizeof(lv->v) + meta > size ||
 	    lv->v.end <= lv->v.start || lv->v.data_offset + lv->v.data_size > off + size)
 		die("%s: corrupt memory record", img->file);
 	if (lv->v.start < CKPT_RESERVE_END && lv->v.end > CKPT_RESERVE_START &&
@@ -131,6 +132,13 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	lv->path = read_payload(img, lv->v.path_len, off + sizeof(lv->v));
 	lv->runs = read_payload(img, lv->v.nruns * sizeof(struct ckpt_run),
 				off + sizeof(lv->v) + lv->v.path_len);
+	lv->guards = read_payload(img, lv->v.nguards * sizeof(struct ckpt_run),
+				  off + sizeof(lv->v) + lv->v.path_len +
+				  lv->v.nruns * sizeof(struct ckpt_run));
+	for (uint64_t i = 0; i < lv->v.nguards; i++)
+		if (lv->guards[i].offset + lv->guards[i].npages * CKPT_PAGE_SIZE >
+		    lv->v.end - lv->v.start)
+			die("%s: corrupt memory record (guard pages)", img->file);
 }
 
 static void load_fd(struct image *img, uint64_t off, uint64_t size)

@@ -277,6 +277,26 @@ static void protect_filled(struct image *img)
 	}
 }
 
+#ifndef MADV_GUARD_INSTALL
+#define MADV_GUARD_INSTALL 102
+#endif
+
+/* Guard pages again, once the pages around them are in. */
+static void install_guards(struct image *img)
+{
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct loaded_vma *lv = &img->vmas[i];
+
+		for (uint64_t g = 0; g < lv->v.nguards; g++) {
+			long r = sys3(SYS_madvise, lv->v.start + lv->guards[g].offset,
+				      lv->guards[g].npages * CKPT_PAGE_SIZE, MADV_GUARD_INSTALL);
+
+			if (r < 0)
+				fatal("installing guard pages (MADV_GUARD_INSTALL)", r);
+		}
+	}
+}
+
 void restore_memory(struct image *img)
 {
 	unmap_old();
@@ -285,6 +305,7 @@ void restore_memory(struct image *img)
 		map_region(img, i);
 	reader_run();
 	protect_filled(img);
+	install_guards(img);
 	for (unsigned i = 0; i < img->nvmas; i++)
 		if (file_fds[i] >= 0 && (i == 0 || file_fds[i] != file_fds[i - 1]))
 			sys1(SYS_close, file_fds[i]);

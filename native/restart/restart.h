@@ -28,6 +28,7 @@ struct loaded_vma {
 	struct ckpt_vma v;
 	const char *path;
 	const struct ckpt_run *runs;
+	const struct ckpt_run *guards;	/* pages that fault on any access */
 	int filled;			/* its pages were read in at restore */
 };
 

@@ -3,7 +3,10 @@
  * most WINDOW_PAGES so the buffers stay small.  /proc/self/pagemap tells
  * which pages exist: anonymous pages never touched, or all zero, are not
  * written; private file pages still identical to the file (not yet copied
- * on write) are not written either, restart maps the file again.
+ * on write) are not written either, restart maps the file again.  Guard
+ * pages (MADV_GUARD_INSTALL: any access faults) are never read: pagemap
+ * marks them, and they are saved as runs of their own, to be installed
+ * again at restart.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +31,7 @@
 #define PM_PRESENT (1ULL << 63)
 #define PM_SWAPPED (1ULL << 62)
 #define PM_FILE (1ULL << 61)		/* file page or shared anonymous */
+#define PM_GUARD (1ULL << 58)		/* a guard page (since Linux 6.14) */
 
 struct region {
 	uint64_t start, end, pgoff, inode, dev;
@@ -41,6 +45,8 @@ struct mem_saver {
 	int pagemap_fd;
 	uint64_t *pagemap;		/* WINDOW_PAGES entries */
 	struct ckpt_run *runs;		/* WINDOW_PAGES / 2 + 1 entries */
+	struct ckpt_run *guards;	/* as many */
+	long nguards;			/* of the window find_runs looked at */
 };
 
 static int page_is_zero(const void *p)
@@ -224,7 +230,16 @@ static int write_copied(struct image_writer *w, uint64_t addr, size_t len)
 	return err;
 }
 
-/* Pages of [start, end) worth saving, as runs; returns the run count. */
+static void add_to_runs(struct ckpt_run *runs, long *n, uint64_t offset)
+{
+	if (*n && runs[*n - 1].offset + runs[*n - 1].npages * CKPT_PAGE_SIZE == offset)
+		runs[*n - 1].npages++;
+	else
+		runs[(*n)++] = (struct ckpt_run){ offset, 1 };
+}
+
+/* Pages of [start, end) worth saving, as runs; returns the run count.
+ * Its guard pages go to s->guards. */
 static long find_runs(struct mem_saver *s, const struct region *r, uint64_t start,
 		      uint64_t end, int readable)
 {
@@ -232,18 +247,16 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 	ssize_t want = npages * 8;
 	long nruns = 0;
 
+	s->nguards = 0;
 	if (pread(s->pagemap_fd, s->pagemap, want, start / CKPT_PAGE_SIZE * 8) != want)
 		return -EIO;
 	for (uint64_t i = 0; i < npages; i++) {
 		uint64_t addr = start + i * CKPT_PAGE_SIZE;
 
-		if (!wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
-			continue;
-		if (nruns && s->runs[nruns - 1].offset + s->runs[nruns - 1].npages *
-			     CKPT_PAGE_SIZE == addr - start)
-			s->runs[nruns - 1].npages++;
-		else
-			s->runs[nruns++] = (struct ckpt_run){ addr - start, 1 };
+		if (s->pagemap[i] & PM_GUARD)
+			add_to_runs(s->guards, &s->nguards, addr - start);
+		else if (wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
+			add_to_runs(s->runs, &nruns, addr - start);
 	}
 	return nruns;
 }
@@ -256,7 +269,7 @@ static int any_page_present(struct mem_saver *s, uint64_t start, uint64_t end)
 	if (pread(s->pagemap_fd, s->pagemap, want, start / CKPT_PAGE_SIZE * 8) != want)
 		return 1;
 	for (uint64_t i = 0; i < npages; i++)
-		if (s->pagemap[i] & (PM_PRESENT | PM_SWAPPED))
+		if ((s->pagemap[i] & (PM_PRESENT | PM_SWAPPED)) && !(s->pagemap[i] & PM_GUARD))
 			return 1;
 	return 0;
 }
@@ -310,6 +323,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	size_t payload;
 	int err;
 
+	s->nguards = 0;
 	if (saved_elsewhere(s, &v))
 		v.flags |= CKPT_VMA_PAGES_ELSEWHERE;
 	else if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
@@ -334,10 +348,11 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		v.sysv_size = sysv.sysv_size;
 	}
 	v.nruns = nruns;
+	v.nguards = s->nguards;
 	for (long i = 0; i < nruns; i++)
 		v.data_size += s->runs[i].npages * CKPT_PAGE_SIZE;
 
-	payload = sizeof(v) + v.path_len + nruns * sizeof(struct ckpt_run);
+	payload = sizeof(v) + v.path_len + (nruns + v.nguards) * sizeof(struct ckpt_run);
 	/* data starts at the first page boundary after the payload */
 	v.data_offset = (iw_offset(s->w) + sizeof(struct ckpt_record) + payload +
 			 CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
@@ -349,6 +364,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		iw_append(s->w, &v, sizeof(v));
 		iw_append(s->w, r->path, v.path_len);
 		iw_append(s->w, s->runs, nruns * sizeof(struct ckpt_run));
+		iw_append(s->w, s->guards, v.nguards * sizeof(struct ckpt_run));
 		err = iw_pad_to_page(s->w);
 	}
 	for (long i = 0; !err && i < nruns; i++) {
@@ -445,8 +461,9 @@ int save_memory(struct image_writer *w, const char *shared_key)
 
 	s.pagemap = scratch_map(pm_size);
 	s.runs = scratch_map(runs_size);
+	s.guards = scratch_map(runs_size);
 	s.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	if (!maps || !s.pagemap || !s.runs || s.pagemap_fd < 0) {
+	if (!maps || !s.pagemap || !s.runs || !s.guards || s.pagemap_fd < 0) {
 		err = s.pagemap_fd < 0 ? errno : ENOMEM;
 		goto out;
 	}
@@ -471,6 +488,8 @@ out:
 		close(s.pagemap_fd);
 	if (s.runs)
 		scratch_unmap(s.runs, runs_size);
+	if (s.guards)
+		scratch_unmap(s.guards, runs_size);
 	if (s.pagemap)
 		scratch_unmap(s.pagemap, pm_size);
 	if (maps)
