@@ -3,6 +3,8 @@ return from a call that was waiting, and every signal stays its own."""
 import subprocess
 import time
 
+import pytest
+
 from harness import Job, command, restart_and_finish
 
 
@@ -82,3 +84,26 @@ def test_the_job_lives_as_long_as_any_of_its_processes(session):
         time.sleep(0.1)
     assert "PASS" not in job.output()
     assert restart_and_finish(session, job.images[0], job) == plain.stdout
+
+
+@pytest.mark.parametrize("mode", ["strict", "filter"])
+def test_seccomp_threads_are_refused_not_killed(session, mode):
+    """A thread in seccomp strict mode or with a filter: the checkpoint is
+    refused with one line naming it, the job goes on unharmed, and once the
+    thread is gone the job is checkpointed and restarted as usual."""
+    args = [mode, "300", "10"]
+    reference = session.reference("seccomp_thread", *args)
+    job = Job(session, f"seccomp-{mode}", "seccomp_thread", *args)
+    job.wait_ready()
+    refused = session.ckpt("checkpoint", job.id, check=False)
+    assert refused.returncode != 0
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "seccomp" in refused.stderr and "not supported yet" in refused.stderr
+    deadline = time.monotonic() + 60
+    while "PHASE2" not in job.output():
+        assert job.proc.poll() is None, job.output()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    job.checkpoint()
+    job.kill()
+    assert restart_and_finish(session, job.images[0], job) == reference

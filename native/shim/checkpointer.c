@@ -129,6 +129,11 @@ static void phase_suspend(unsigned seq)
 	int err;
 
 	suspended_at = shim_now_ns();
+	err = seccomp_check_threads(detail, sizeof(detail));
+	if (err) {
+		reply(CKPT_PHASE_SUSPEND, err, detail);
+		return;
+	}
 	if (quiesce_leader_gone()) {
 		reply(CKPT_PHASE_SUSPEND, ENOTSUP,
 		      "the main thread has exited (pthread_exit): not supported yet");

@@ -39,6 +39,7 @@ __attribute__((constructor)) static void shim_init(void)
 		return;
 	}
 	syscall_sites_init();
+	seccomp_init();
 	fds_plugin_init();
 	err = checkpointer_start(coord);
 	if (err) {

@@ -90,6 +90,11 @@ SHIM_HIDDEN int signals_chain(int sig, siginfo_t *si, void *uc);
 SHIM_HIDDEN void syscall_sites_init(void);
 SHIM_HIDDEN void syscall_restart_resume(void *uc, int64_t parked_ns, int restored);
 
+/* seccomp_calls.c: threads in seccomp mode cannot be parked (yet) */
+SHIM_HIDDEN void seccomp_init(void);
+SHIM_HIDDEN void seccomp_note_call(long nr);
+SHIM_HIDDEN int seccomp_check_threads(char *why, size_t size);
+
 /* timed_calls.c: blocking calls with a relative timeout, timed by the shim
  * so that a call a checkpoint interrupted goes on with the time it had left */
 struct timed_call {

@@ -313,6 +313,7 @@ SHIM_EXPORT long syscall(long nr, ...)
 	for (int i = 0; i < 6; i++)
 		a[i] = va_arg(ap, long);
 	va_end(ap);
+	seccomp_note_call(nr);
 	r = shim_raw_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 	if ((unsigned long)r >= (unsigned long)-4095) {
 		errno = -r;

@@ -1,0 +1,123 @@
+/*
+ * seccomp: a thread in strict mode may only read, write, exit and
+ * sigreturn, and a filter may forbid what the parking handler calls; the
+ * kernel would kill such a thread as soon as it parked.  Such processes
+ * are refused at SUSPEND, with the thread and its mode named, before any
+ * thread is signalled: the checkpoint fails cleanly and the job goes on.
+ *
+ * The shim notes when the application turns seccomp on (prctl
+ * PR_SET_SECCOMP, or the seccomp system call through syscall(), as
+ * libseccomp does) or inherited filters across exec, so that only those
+ * processes pay for looking at every thread's /proc status at SUSPEND.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include "shim.h"
+
+static atomic_int seccomp_used;
+
+void seccomp_note_call(long nr)
+{
+	if (nr == SYS_seccomp)
+		atomic_store(&seccomp_used, 1);
+}
+
+typedef int (*prctl_fn)(int, unsigned long, unsigned long, unsigned long, unsigned long);
+
+SHIM_EXPORT int prctl(int option, ...)
+{
+	static void *real;
+	unsigned long a[4];
+	va_list ap;
+
+	va_start(ap, option);
+	for (int i = 0; i < 4; i++)
+		a[i] = va_arg(ap, unsigned long);
+	va_end(ap);
+	if (option == PR_SET_SECCOMP)
+		atomic_store(&seccomp_used, 1);
+	if (!real)
+		real = dlsym(RTLD_NEXT, "prctl");
+	return ((prctl_fn)real)(option, a[0], a[1], a[2], a[3]);
+}
+
+/* "Seccomp:" and "Seccomp_filters:" of one thread's status. */
+static int thread_seccomp(const char *tid, int *mode, int *filters)
+{
+	char path[64], buf[4096], *p;
+	ssize_t n;
+
+	if (!strcmp(tid, "self"))
+		snprintf(path, sizeof(path), "/proc/self/status");
+	else
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", tid);
+	n = shim_read_proc(path, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	p = strstr(buf, "\nSeccomp:");
+	*mode = p ? atoi(p + 9) : 0;
+	p = strstr(buf, "\nSeccomp_filters:");
+	*filters = p ? atoi(p + 17) : 0;
+	return 0;
+}
+
+/* Filters survive exec: a program may start with them. */
+void seccomp_init(void)
+{
+	int mode, filters;
+
+	if (thread_seccomp("self", &mode, &filters) == 0 && mode)
+		atomic_store(&seccomp_used, 1);
+}
+
+/* 0, or ENOTSUP with why naming the first thread in seccomp mode. */
+int seccomp_check_threads(char *why, size_t size)
+{
+	char buf[4096];
+	long n;
+	int dfd;
+
+	if (!atomic_load(&seccomp_used))
+		return 0;
+	dfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return 0;
+	while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < n;) {
+			struct {
+				uint64_t ino;
+				int64_t off;
+				unsigned short reclen;
+				unsigned char type;
+				char name[];
+			} *d = (void *)(buf + off);
+			int mode, filters;
+
+			off += d->reclen;
+			if (d->name[0] < '1' || d->name[0] > '9' ||
+			    thread_seccomp(d->name, &mode, &filters) || mode == 0)
+				continue;
+			close(dfd);
+			if (mode == 1)
+				snprintf(why, size, "thread %s of process %d is in seccomp strict "
+					 "mode: it cannot be parked; not supported yet", d->name,
+					 getpid());
+			else
+				snprintf(why, size, "thread %s of process %d has %d seccomp "
+					 "filter(s): parking it could be forbidden; not supported "
+					 "yet", d->name, getpid(), filters);
+			return ENOTSUP;
+		}
+	}
+	close(dfd);
+	return 0;
+}
