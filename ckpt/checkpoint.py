@@ -7,6 +7,7 @@ import secrets
 import time
 
 from ckpt import manifest as manifests
+from ckpt import stopped as stopped_processes
 from ckpt.barrier import PhaseError
 from ckpt.errors import CkptError
 from ckpt.wire import escape
@@ -53,6 +54,14 @@ class CheckpointRun:
         self.to_abort = list(self.procs)
         self.coord.forget_names_of_checkpoint(self.number)
         try:
+            # stopped processes take part through a tracer: they stay stopped
+            self.thawed = await stopped_processes.thaw(self.procs)
+        except PhaseError as exc:
+            manifests.discard(self.tmp)
+            raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {exc}")
+        for t in self.thawed:
+            self.coord._put(f"stopped:{self.number}:{t.proc.host}:{t.proc.pid}", "1")
+        try:
             # plugins with hardware that cannot be imaged let go of it while
             # the application still runs (docs/PROTOCOL.md)
             await self._phase("STOP")
@@ -67,6 +76,8 @@ class CheckpointRun:
             written = await self._phase("WRITE", escape(self.tmp) + mode)
             if not self.forked:
                 entries = self._image_entries(written, threads)
+            # the stopped ones' threads stop again before RESUME could wake them
+            await stopped_processes.freeze_app(self.thawed)
             stopped = {}
             if not self.kill:  # --kill: the job dies suspended, never resumed
                 self.to_abort = []  # RESUME ok is out: no abort after this point
@@ -89,6 +100,8 @@ class CheckpointRun:
         except BaseException:
             await self._abandon(self.to_abort)
             raise
+        finally:
+            await stopped_processes.freeze(self.thawed)
 
     async def _phase(self, phase, arg=None):
         """A barrier; processes that exited are left out with a warning."""
@@ -165,6 +178,7 @@ class CheckpointRun:
 
     async def _abandon(self, suspended):
         """Let suspended processes go on, and forget the half-written checkpoint."""
+        await stopped_processes.freeze_app(self.thawed)
         alive = [p for p in suspended if p.alive]
         if alive:
             try:

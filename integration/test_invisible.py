@@ -107,3 +107,38 @@ def test_seccomp_threads_are_refused_not_killed(session, mode):
     job.checkpoint()
     job.kill()
     assert restart_and_finish(session, job.images[0], job) == reference
+
+
+def wait_for_output(job, text, timeout=60):
+    deadline = time.monotonic() + timeout
+    while text not in job.output():
+        assert job.proc.poll() is None, job.output()
+        assert time.monotonic() < deadline, f"{job.id} never printed {text}"
+        time.sleep(0.02)
+
+
+def wait_until_gone(session, job_id, timeout=30):
+    deadline = time.monotonic() + timeout
+    while session.ckpt("status", job_id, check=False).returncode == 0:
+        assert time.monotonic() < deadline, f"job {job_id} still has processes"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode", ["collected", "pending"])
+def test_a_stopped_child_stays_stopped_through_checkpoint_and_restart(session, mode):
+    """A child stopped with SIGSTOP is in every checkpoint without running
+    and without its parent being told anything new (no SIGCHLD, no second
+    stop; a stop it had not collected yet still there, once); --kill kills
+    it too; restarted, it is stopped again, as its parent saw it."""
+    args = [mode, "600", "10"]
+    reference = session.reference("stopped_child", *args)
+    job = Job(session, f"stopped-{mode}", "stopped_child", *args)
+    job.wait_ready()
+    wait_for_output(job, "STOPPED")
+    job.checkpoint()
+    job.checkpoint("--kill")
+    assert job.wait(timeout=60) != 0
+    wait_until_gone(session, job.id)
+    assert "PASS" not in job.output()
+    for image in job.images:
+        assert restart_and_finish(session, image, job) == reference

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -38,6 +39,9 @@ static pid_t checkpointer_tid;	/* the checkpoint thread, for shim_log */
 static struct ckpt_thread self_rec;
 static int64_t suspended_at;
 static int restarting;
+/* The process was stopped (SIGSTOP) when checkpointed: the coordinator
+ * thawed it through a tracer.  In memory, so that a restart finds it. */
+static int stopped_in_image;
 
 static void unescape(char *s)
 {
@@ -85,9 +89,19 @@ static void write_image(char *dir, unsigned seq, int forked)
 	reply(CKPT_PHASE_WRITE, err, detail);
 }
 
+/* Whether the coordinator thawed this stopped process for checkpoint seq. */
+static int thawed_for(unsigned seq)
+{
+	char key[160], value[8];
+
+	snprintf(key, sizeof(key), "stopped:%u:%s:%d", seq, shim_hostname(), getpid());
+	return ckpt_kv_get(key, value, sizeof(value)) == 0;
+}
+
 /* A restarted process returns from here a second time, with 1. */
 static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, int forked)
 {
+	stopped_in_image = thawed_for(seq);
 	thread_fill_record(&self_rec);
 	/* a bare clone: no TLS, rseq area or robust list of its own */
 	self_rec.flags = CKPT_THREAD_CHECKPOINTER;
@@ -147,6 +161,7 @@ static void phase_suspend(unsigned seq)
 	}
 	if (run_hooks(CKPT_PHASE_SUSPEND, seq, 0, NULL))
 		return;
+	stopped_children_note();
 	process_job_children(children, sizeof(children));
 	snprintf(detail, sizeof(detail), "threads=%u%s%s", quiesce_count() + 1,
 		 children[0] ? " children=" : "", children);
@@ -164,10 +179,17 @@ static void phase_resume(unsigned seq, const char *arg)
 	run_hooks(CKPT_PHASE_RESUME, seq, aborted, NULL);
 	snprintf(detail, sizeof(detail), "stopped_ns=%lld",
 		 restarting ? 0LL : (long long)(shim_now_ns() - suspended_at));
-	restarting = 0;
 	/* the answer first: an application that exits as soon as it runs must
 	 * not look to the coordinator like a process that died before RESUME */
 	reply(CKPT_PHASE_RESUME, 0, detail);
+	if (restarting)
+		stopped_children_restore();
+	/* stopped when checkpointed: stopped again, its threads still parked
+	 * until a SIGCONT, and its parent told as the kernel tells */
+	if (restarting && stopped_in_image && !aborted)
+		kill(getpid(), SIGSTOP);
+	stopped_in_image = 0;
+	restarting = 0;
 	quiesce_resume();
 }
 
@@ -234,6 +256,13 @@ static void close_copied_fds(void)
 	}
 }
 
+/* The tracer that thaws a stopped process finds this thread by its name
+ * (ckpt/thaw.py). */
+static void name_checkpoint_thread(void)
+{
+	syscall(SYS_prctl, PR_SET_NAME, "ckpt", 0, 0, 0);
+}
+
 /* Back from an image: the fds and buffers of the old process are gone. */
 static int after_restart(void)
 {
@@ -244,6 +273,7 @@ static int after_restart(void)
 	scratch_forget();
 	image_writer_forget();
 	restarting = 1;
+	name_checkpoint_thread();
 	err = quiesce_wait_restored(RESTORE_TIMEOUT_MS);
 	if (err) {
 		shim_log("restart: threads did not come back: %s", shim_strerror(err));
@@ -273,6 +303,7 @@ static int checkpointer_main(void *arg)
 
 	(void)arg;
 	checkpointer_tid = syscall(SYS_gettid);
+	name_checkpoint_thread();
 	close_copied_fds();
 	err = coord_connect(coord_path);
 	if (err) {

@@ -90,6 +90,11 @@ SHIM_HIDDEN int signals_chain(int sig, siginfo_t *si, void *uc);
 SHIM_HIDDEN void syscall_sites_init(void);
 SHIM_HIDDEN void syscall_restart_resume(void *uc, int64_t parked_ns, int restored);
 
+/* stopped_children.c: a parent's stopped children, their stop and its
+ * SIGCHLD told again as the parent had seen them */
+SHIM_HIDDEN void stopped_children_note(void);
+SHIM_HIDDEN void stopped_children_restore(void);
+
 /* seccomp_calls.c: threads in seccomp mode cannot be parked (yet) */
 SHIM_HIDDEN void seccomp_init(void);
 SHIM_HIDDEN void seccomp_note_call(long nr);
