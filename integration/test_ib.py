@@ -17,7 +17,7 @@ from harness import REPO, Job, Restart, restart_and_finish
 
 SOFTVERBS = REPO / "native" / "softverbs"
 IB_APPS = REPO / "integration" / "ib" / "bin"
-PINGPONG_ITERS = {"ud": 800000, "rc": 600000}  # several seconds each, after checkpoints too
+PINGPONG_ITERS = {"ud": 1600000, "rc": 1200000}  # several seconds each, after checkpoints and a restart too
 REBUILT = re.compile(r"epoch (\d+): QP (0x[0-9a-f]+) is now (0x[0-9a-f]+) on LID (0x[0-9a-f]+)")
 LOCAL = re.compile(r"local address:\s+LID (0x[0-9a-f]+), QPN (0x[0-9a-f]+)")
 

@@ -110,6 +110,25 @@ static void *read_payload(struct image *img, size_t len, uint64_t off)
 	return p;
 }
 
+#ifndef MADV_GUARD_INSTALL
+#define MADV_GUARD_INSTALL 102
+#endif
+
+/* Whether this kernel installs guard pages: asked once, on a page of our own. */
+static int guards_supported(void)
+{
+	static int known = -1;
+	void *p;
+
+	if (known >= 0)
+		return known;
+	p = mmap(NULL, CKPT_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	known = p != MAP_FAILED && madvise(p, CKPT_PAGE_SIZE, MADV_GUARD_INSTALL) == 0;
+	if (p != MAP_FAILED)
+		munmap(p, CKPT_PAGE_SIZE);
+	return known;
+}
+
 static void load_vma(struct image *img, uint64_t off, uint64_t size)
 {
 	struct loaded_vma *lv;
@@ -139,6 +158,9 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 		if (lv->guards[i].offset + lv->guards[i].npages * CKPT_PAGE_SIZE >
 		    lv->v.end - lv->v.start)
 			die("%s: corrupt memory record (guard pages)", img->file);
+	if (lv->v.nguards && !guards_supported())
+		die("%s: the process has guard pages (MADV_GUARD_INSTALL), which this kernel "
+		    "cannot install (Linux 6.13 or later can)", img->file);
 }
 
 static void load_fd(struct image *img, uint64_t off, uint64_t size)

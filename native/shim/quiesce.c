@@ -243,10 +243,11 @@ int quiesce_suspend(int timeout_ms)
 	int added, err;
 
 	nslots = 0;
-	err = signals_reclaim();
-	if (err)
-		return err;
 	do {
+		/* glibc puts its SIGSETXID handler in at its first pthread_create */
+		err = signals_reclaim();
+		if (err)
+			return err;
 		added = signal_new_threads();
 		if (added < 0)
 			return -added;

@@ -261,6 +261,22 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 	return nruns;
 }
 
+/* Only the guard pages of [start, end), for regions whose pages are not
+ * saved here: page tables are each process's own. */
+static int find_guards(struct mem_saver *s, uint64_t start, uint64_t end)
+{
+	uint64_t npages = (end - start) / CKPT_PAGE_SIZE;
+	ssize_t want = npages * 8;
+
+	s->nguards = 0;
+	if (pread(s->pagemap_fd, s->pagemap, want, start / CKPT_PAGE_SIZE * 8) != want)
+		return EIO;
+	for (uint64_t i = 0; i < npages; i++)
+		if (s->pagemap[i] & PM_GUARD)
+			add_to_runs(s->guards, &s->nguards, i * CKPT_PAGE_SIZE);
+	return 0;
+}
+
 static int any_page_present(struct mem_saver *s, uint64_t start, uint64_t end)
 {
 	uint64_t npages = (end - start) / CKPT_PAGE_SIZE;
@@ -324,9 +340,16 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	int err;
 
 	s->nguards = 0;
-	if (saved_elsewhere(s, &v))
+	if (saved_elsewhere(s, &v)) {
 		v.flags |= CKPT_VMA_PAGES_ELSEWHERE;
-	else if (r->kind != CKPT_VMA_VDSO && r->kind != CKPT_VMA_SHARED_FILE) {
+		err = find_guards(s, start, end);
+		if (err)
+			return err;
+	} else if (r->kind == CKPT_VMA_SHARED_FILE) {
+		err = find_guards(s, start, end);
+		if (err)
+			return err;
+	} else if (r->kind != CKPT_VMA_VDSO) {
 		if (!readable && (copied_kind(r->kind) || any_page_present(s, start, end))) {
 			/* a PROT_NONE or write-only region holding data */
 			if (shim_mprotect((void *)start, end - start, r->prot | PROT_READ))

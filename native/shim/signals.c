@@ -3,10 +3,11 @@
  * signals glibc keeps for itself: its sigaction refuses them, sigfillset,
  * sigprocmask and pthread_sigmask leave them out, so the application keeps
  * every signal it can name, real-time ones included.  glibc installs its
- * own handler for SIGSETXID the first time a threaded process calls a
- * set*id function; the checkpoint thread takes the signal back before each
- * checkpoint (signals_reclaim) and the parking handler passes glibc's
- * signals on to glibc's handler (signals_chain).
+ * own handler for SIGSETXID when the process creates its first thread
+ * (for set*id calls, which it broadcasts to every thread); the checkpoint
+ * thread takes the signal back before it signals threads
+ * (signals_reclaim) and the parking handler passes glibc's signals on to
+ * glibc's handler (signals_chain).
  *
  * Masks the application builds by hand may still name the signal: the
  * interposed mask and wait functions take it out, so that it is never
@@ -97,7 +98,7 @@ int signals_init(void (*handler)(int, siginfo_t *, void *))
 	return err;
 }
 
-/* glibc may have put its own handler in place since the last checkpoint. */
+/* glibc may have put its own handler in place since the last look. */
 int signals_reclaim(void)
 {
 	struct kernel_sigaction cur;
