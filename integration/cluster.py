@@ -160,6 +160,7 @@ class Host:
     address: str
     netns: str
     init_pid: int = 0
+    holder_pid: int = 0     # `unshare`, the init's parent (in the netns too)
     holder: subprocess.Popen = None
 
 
@@ -320,6 +321,7 @@ class Cluster:
         h.holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=log, preexec_fn=child,
                                     pass_fds=(self._lock,))
+        h.holder_pid = h.holder.pid
         log.close()
 
     def _wait_ready(self, h, timeout=30):
@@ -376,7 +378,8 @@ class Cluster:
     def _save(self):
         (self.dir / "state.json").write_text(json.dumps({"hosts": [
             {"name": h.name, "index": h.index, "address": h.address,
-             "netns": h.netns, "init_pid": h.init_pid} for h in self.hosts]}))
+             "netns": h.netns, "init_pid": h.init_pid, "holder_pid": h.holder_pid}
+            for h in self.hosts]}))
 
     # -- running things on a host -------------------------------------------
     def enter_argv(self, host, cwd="/"):
@@ -392,11 +395,11 @@ class Cluster:
 
     def processes(self, host):
         h = self._h(host)
-        return sorted(set(_pidns_pids(h.init_pid)) | set(_netns_pids(h.netns))
-                      - {h.init_pid})
+        return sorted((set(_pidns_pids(h.init_pid)) | set(_netns_pids(h.netns)))
+                      - {h.init_pid, h.holder_pid})
 
     def kill_all(self, host):
-        """Every process of the host except its init and sshd."""
+        """Every process of the host except its init (and holder) and sshd."""
         h = self._h(host)
         sshd = self._sshd_pid(h)
         for _ in range(50):
@@ -417,7 +420,9 @@ class Cluster:
     def mpi_env(self, stack):
         """Environment that runs `stack` across hosts (besides os.environ)."""
         if stack == "mpich":
-            return {"UCX_NET_DEVICES": "eth0", "HYDRA_LAUNCHER": "ssh"}
+            # UCX's defaults pick shm within a host, tcp on eth0 across
+            # hosts; UCX_NET_DEVICES=eth0 makes the job hang here.
+            return {"HYDRA_LAUNCHER": "ssh"}
         if stack == "openmpi":
             return {"OMPI_MCA_btl_tcp_if_include": self.subnet,
                     "OMPI_MCA_oob_tcp_if_include": self.subnet,
