@@ -52,6 +52,20 @@ def test_ssh_between_hosts_as_root_without_passwords(cluster):
     assert out(cluster, "h4", ["ssh", "h3", "ssh", "h1", "hostname"]) == "h1"
 
 
+def mpi_out(cluster, host, argv, env):
+    """stdout of an MPI job and whether it exited (Debian's UCX 1.13 TCP
+    transport can hang in MPI_Finalize after the job's work is done:
+    openucx/ucx#8738; then the job is killed and the caller says so)."""
+    p = cluster.popen(host, argv, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        return p.communicate(timeout=30)[0].strip(), True
+    except subprocess.TimeoutExpired as e:
+        for h in cluster.names:
+            cluster.kill_all(h)
+        p.wait()
+        return (e.output or b"").decode().strip(), False
+
+
 @pytest.mark.parametrize("stack", ["mpich", "openmpi"])
 def test_mpi_ranks_run_on_different_hosts(cluster, stack):
     env = dict(os.environ, **cluster.mpi_env(stack))
@@ -64,13 +78,16 @@ def test_mpi_ranks_run_on_different_hosts(cluster, stack):
     else:
         python = ["/usr/bin/python3"]
     mpirun = cluster.mpirun_args(stack, ["h1", "h2"], 4)
-    names = out(cluster, "h1", mpirun + python + ["-c", HOSTNAMES], env=env).split()
-    assert sorted(names) == ["h1", "h1", "h2", "h2"]
+    names, exited1 = mpi_out(cluster, "h1", mpirun + python + ["-c", HOSTNAMES], env)
+    assert sorted(names.split()) == ["h1", "h1", "h2", "h2"]
     # a real job across hosts computes what it computes on one host
     ring = [str(MPI_DIR / "bin" / stack / "ring"), "50", "0"]
-    across = out(cluster, "h1", mpirun + ring, env=env)
-    alone = out(cluster, "h3", cluster.mpirun_args(stack, ["h3"], 4) + ring, env=env)
+    across, exited2 = mpi_out(cluster, "h1", mpirun + ring, env)
+    alone, _ = mpi_out(cluster, "h3", cluster.mpirun_args(stack, ["h3"], 4) + ring, env)
     assert "PASS" in across and across.splitlines()[-2:] == alone.splitlines()[-2:]
+    if not (exited1 and exited2):
+        assert stack == "mpich", "Open MPI job did not exit"
+        pytest.xfail("MPICH/UCX 1.13 over TCP hung in MPI_Finalize (openucx/ucx#8738)")
 
 
 UNIX_SERVER = textwrap.dedent("""
@@ -146,7 +163,9 @@ def test_a_crashed_runner_takes_its_hosts_along_and_the_next_start_cleans():
     cid, *inits = map(int, runner.stdout.readline().split())
     runner.send_signal(signal.SIGKILL)
     runner.wait()
+    deadline = time.monotonic() + 30
     while any(Path(f"/proc/{p}").exists() for p in inits):
+        assert time.monotonic() < deadline, "the crashed runner's hosts live on"
         time.sleep(0.05)      # PDEATHSIG ends each host's init, so its pid ns
     assert leftovers(cid)     # namespaces and links stay, as after a crash
     with Cluster(n=1) as again:
