@@ -36,6 +36,7 @@ By hand (from the repository root):
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -360,6 +361,11 @@ class Cluster:
         for h in self.hosts:
             if h.holder:
                 h.holder.wait()
+            if h.init_pid:   # a subreaper runner (harness) inherits the init
+                try:
+                    os.waitpid(h.init_pid, 0)
+                except ChildProcessError:
+                    pass
         _clean(self.id)
         shutil.rmtree(self.dir, ignore_errors=True)
         os.close(self._lock)
@@ -445,22 +451,43 @@ class Cluster:
 
     # -- isolation check ----------------------------------------------------------
     def cross_host_unix_connections(self):
-        """Connected Unix sockets whose peer is in another host or the root ns."""
-        where = {}          # inode -> host name
-        socks = {}          # host -> [(path, inode, peer, process)]
+        """Connected Unix sockets whose two ends live in different hosts.
+
+        A connection's accepted end is created in the CONNECTING side's
+        network namespace, so a socket that lives in one host's netns but is
+        held by a process of another host (or whose peer inode is in another
+        netns) is a link across hosts through the shared kernel."""
+        pidns = {}
+        for h in self.hosts:
+            try:
+                pidns[os.readlink(f"/proc/{h.init_pid}/ns/pid")] = h.name
+            except OSError:
+                pass
+
+        def host_of(pid):
+            try:
+                return pidns.get(os.readlink(f"/proc/{pid}/ns/pid"), "root")
+            except OSError:
+                return None
+        where, socks = {}, {}
         for h in self.hosts:
             r = _sh("nsenter", f"--net=/run/netns/{h.netns}", "ss", "-xapnH")
             socks[h.name] = _parse_ss(r.stdout)
-            for _, ino, _, _ in socks[h.name]:
-                where[ino] = h.name
-        for _, ino, _, _ in _parse_ss(_sh("ss", "-xapnH").stdout):
-            where.setdefault(ino, "root")
+        socks["root"] = _parse_ss(_sh("ss", "-xapnH").stdout)
+        for name, entries in socks.items():
+            for _, ino, _, _ in entries:
+                where.setdefault(ino, name)
         links = []
         for name, entries in socks.items():
             for path, ino, peer, proc in entries:
-                if peer and where.get(peer, "root") != name:
-                    links.append(UnixLink(name, path, ino, proc,
-                                          where.get(peer, "root"), peer))
+                if not peer:
+                    continue
+                owners = {host_of(int(p)) for p in re.findall(r"pid=(\d+)", proc)}
+                for owner in owners - {name, None}:
+                    if name != "root" or owner != "root":
+                        links.append(UnixLink(owner, path, ino, proc, name, peer))
+                if name != "root" and where.get(peer, "root") not in (name, "root"):
+                    links.append(UnixLink(name, path, ino, proc, where[peer], peer))
         return links
 
 
