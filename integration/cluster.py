@@ -362,10 +362,13 @@ class Cluster:
             if h.holder:
                 h.holder.wait()
             if h.init_pid:   # a subreaper runner (harness) inherits the init
-                try:
-                    os.waitpid(h.init_pid, 0)
-                except ChildProcessError:
-                    pass
+                for _ in range(100):    # bounded: never hang a teardown
+                    try:
+                        if os.waitpid(h.init_pid, os.WNOHANG)[0]:
+                            break
+                    except ChildProcessError:
+                        break
+                    time.sleep(0.02)
         _clean(self.id)
         shutil.rmtree(self.dir, ignore_errors=True)
         os.close(self._lock)
