@@ -44,3 +44,17 @@ def unprivileged_session(rng):
     os.chmod(root, 0o755)
     yield Session(root / "s", user=User(uid=UNPRIVILEGED_UID), rng=rng)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A 4-host test cluster (integration/cluster.py), once per session."""
+    import atexit
+    from cluster import Cluster, ClusterUnavailable
+    try:
+        c = Cluster(n=4).start()
+    except ClusterUnavailable as e:
+        pytest.skip(str(e))
+    atexit.register(c.stop)    # interrupted runs too (stop() is idempotent)
+    yield c
+    c.stop()
