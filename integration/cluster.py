@@ -513,9 +513,20 @@ def _init(conf):
     conf = json.loads(conf)
     d = conf["dir"]
     socket.sethostname(conf["name"])
+    # the checkout is on the shared filesystem: one under /tmp (a CI clone,
+    # say) stays visible in the host's own /tmp
+    repo = str(Path(__file__).resolve().parent.parent)
+    keep = f"{d}/checkout-{conf['name']}"
+    hidden = any(repo == p or repo.startswith(p + "/") for p in ("/tmp", "/dev/shm", "/run"))
+    if hidden:
+        os.makedirs(keep, exist_ok=True)
+        subprocess.run(["mount", "--bind", repo, keep], check=True)
     for path, mode in (("/tmp", "1777"), ("/dev/shm", "1777"), ("/run", "755")):
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode={mode}", "tmpfs", path],
                        check=True)
+    if hidden:
+        os.makedirs(repo, exist_ok=True)
+        subprocess.run(["mount", "--move", keep, repo], check=True)
     os.makedirs("/run/sshd", mode=0o755)
     for src, dst in ((f"{d}/hosts", "/etc/hosts"),
                      (f"{d}/ssh_config", "/etc/ssh/ssh_config")):
