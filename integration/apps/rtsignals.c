@@ -103,7 +103,14 @@ int main(int argc, char **argv)
 	zdtm_check(sigprocmask(SIG_BLOCK, &waited, NULL) == 0, "block waited");
 	sfd = signalfd(-1, &waited, 0);
 	zdtm_check(sfd >= 0, "signalfd");
-	zdtm_check(pthread_create(&other, NULL, bystander, NULL) == 0, "pthread_create");
+	{	/* born with every signal blocked, so none goes to it */
+		sigset_t all, mine;
+
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &mine);
+		zdtm_check(pthread_create(&other, NULL, bystander, NULL) == 0, "pthread_create");
+		pthread_sigmask(SIG_SETMASK, &mine, NULL);
+	}
 	sigdelset(&waited, SIGRTMAX - 1);
 	check_full_mask();
 	printf("READY\n");
