@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from ckpt.wire import parse_keys, unescape
 
 
+AGENT_MARGIN = 5.0  # the link's own delay on top of an agent's timeout
+
+
 class PhaseError(Exception):
     """A barrier failed: a FAIL answer, a timeout, or nobody left."""
 
@@ -23,30 +26,43 @@ class Process:
     real_pid: int      # from SO_PEERCRED: what we can signal
     host: str
     restored: bool
-    writer: asyncio.StreamWriter
+    writer: asyncio.StreamWriter = None  # None: on another host, behind agent
     replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # DONE/FAIL lines
     alive: bool = True
+    agent: object = None   # the AgentLink of its host, None on the coordinator's host
+    tag: str = ""          # its name on the agent's link
 
     async def send(self, line):
         self.writer.write(line.encode() + b"\n")
         await self.writer.drain()
 
     def describe(self):
-        return f"process {self.pid}" + (f" (pid {self.real_pid})" if self.real_pid != self.pid else "")
+        where = f" on {self.host}" if self.agent is not None else ""
+        return f"process {self.pid}" + (f" (pid {self.real_pid})" if self.real_pid != self.pid else "") + where
 
 
 async def barrier(phase, procs, *, timeout, arg=None, seq=0):
     """Send `PHASE <phase> <seq> [arg]` to procs and wait for every answer.
 
+    Processes on other hosts get it through their host's agent, which
+    answers for all of them at once (ckpt/agent_link.py).
     Returns ({process: DONE keys}, [processes that disconnected]); raises
     PhaseError on the first FAIL or when `timeout` seconds pass."""
     line = f"PHASE {phase} {seq}" + (f" {arg}" if arg is not None else "")
     waits = {}
+    by_agent = {}
     for proc in procs:
+        if proc.agent is not None:
+            by_agent.setdefault(proc.agent, []).append(proc)
+            continue
         _drop_stale_answers(proc)
         await _send_or_mark_gone(proc, line)
-        waits[asyncio.ensure_future(_answer(proc, phase))] = proc
-    return await _collect(phase, waits, timeout)
+        waits[asyncio.ensure_future(_answer(proc, phase))] = [proc]
+    for agent, group in by_agent.items():
+        waits[asyncio.ensure_future(agent.barrier(line, group, timeout))] = group
+    # an agent's own timeout names its late processes: it answers first
+    margin = AGENT_MARGIN if by_agent else 0
+    return await _collect(phase, waits, timeout + margin)
 
 
 def _drop_stale_answers(proc):
@@ -66,11 +82,11 @@ async def _send_or_mark_gone(proc, line):
 
 
 async def _answer(proc, phase):
-    """The process's DONE keys for `phase`; None if it disconnected."""
+    """[(proc, its DONE keys for `phase`, or None if it disconnected)]."""
     while True:
         answer = await proc.replies.get()
         if answer is None:
-            return None
+            return [(proc, None)]
         word, rest = answer
         name, _, tail = rest.partition(" ")
         if name != phase:
@@ -80,7 +96,7 @@ async def _answer(proc, phase):
             reason = unescape(message) or (os.strerror(int(err)) if err.isdigit() else err)
             raise PhaseError(f"{phase} failed in {proc.describe()}: {reason}")
         _status, _, keys = tail.partition(" ")
-        return parse_keys(keys.split())
+        return [(proc, parse_keys(keys.split()))]
 
 
 async def _collect(phase, waits, timeout):
@@ -93,8 +109,19 @@ async def _collect(phase, waits, timeout):
         if task.exception() is not None:
             raise PhaseError(str(task.exception()))
     if pending:
-        late = ", ".join(waits[t].describe() for t in pending)
+        late = ", ".join(_describe_group(waits[t]) for t in pending)
         raise PhaseError(f"{phase} timed out after {timeout:g} s waiting for {late}")
-    answers = {waits[t]: t.result() for t in done if t.result() is not None}
-    gone = [waits[t] for t in done if t.result() is None]
+    answers, gone = {}, []
+    for task in done:
+        for proc, keys in task.result():
+            if keys is None:
+                gone.append(proc)
+            else:
+                answers[proc] = keys
     return answers, gone
+
+
+def _describe_group(procs):
+    if len(procs) <= 3:
+        return ", ".join(p.describe() for p in procs)
+    return f"{len(procs)} processes on {procs[0].host}"

@@ -55,7 +55,8 @@ class CheckpointRun:
         self.coord.forget_names_of_checkpoint(self.number)
         try:
             # stopped processes take part through a tracer: they stay stopped
-            self.thawed = await stopped_processes.thaw(self.procs)
+            # (this host's: another host's pids are not ours to look at)
+            self.thawed = await stopped_processes.thaw([p for p in self.procs if p.agent is None])
         except PhaseError as exc:
             manifests.discard(self.tmp)
             raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {exc}")

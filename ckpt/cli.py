@@ -98,6 +98,13 @@ def restart(image_dir, interval):
     sys.exit(run_restart(image_dir, config_for))
 
 
+@main.command(hidden=True)
+def agent():
+    """The job's agent on a host (started by ckpt-remote, from the job's CKPT_* variables)."""
+    from ckpt.agent import run_from_environment
+    run_from_environment()
+
+
 def _format_command(command):
     return " ".join(command) if command else "-"
 

@@ -1,35 +1,31 @@
 """The per-job coordinator: barriers over the job's processes, name service,
-and the CLI's requests, on one Unix socket (docs/PROTOCOL.md)."""
+and the CLI's requests (docs/PROTOCOL.md).  Its own host's processes reach
+it on a Unix socket; other hosts' agents and the CLI of any host over TCP,
+authenticated by the job's secret before anything else."""
 
 import asyncio
 import json
 import os
 import signal
-import socket
-import struct
 import sys
 from pathlib import Path
 
+from ckpt import auth
 from ckpt import manifest as manifests
-from ckpt.barrier import PhaseError, Process, barrier
+from ckpt.agent_link import AgentLink, describe_address
+from ckpt.barrier import PhaseError, barrier
 from ckpt.checkpoint import CheckpointRun
 from ckpt.errors import CkptError
 from ckpt.headers import load_headers
-from ckpt.wire import escape, split_line, unescape
+from ckpt.local_processes import LocalProcesses, reply
+from ckpt.wire import escape, split_line
 
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
 TERMINATE_TIMEOUT = 2.0  # a process busy elsewhere is killed without it
-NAME_SERVICE = ("PUT", "MPUT", "CLAIM", "GET", "MWAIT", "INCR", "AWAIT")
 
 
 def stderr_warning(message):
     print(f"ckpt: warning: {message}", file=sys.stderr, flush=True)
-
-
-def peer_credentials(writer):
-    sock = writer.get_extra_info("socket")
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)  # pid, uid, gid
 
 
 class Coordinator:
@@ -37,7 +33,8 @@ class Coordinator:
 
     def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
                  keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
-                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False):
+                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False,
+                 secret=None):
         self.job_id = job_id
         self.socket_path = str(socket_path)
         self.job_dir = Path(job_dir)
@@ -62,36 +59,35 @@ class Coordinator:
         self._registered = asyncio.Condition()
         self._warnings = None             # collects WARNs during a checkpoint
         self._warned = set()              # warnings already shown on stderr
-        self._server = None
+        self.secret = secret              # None: no TCP listener (tests)
+        self.tcp_port = None
+        self.agents = []
+        self._tcp_server = None
         self._tasks = set()
+        self.local = LocalProcesses(
+            socket_path, job_id=job_id, protocol_version=self.protocol_version,
+            line_max=self.line_max, joined=self._add, left=self._remove,
+            warned=lambda proc, message: self.note(f"{proc.describe()}: {message}"),
+            name_service=self._name_service, client=self._serve_client)
 
-    # ---- socket ---------------------------------------------------------
+    # ---- sockets ------------------------------------------------------
 
     async def start(self):
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        old_umask = os.umask(0o177)  # the socket is born 0600
-        try:
-            self._server = await asyncio.start_unix_server(
-                self._on_connect, path=self.socket_path, limit=2 * self.line_max)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.socket_path, 0o600)
+        await self.local.start()
+        if self.secret is not None:
+            self._tcp_server = await asyncio.start_server(
+                self._on_tcp_connect, host="0.0.0.0", port=0, limit=16 * self.line_max)
+            self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
 
     async def close(self):
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for proc in list(self.processes):
-            proc.writer.close()
+        if self._tcp_server is not None:
+            self._tcp_server.close()
+            self._tcp_server = None
+        for agent in list(self.agents):
+            agent.close()
+        await self.local.close()
         for task in list(self._tasks):
             task.cancel()
-        try:
-            os.unlink(self.socket_path)
-        except OSError:
-            pass
 
     def _spawn(self, coro):
         task = asyncio.ensure_future(coro)
@@ -99,45 +95,42 @@ class Coordinator:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _on_connect(self, reader, writer):
+    async def _on_tcp_connect(self, reader, writer):
+        """An agent or a CLI of another host: it proves it knows the job's
+        secret before anything it says is read."""
+        where = describe_address(writer)
         try:
-            _pid, uid, _gid = peer_credentials(writer)
-            if uid not in (os.getuid(), 0):
+            try:
+                await auth.server_handshake_async(reader, writer, self.secret)
+            except auth.AuthError as exc:
+                self.warn(f"refused a connection from {where}: {exc}")
                 return
             word, rest = split_line(await reader.readline())
-            if word == "HELLO":
-                await self._serve_process(rest, reader, writer)
+            if word == "AGENT":
+                await self._serve_agent(rest, reader, writer)
             elif word == "CLIENT":
                 await self._serve_client(rest, writer)
-            elif word == "KV":
-                await self._serve_names(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError):
-            pass  # a peer that vanishes or talks nonsense is simply dropped
+            pass
         except asyncio.CancelledError:
-            pass  # the job is over: its connections end with it, quietly
+            pass
         finally:
             writer.close()
 
-    # ---- processes ------------------------------------------------------
-
-    async def _serve_process(self, rest, reader, writer):
+    async def _serve_agent(self, rest, reader, writer):
         fields = rest.split()
-        if len(fields) < 4:
-            await self._reply(writer, "ERR malformed HELLO")
+        if len(fields) != 2 or fields[1] != str(self.protocol_version):
+            await reply(writer, f"ERR protocol version, coordinator speaks {self.protocol_version}")
             return
-        pid, restored, host, version = int(fields[0]), fields[1] == "1", fields[2], fields[3]
-        if version != str(self.protocol_version):
-            await self._reply(writer, f"ERR protocol version {version}, coordinator speaks {self.protocol_version}")
-            return
-        real_pid = peer_credentials(writer)[0]
-        proc = Process(pid=pid, real_pid=real_pid, host=host, restored=restored, writer=writer)
-        await proc.send(f"WELCOME {self.job_id}")
-        await self._add(proc)
+        link = AgentLink(self, fields[0], reader, writer)
+        await link.send(f"WELCOME {self.job_id}")
+        self.agents.append(link)
         try:
-            while line := await reader.readline():
-                await self._handle_process_line(proc, *split_line(line))
+            await link.serve()
         finally:
-            await self._remove(proc)
+            self.agents.remove(link)
+
+    # ---- processes ------------------------------------------------------
 
     async def _add(self, proc):
         async with self._registered:
@@ -152,26 +145,7 @@ class Coordinator:
                 self.processes.remove(proc)
             self._registered.notify_all()
 
-    async def _handle_process_line(self, proc, word, rest):
-        if word in ("DONE", "FAIL"):
-            proc.replies.put_nowait((word, rest))
-        elif word == "WARN":
-            self.note(f"{proc.describe()}: {unescape(rest)}")
-        elif word in NAME_SERVICE:
-            await proc.send(await self._name_service(word, rest))
-        else:
-            self.warn(f"{proc.describe()} sent an unknown message {word!r}")
-
     # ---- name service -----------------------------------------------------
-
-    async def _serve_names(self, reader, writer):
-        """A connection of a plugin's own thread: name service only."""
-        while line := await reader.readline():
-            word, rest = split_line(line)
-            if word not in NAME_SERVICE:
-                await self._reply(writer, f"ERR unknown message {word}")
-                return
-            await self._reply(writer, await self._name_service(word, rest))
 
     def _put(self, key, value):
         self.names[key] = value
@@ -406,7 +380,11 @@ class Coordinator:
         All are stopped first: a process must not see another die (a pipe
         that ends, a parent gone) and act on it."""
         for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for agent in list(self.agents):
+                agent.signal(sig)  # other hosts' processes, by their agents
             for proc in list(self.processes):
+                if proc.agent is not None:
+                    continue
                 try:
                     os.kill(proc.real_pid, sig)
                 except OSError:
@@ -417,10 +395,6 @@ class Coordinator:
 
     # ---- CLI clients ------------------------------------------------------
 
-    async def _reply(self, writer, line):
-        writer.write(line.encode() + b"\n")
-        await writer.drain()
-
     async def _serve_client(self, rest, writer):
         command, *args = rest.split() or [""]
         if command == "CHECKPOINT":
@@ -429,17 +403,17 @@ class Coordinator:
                                                forked=True if "forked" in args else None))
             try:
                 path, warnings = await asyncio.shield(task)
-                reply = " ".join(["OK", escape(path)] + [escape(w) for w in warnings])
+                answer = " ".join(["OK", escape(path)] + [escape(w) for w in warnings])
             except CkptError as exc:
-                reply = f"ERR {exc.message}"
+                answer = f"ERR {exc.message}"
         elif command == "STATUS":
-            reply = "OK " + json.dumps(self.status(), separators=(",", ":"))
+            answer = "OK " + json.dumps(self.status(), separators=(",", ":"))
         elif command == "KILL":
             await self.terminate()
-            reply = "OK"
+            answer = "OK"
         else:
-            reply = f"ERR unknown command {command!r}"
-        await self._reply(writer, reply)
+            answer = f"ERR unknown command {command!r}"
+        await reply(writer, answer)
 
     def status(self):
         return {
@@ -451,6 +425,8 @@ class Coordinator:
                 {"pid": p.pid, "real_pid": p.real_pid, "host": p.host, "restored": p.restored}
                 for p in self._matching()
             ],
+            "agents": [agent.host for agent in self.agents],
+            "tcp_port": self.tcp_port,
             "checkpoints_taken": self.checkpoints_taken,
             "last_checkpoint": self.last_checkpoint,
             "busy": self._busy.locked(),

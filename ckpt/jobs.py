@@ -1,13 +1,18 @@
 """Per-user registry of running jobs: one JSON entry per job.
 
-The state directory is `$XDG_RUNTIME_DIR/ckpt` or `/tmp/ckpt-<uid>` (0700).
-An entry names the job's coordinator socket and its launcher; entries whose
-launcher died are removed whenever the registry is read.
+The state directory is `$XDG_RUNTIME_DIR/ckpt` or `/tmp/ckpt-<uid>` (0700),
+on the launcher's host.  An entry names the job's coordinator socket and its
+launcher; entries whose launcher died are removed whenever the registry is
+read.  A copy of each entry also goes to the shared registry
+(`$CKPT_SHARED_STATE_DIR`, else `~/.local/state/ckpt/jobs`, on the
+cluster's shared filesystem), so that the same user's CLI on any host finds
+the coordinator's TCP address and the job's secret file.
 """
 
 import json
 import os
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +33,9 @@ class JobEntry:
     started: float = field(default_factory=time.time)
     restarted_from: str = ""
     launcher_start: int = 0  # /proc start time: tells a reused pid from ours
+    host: str = ""         # the launcher's host
+    address: str = ""      # the coordinator's TCP host:port
+    secret_file: str = ""  # the job's secret, for TCP connections
 
 
 def check_job_id(job_id):
@@ -67,6 +75,17 @@ def state_dir(environ=None):
                 last = exc
                 continue
     raise CkptError(f"cannot create a state directory: {last.strerror}")
+
+
+def shared_state_dir(environ=None):
+    """The shared registry (0700), created on first use."""
+    environ = os.environ if environ is None else environ
+    path = environ.get("CKPT_SHARED_STATE_DIR") or Path.home() / ".local/state/ckpt/jobs"
+    return _make_private_dir(Path(path))
+
+
+def this_host():
+    return socket.gethostname()
 
 
 def socket_path_for(launcher_pid, directory=None):
@@ -125,7 +144,9 @@ def _remove_stale(path, entry):
 
 
 def list_jobs(directory=None):
-    """Running jobs, oldest first; stale entries are cleaned on the way."""
+    """Running jobs, oldest first: this host's (stale entries are cleaned on
+    the way), then those launched on other hosts (whose launchers cannot be
+    checked from here)."""
     directory = directory if directory is not None else state_dir()
     jobs = []
     for path in sorted(directory.glob("*.json")):
@@ -134,7 +155,25 @@ def list_jobs(directory=None):
             _remove_stale(path, entry)
             continue
         jobs.append(entry)
-    return sorted(jobs, key=lambda job: job.started)
+    local = {job.job_id for job in jobs}
+    return sorted(jobs, key=lambda job: job.started) + [
+        job for job in _other_hosts_jobs() if job.job_id not in local]
+
+
+def _other_hosts_jobs():
+    try:
+        shared = shared_state_dir()
+    except (CkptError, OSError):
+        return []  # no shared home: only this host's jobs
+    here = this_host()
+    entries = (_read_entry(path) for path in sorted(shared.glob("*.json")))
+    return sorted((e for e in entries if e is not None and e.host and e.host != here),
+                  key=lambda job: job.started)
+
+
+def is_local(job):
+    """Launched on this host: reached on its Unix socket."""
+    return not job.host or job.host == this_host()
 
 
 def find_job(job_id, directory=None):
@@ -170,7 +209,15 @@ def rewrite(entry, directory=None):
     """Write a job's entry (atomically), e.g. when its coordinator moved to
     another process."""
     directory = directory if directory is not None else state_dir()
-    path = _entry_path(entry.job_id, directory)
+    _write_entry(entry, _entry_path(entry.job_id, directory))
+    if entry.address:
+        try:
+            _write_entry(entry, _entry_path(entry.job_id, shared_state_dir()))
+        except (CkptError, OSError):
+            pass  # no shared home: the job is reached from this host only
+
+
+def _write_entry(entry, path):
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(entry)))
     os.replace(tmp, path)
@@ -183,6 +230,14 @@ def unregister(entry, directory=None):
     # only remove our own entry, never a successor's
     if current is not None and current.launcher_pid == entry.launcher_pid:
         _remove_stale(path, None)
+    if entry.address:
+        try:
+            shared = _entry_path(entry.job_id, shared_state_dir())
+        except (CkptError, OSError):
+            shared = None
+        current = _read_entry(shared) if shared else None
+        if current is not None and (current.host, current.launcher_pid) == (entry.host, entry.launcher_pid):
+            _remove_stale(shared, None)
     try:
         os.unlink(entry.socket)
     except OSError:

@@ -97,12 +97,11 @@ def check_program(name, path_env=None, depth=0):
     return path
 
 
-def job_environment(shim, socket_path, job_id, base=None):
-    env = dict(os.environ if base is None else base)
+def job_environment(shim, base):
+    """base (the job's CKPT_* variables included) with the shim preloaded."""
+    env = dict(base)
     preload = env.get("LD_PRELOAD", "").strip()
     env["LD_PRELOAD"] = f"{shim}:{preload}" if preload else str(shim)
-    env["CKPT_COORD"] = socket_path
-    env["CKPT_JOB_ID"] = job_id
     return env
 
 
@@ -119,7 +118,7 @@ def launch(command, config: Config, job_id=None):
 async def _run(command, config, job_id, shim):
     job_dir = config.ckpt_dir / job_id
     async with JobSession(job_id=job_id, job_dir=job_dir, command=command, config=config) as job:
-        env = job_environment(shim, job.socket_path, job_id)
+        env = job_environment(shim, job.environment())
         announce(job_id)
         pid = job.spawn(command, env)
         job.start_periodic()

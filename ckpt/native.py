@@ -1,6 +1,7 @@
 """Where the C half lives: the shim, the restart binary and the headers."""
 
 import os
+import shutil
 from pathlib import Path
 
 from ckpt.errors import CkptError
@@ -39,6 +40,18 @@ def preload_libraries():
         if lib.is_file():
             libs.append(lib)
     return ":".join(str(lib) for lib in libs)
+
+
+def cli_path():
+    """A program that runs this ckpt's command line: the checkout's
+    bin/ckpt, else the installed `ckpt`."""
+    checkout = Path(__file__).resolve().parent.parent / "bin" / "ckpt"
+    if checkout.is_file():
+        return checkout
+    installed = shutil.which("ckpt")
+    if installed is None:
+        raise CkptError("the ckpt command is not on PATH (agents on other hosts need it)")
+    return Path(installed)
 
 
 def restart_binary():

@@ -51,7 +51,7 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary):
     processes = manifest["processes"]
     async with JobSession(job_id=job_id, job_dir=job_dir, command=manifest.get("command") or [],
                           config=config, restarted_from=manifest["checkpoint"]) as job:
-        env = dict(os.environ, CKPT_COORD=job.socket_path, CKPT_JOB_ID=job_id)
+        env = job.environment()
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
         status_read, status_write = os.pipe()
         os.set_inheritable(status_write, True)

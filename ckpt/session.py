@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 
+from ckpt import auth
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
 from ckpt.jobs import (JobEntry, process_start_time, register, rewrite, socket_path_for,
-                       state_dir, unregister)
+                       state_dir, this_host, unregister)
+from ckpt.native import cli_path
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -64,15 +66,17 @@ class JobSession:
         self.loop = asyncio.get_running_loop()
         self.directory = state_dir()
         self.socket_path = socket_path_for(os.getpid(), self.directory)
+        self.secret_file = secret_file_for(job_dir)
         self.coordinator = Coordinator(
             job_id=job_id, socket_path=self.socket_path, job_dir=job_dir, command=command,
             barrier_timeout=config.barrier_timeout, keep=config.keep,
             restarted_from=restarted_from, on_kill=self.kill_children,
-            forked_write=config.forked_write)
+            forked_write=config.forked_write, secret=_create_secret(self.secret_file))
         self.entry = JobEntry(job_id=job_id, socket=self.socket_path, launcher_pid=os.getpid(),
                               command=list(command), ckpt_dir=str(job_dir),
                               restarted_from=str(restarted_from or ""),
-                              launcher_start=process_start_time(os.getpid()))
+                              launcher_start=process_start_time(os.getpid()),
+                              host=this_host(), secret_file=str(self.secret_file))
         self.children = []          # pids we started, in order
         self.exits = {}             # pid -> future of its exit code
         self.signal_targets = lambda: self.children[:1]
@@ -84,11 +88,13 @@ class JobSession:
         self.loop.add_signal_handler(signal.SIGCHLD, self._reap)
         for signum in FORWARDED_SIGNALS:
             self.loop.add_signal_handler(signum, self._forward, signum)
-        await self.coordinator.start()
         try:
+            await self.coordinator.start()
+            self.entry.address = f"{self.entry.host}:{self.coordinator.tcp_port}"
             register(self.entry, self.directory)
         except BaseException:
             await self.coordinator.close()
+            _remove(self.secret_file)
             raise
         return self
 
@@ -97,9 +103,19 @@ class JobSession:
             self._periodic.cancel()
         unregister(self.entry, self.directory)
         await self.coordinator.close()
+        _remove(self.secret_file)
         for signum in FORWARDED_SIGNALS + (signal.SIGCHLD,):
             self.loop.remove_signal_handler(signum)
         return False
+
+    def environment(self, base=None):
+        """What the job's processes need to join it, on this host or any
+        other (ckpt-remote hands these on): never the secret itself."""
+        env = dict(os.environ if base is None else base)
+        env.update(CKPT_COORD=self.socket_path, CKPT_JOB_ID=self.entry.job_id,
+                   CKPT_COORD_TCP=self.entry.address, CKPT_SECRET_FILE=str(self.secret_file),
+                   CKPT_AGENT=str(cli_path()))
+        return env
 
     def start_periodic(self):
         if self.config.interval > 0:
@@ -178,8 +194,9 @@ class JobSession:
         children that ended with it have `settle` seconds to leave)."""
         deadline = self.loop.time() + settle
         while True:
+            # other hosts' processes: registered is running
             left = [p for p in self.coordinator.live_processes()
-                    if p.real_pid != ended_pid and _running(p.real_pid)]
+                    if p.agent is not None or (p.real_pid != ended_pid and _running(p.real_pid))]
             if not left or self.loop.time() > deadline:
                 return left
             await asyncio.sleep(0.05)
@@ -215,6 +232,27 @@ class JobSession:
         self.signal_targets = lambda: []
         await self.coordinator.wait_until_empty()
         return status
+
+
+def secret_file_for(job_dir):
+    """This coordinator's secret, in the job's directory on the shared
+    filesystem: other hosts' agents read it there."""
+    return job_dir / f".secret-{this_host()}-{os.getpid()}"
+
+
+def _create_secret(path):
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return auth.create_secret_file(path)
+    except OSError as exc:
+        raise CkptError(f"cannot create the job's secret in {path.parent}: {exc.strerror}")
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _running(pid):

@@ -98,10 +98,11 @@ def test_dynamic_program_and_script_pass_preflight(tmp_path):
 
 
 def test_job_environment_prepends_the_shim():
-    env = job_environment("/n/libckpt.so", "/s.sock", "j1", base={"LD_PRELOAD": "/other.so"})
+    base = {"LD_PRELOAD": "/other.so", "CKPT_COORD": "/s.sock"}
+    env = job_environment("/n/libckpt.so", base)
     assert env["LD_PRELOAD"] == "/n/libckpt.so:/other.so"
-    assert (env["CKPT_COORD"], env["CKPT_JOB_ID"]) == ("/s.sock", "j1")
-    assert job_environment("/n/libckpt.so", "/s", "j", base={})["LD_PRELOAD"] == "/n/libckpt.so"
+    assert env["CKPT_COORD"] == "/s.sock" and base["LD_PRELOAD"] == "/other.so"
+    assert job_environment("/n/libckpt.so", {})["LD_PRELOAD"] == "/n/libckpt.so"
 
 
 def test_invalid_job_id(env):

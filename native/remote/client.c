@@ -60,7 +60,9 @@ static int is_job_variable(const char *entry)
 	return !strncmp(entry, "LD_PRELOAD=", 11) || !strncmp(entry, "CKPT_", 5);
 }
 
-/* exec env LD_PRELOAD=... CKPT_...=... ckpt-remote --serve HOST:PORT 'COMMAND' */
+/* exec env CKPT_PRELOAD=... CKPT_...=... ckpt-remote --serve HOST:PORT 'COMMAND':
+ * the server loads the shim itself once the job can be joined on its host
+ * (host_agent.c) */
 static char *server_command(const char *back, int argc, char **argv, int first)
 {
 	char self[4096], *buf = NULL, *words = NULL;
@@ -72,9 +74,16 @@ static char *server_command(const char *back, int argc, char **argv, int first)
 	self[n] = 0;
 	buf = strdup("exec env ");
 	len = strlen(buf);
-	for (char **e = environ; *e; e++)
-		if (is_job_variable(*e))
+	for (char **e = environ; *e; e++) {
+		if (!strncmp(*e, "LD_PRELOAD=", 11)) {
+			char renamed[8192];
+
+			snprintf(renamed, sizeof(renamed), "CKPT_PRELOAD=%s", *e + 11);
+			append_quoted(&buf, &len, renamed);
+		} else if (is_job_variable(*e)) {
 			append_quoted(&buf, &len, *e);
+		}
+	}
 	append_quoted(&buf, &len, self);
 	append_quoted(&buf, &len, "--serve");
 	append_quoted(&buf, &len, back);

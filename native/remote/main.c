@@ -28,7 +28,9 @@ int main(int argc, char **argv)
 {
 	if (argc >= 3 && (!strcmp(argv[1], "--ssh") || !strcmp(argv[1], "--rsh")))
 		return client_main(argv[2], argc - 2, argv + 2, !strcmp(argv[1], "--rsh"));
-	if (argc == 4 && !strcmp(argv[1], "--serve"))
+	if (argc == 4 && !strcmp(argv[1], "--serve")) {
+		host_join_job(argv);
 		return server_main(argv[2], argv[3]);
+	}
 	usage();
 }

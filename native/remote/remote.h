@@ -39,6 +39,9 @@ void shell_args_parse(int argc, char **argv, int rsh, struct shell_args *out);
 int client_main(const char *program, int argc, char **argv, int rsh);
 int server_main(const char *back, const char *command);
 
+/* host_agent.c: the job's agent serves this host, then the shim loads */
+void host_join_job(char **argv);
+
 /* net.c */
 int net_write_all(int fd, const void *buf, size_t len);
 int net_read_all(int fd, void *buf, size_t len, int timeout_ms);

@@ -5,7 +5,9 @@
  * a restart, when the inherited CKPT_COORD names the old coordinator.
  * Every exec function of glibc that takes or uses an environment is
  * wrapped; the environment is rebuilt on the stack (a vfork child must not
- * allocate), with LD_PRELOAD, CKPT_COORD and CKPT_JOB_ID set.
+ * allocate), with LD_PRELOAD, CKPT_COORD and CKPT_JOB_ID set, and the
+ * variables that let ckpt-remote join the job on another host (the
+ * coordinator's TCP address, the secret's path, the agent's program).
  *
  * posix_spawn and posix_spawnp get the same treatment.
  *
@@ -31,6 +33,10 @@ extern char **environ;
 static char shim_path[CKPT_PATH_MAX];
 static char remote_path[CKPT_PATH_MAX];
 static char job_id[64];
+/* "NAME=value" as the process found them at load, or "" */
+static const char *const host_var_names[] = { "CKPT_COORD_TCP", "CKPT_SECRET_FILE", "CKPT_AGENT" };
+#define HOST_VARS (sizeof(host_var_names) / sizeof(host_var_names[0]))
+static char host_vars[HOST_VARS][CKPT_PATH_MAX + 32];
 
 /* At load: where this library is, and the job's id. */
 void exec_follow_init(void)
@@ -49,6 +55,13 @@ void exec_follow_init(void)
 			remote_path[0] = 0;
 	}
 	snprintf(job_id, sizeof(job_id), "%s", id ? id : "");
+	for (size_t i = 0; i < HOST_VARS; i++) {
+		const char *value = getenv(host_var_names[i]);
+
+		host_vars[i][0] = 0;
+		if (value)
+			snprintf(host_vars[i], sizeof(host_vars[i]), "%s=%s", host_var_names[i], value);
+	}
 }
 
 /* "/libckpt.so" as /proc/<pid>/maps shows it, "" before exec_follow_init. */
@@ -110,7 +123,16 @@ static void preload_var(char *out, size_t size, char *const envp[])
 		snprintf(out, size, "LD_PRELOAD=%s", shim_path);
 }
 
-/* Fills env (room for n + 4 entries) from envp plus the job's variables. */
+static int is_host_var(const char *entry)
+{
+	for (size_t i = 0; i < HOST_VARS; i++)
+		if (has_name(entry, host_var_names[i]))
+			return 1;
+	return 0;
+}
+
+/* Fills env (room for n + ENV_EXTRA entries) from envp plus the job's variables. */
+#define ENV_EXTRA (4 + HOST_VARS)
 static void job_environment(char **env, char *const envp[], char *preload, char *coord,
 			    char *job)
 {
@@ -118,8 +140,11 @@ static void job_environment(char **env, char *const envp[], char *preload, char 
 
 	for (size_t i = 0; envp && envp[i]; i++)
 		if (!has_name(envp[i], "LD_PRELOAD") && !has_name(envp[i], "CKPT_COORD") &&
-		    !has_name(envp[i], "CKPT_JOB_ID"))
+		    !has_name(envp[i], "CKPT_JOB_ID") && !is_host_var(envp[i]))
 			env[k++] = envp[i];
+	for (size_t i = 0; i < HOST_VARS; i++)
+		if (host_vars[i][0])
+			env[k++] = host_vars[i];
 	preload_var(preload, VAR_MAX, envp);
 	snprintf(coord, VAR_MAX, "CKPT_COORD=%s", checkpointer_coord_path());
 	snprintf(job, 128, "CKPT_JOB_ID=%s", job_id);
@@ -144,7 +169,7 @@ typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 #define WITH_JOB_ENV(envp, call)						\
 	do {									\
 		char preload_[VAR_MAX], coord_[VAR_MAX], job_[128];		\
-		char **env_ = alloca((count(envp) + 4) * sizeof(char *));	\
+		char **env_ = alloca((count(envp) + ENV_EXTRA) * sizeof(char *)); \
 										\
 		if (!shim_path[0])						\
 			break;							\

@@ -1,0 +1,164 @@
+"""`ckpt agent`: the job's agent on one host other than the coordinator's.
+
+ckpt-remote starts it (detached) before the first process of the job runs
+on the host.  It serves the host's processes on the job's Unix socket path
+(host-local, as $CKPT_COORD names it) and speaks for all of them to the
+coordinator over one authenticated TCP connection ($CKPT_COORD_TCP, the
+secret's path in $CKPT_SECRET_FILE; docs/PROTOCOL.md, "Host agents").  It
+ends when the coordinator closes that connection."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from ckpt import auth
+from ckpt.barrier import PhaseError, barrier
+from ckpt.errors import CkptError
+from ckpt.headers import load_headers
+from ckpt.local_processes import LocalProcesses
+from ckpt.wire import escape, split_line
+
+CONNECT_TIMEOUT = 10.0
+
+
+class HostAgent:
+    def __init__(self, *, job_id, socket_path, address, secret):
+        self.job_id = job_id
+        self.address = address
+        self.secret = secret
+        self.host = socket.gethostname()
+        headers = load_headers()
+        self.protocol_version = headers.const("CKPT_PROTOCOL_VERSION")
+        self.line_max = headers.const("CKPT_LINE_MAX")
+        self.local = LocalProcesses(
+            socket_path, job_id=job_id, protocol_version=self.protocol_version,
+            line_max=self.line_max, joined=self._joined, left=self._left,
+            warned=self._warned, name_service=self._name_service)
+        self.procs = {}          # tag -> Process
+        self._next_tag = 0
+        self._next_request = 0
+        self._requests = {}      # name-service request id -> future of the answer
+        self._tasks = set()
+        self.reader = self.writer = None
+
+    async def run(self):
+        await self._connect()
+        await self.local.start()
+        try:
+            while line := await self.reader.readline():
+                self._handle(*split_line(line))
+        finally:
+            await self.local.close()
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _connect(self):
+        host, _, port = self.address.rpartition(":")
+        try:
+            self.reader, self.writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), limit=16 * self.line_max), CONNECT_TIMEOUT)
+            await auth.client_handshake_async(self.reader, self.writer, self.secret)
+        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            raise CkptError(f"cannot reach the coordinator at {self.address}: {exc}")
+        except auth.AuthError as exc:
+            raise CkptError(f"coordinator at {self.address}: {exc}")
+        self._send(f"AGENT {self.host} {self.protocol_version}")
+        word, rest = split_line(await self.reader.readline())
+        if word != "WELCOME":
+            raise CkptError(f"coordinator at {self.address} refused the agent: {rest or 'closed'}")
+
+    def _send(self, line):
+        self.writer.write(line.encode() + b"\n")
+
+    def _spawn(self, coro):
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- the host's processes --------------------------------------------
+
+    async def _joined(self, proc):
+        self._next_tag += 1
+        proc.tag = str(self._next_tag)
+        self.procs[proc.tag] = proc
+        self._send(f"JOIN {proc.tag} {proc.pid} {int(proc.restored)} {proc.host} {proc.real_pid}")
+
+    async def _left(self, proc):
+        proc.alive = False
+        proc.replies.put_nowait(None)
+        if self.procs.pop(proc.tag, None) is not None:
+            self._send(f"LEAVE {proc.tag}")
+
+    def _warned(self, proc, message):
+        self._send(f"WARN {proc.tag} {escape(message)}")
+
+    async def _name_service(self, word, rest):
+        self._next_request += 1
+        ident = self._next_request
+        future = asyncio.get_running_loop().create_future()
+        self._requests[ident] = future
+        try:
+            self._send(f"NS {ident} {word} {rest}".rstrip())
+            return await future
+        finally:
+            self._requests.pop(ident, None)
+
+    # ---- the coordinator -------------------------------------------------
+
+    def _handle(self, word, rest):
+        if word == "BARRIER":   # BARRIER id timeout tags PHASE name seq [arg]
+            ident, timeout, tags, line = rest.split(" ", 3)
+            self._spawn(self._barrier(ident, float(timeout), tags.split(","), line))
+        elif word == "NSR":     # NSR id answer
+            ident, _, answer = rest.partition(" ")
+            future = self._requests.get(int(ident))
+            if future is not None and not future.done():
+                future.set_result(answer)
+        elif word == "SIGNAL":
+            self._signal(int(rest))
+
+    async def _barrier(self, ident, timeout, tags, line):
+        """One barrier over the host's processes named by tags; one answer."""
+        _word, phase, seq, *arg = line.split(" ", 3)
+        procs = [self.procs[t] for t in tags if t in self.procs]
+        answer = {"done": {}, "fail": None}
+        try:
+            done, _gone = await barrier(phase, procs, timeout=timeout,
+                                        arg=arg[0] if arg else None, seq=int(seq))
+            answer["done"] = {proc.tag: keys for proc, keys in done.items()}
+        except PhaseError as exc:
+            answer["fail"] = f"{exc} (on {self.host})"
+        self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")
+
+    def _signal(self, signum):
+        for proc in list(self.procs.values()):
+            try:
+                os.kill(proc.real_pid, signum)
+            except OSError:
+                pass
+
+
+def run_from_environment(environ=None):
+    """`ckpt agent`: everything it needs is in the job's CKPT_* variables."""
+    environ = os.environ if environ is None else environ
+    try:
+        socket_path = environ["CKPT_COORD"]
+        address = environ["CKPT_COORD_TCP"]
+        secret_file = environ["CKPT_SECRET_FILE"]
+        job_id = environ["CKPT_JOB_ID"]
+    except KeyError as exc:
+        raise CkptError(f"ckpt agent runs for ckpt-remote only ({exc.args[0]} is not set)")
+    try:
+        secret = auth.load_secret(secret_file)
+    except (OSError, auth.AuthError) as exc:
+        raise CkptError(f"cannot read the job's secret: {getattr(exc, 'strerror', None) or exc}")
+    Path(socket_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the ssh session that started us ends
+    agent = HostAgent(job_id=job_id, socket_path=socket_path, address=address, secret=secret)
+    asyncio.run(agent.run())
+    print(f"ckpt agent {job_id} on {agent.host}: the coordinator closed the connection",
+          file=sys.stderr)

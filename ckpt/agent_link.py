@@ -1,0 +1,127 @@
+"""The coordinator's side of one host agent's TCP connection
+(docs/PROTOCOL.md, "Host agents").
+
+An agent stands for every process of the job on its host: it forwards
+their joining and leaving, their warnings and name-service requests, and
+runs each barrier over them locally, answering for all of them in one
+line.  So the coordinator has one connection per host, not per process."""
+
+import asyncio
+import json
+
+from ckpt.barrier import PhaseError, Process
+from ckpt.wire import split_line, unescape
+
+
+class AgentLink:
+    def __init__(self, coordinator, host, reader, writer):
+        self.coord = coordinator
+        self.host = host
+        self.reader = reader
+        self.writer = writer
+        self.procs = {}           # tag -> Process
+        self._barriers = {}       # barrier id -> future of the agent's answer
+        self._next_barrier = 0
+        self._tasks = set()
+        self.lost = False
+
+    def __repr__(self):
+        return f"AgentLink({self.host})"
+
+    async def send(self, line):
+        self.writer.write(line.encode() + b"\n")
+        await self.writer.drain()
+
+    async def serve(self):
+        """Until the agent goes away: then its host's processes are gone too."""
+        try:
+            while line := await self.reader.readline():
+                await self._handle(*split_line(line))
+        finally:
+            self.lost = True
+            for future in self._barriers.values():
+                if not future.done():
+                    future.set_result(None)
+            for task in list(self._tasks):
+                task.cancel()
+            for proc in list(self.procs.values()):
+                await self.coord._remove(proc)
+
+    async def _handle(self, word, rest):
+        if word == "JOIN":  # JOIN tag pid restored host real_pid
+            tag, pid, restored, host, real_pid = rest.split()
+            proc = Process(pid=int(pid), real_pid=int(real_pid), host=host,
+                           restored=restored == "1", agent=self, tag=tag)
+            self.procs[tag] = proc
+            await self.coord._add(proc)
+        elif word == "LEAVE":
+            proc = self.procs.pop(rest.strip(), None)
+            if proc is not None:
+                await self.coord._remove(proc)
+        elif word == "ANSWERS":  # ANSWERS id json
+            ident, _, payload = rest.partition(" ")
+            future = self._barriers.get(int(ident))
+            if future is not None and not future.done():
+                future.set_result(json.loads(payload))
+        elif word == "WARN":  # WARN tag message
+            tag, _, message = rest.partition(" ")
+            proc = self.procs.get(tag)
+            who = proc.describe() if proc else f"a process on {self.host}"
+            self.coord.note(f"{who}: {unescape(message)}")
+        elif word == "NS":  # NS id request: answered as soon as it can be
+            ident, _, request = rest.partition(" ")
+            self._spawn(self._answer_names(ident, *split_line(request.encode())))
+        else:
+            self.coord.warn(f"the agent of {self.host} sent an unknown message {word!r}")
+
+    def _spawn(self, coro):
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer_names(self, ident, word, rest):
+        answer = await self.coord._name_service(word, rest)
+        try:
+            await self.send(f"NSR {ident} {answer}")
+        except (ConnectionError, OSError):
+            pass
+
+    async def barrier(self, phase_line, group, timeout):
+        """`phase_line` to the group's processes through the agent:
+        [(proc, DONE keys or None if it disconnected)]."""
+        ident = self._next_barrier = self._next_barrier + 1
+        future = asyncio.get_running_loop().create_future()
+        self._barriers[ident] = future
+        tags = ",".join(p.tag for p in group)
+        try:
+            if not self.lost:
+                await self.send(f"BARRIER {ident} {timeout:g} {tags} {phase_line}")
+                answer = await future
+            else:
+                answer = None
+        except (ConnectionError, OSError):
+            answer = None
+        finally:
+            self._barriers.pop(ident, None)
+        if answer is None:
+            raise PhaseError(f"lost the connection to the agent of host {self.host}")
+        if answer.get("fail"):
+            raise PhaseError(answer["fail"])
+        done = answer.get("done", {})
+        return [(proc, done.get(proc.tag)) for proc in group]
+
+    def signal(self, signum):
+        """Send signum to each of the host's processes (by the agent).
+        Not waited for: the transport sends queued lines in order even
+        when the coordinator closes right after."""
+        if not self.lost:
+            self.writer.write(f"SIGNAL {int(signum)}\n".encode())
+
+    def close(self):
+        self.writer.close()
+
+
+def describe_address(writer):
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
