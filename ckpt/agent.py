@@ -45,16 +45,30 @@ class HostAgent:
         self._tasks = set()
         self.reader = self.writer = None
 
-    async def run(self):
+    async def run(self, command=()):
+        """Serve the host until the coordinator closes the connection; with
+        a command (a restart's ckpt-restart), until it ends too: returns
+        its exit status."""
         await self._connect()
         await self.local.start()
+        link = asyncio.ensure_future(self._serve_link())
         try:
-            while line := await self.reader.readline():
-                self._handle(*split_line(line))
+            if not command:
+                await link
+                return 0
+            child = await asyncio.create_subprocess_exec(*command)
+            # the host's processes are gone: the job ends here for this host
+            status = await child.wait()
+            return 128 - status if status < 0 else status
         finally:
+            link.cancel()
             await self.local.close()
             for task in list(self._tasks):
                 task.cancel()
+
+    async def _serve_link(self):
+        while line := await self.reader.readline():
+            self._handle(*split_line(line))
 
     async def _connect(self):
         host, _, port = self.address.rpartition(":")
@@ -142,8 +156,9 @@ class HostAgent:
                 pass
 
 
-def run_from_environment(environ=None):
-    """`ckpt agent`: everything it needs is in the job's CKPT_* variables."""
+def run_from_environment(command=(), environ=None):
+    """`ckpt agent [--run -- COMMAND]`: everything it needs is in the job's
+    CKPT_* variables.  Returns the command's exit status."""
     environ = os.environ if environ is None else environ
     try:
         socket_path = environ["CKPT_COORD"]
@@ -157,8 +172,11 @@ def run_from_environment(environ=None):
     except (OSError, auth.AuthError) as exc:
         raise CkptError(f"cannot read the job's secret: {getattr(exc, 'strerror', None) or exc}")
     Path(socket_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the ssh session that started us ends
+    if not command:  # detached: the ssh session that started us ends
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     agent = HostAgent(job_id=job_id, socket_path=socket_path, address=address, secret=secret)
-    asyncio.run(agent.run())
-    print(f"ckpt agent {job_id} on {agent.host}: the coordinator closed the connection",
-          file=sys.stderr)
+    status = asyncio.run(agent.run(command))
+    if not command:
+        print(f"ckpt agent {job_id} on {agent.host}: the coordinator closed the connection",
+              file=sys.stderr)
+    return status

@@ -24,6 +24,8 @@ class AgentLink:
         self._next_barrier = 0
         self._tasks = set()
         self.lost = False
+        self.address = _ip(writer.get_extra_info("peername"))        # the agent's host
+        self.own_address = _ip(writer.get_extra_info("sockname"))    # ours, as it sees us
 
     def __repr__(self):
         return f"AgentLink({self.host})"
@@ -119,6 +121,13 @@ class AgentLink:
 
     def close(self):
         self.writer.close()
+
+
+def _ip(name):
+    if not name:
+        return None
+    host = name[0]
+    return host[7:] if host.startswith("::ffff:") else host
 
 
 def describe_address(writer):

@@ -173,7 +173,8 @@ class CheckpointRun:
         manifest = manifests.build_manifest(
             job_id=self.coord.job_id, number=self.number, command=self.coord.command,
             processes=processes, start_ns=self.start_ns, end_ns=time.time_ns(),
-            restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings())
+            restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings(),
+            addresses=self.coord.host_addresses())
         manifests.write_manifest(self.tmp, manifest)
         return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
 

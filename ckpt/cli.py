@@ -89,20 +89,38 @@ def kill(job_id):
 @main.command()
 @click.argument("image_dir", type=click.Path())
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
-def restart(image_dir, interval):
+@click.option("--hosts", help="New hosts, comma-separated: the checkpoint's i-th host goes to the i-th.")
+@click.option("--hostfile", type=click.File(), help="New hosts, one per line (# comments).")
+def restart(image_dir, interval, hosts, hostfile):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import restart as run_restart
 
     def config_for(ckpt_dir):
         return load_config(ckpt_dir=str(ckpt_dir), interval=interval)
-    sys.exit(run_restart(image_dir, config_for))
+    if hosts and hostfile:
+        raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
+    new_hosts = [h for h in (hosts or "").split(",") if h.strip()] or _hostfile(hostfile)
+    sys.exit(run_restart(image_dir, config_for, [h.strip() for h in new_hosts] or None))
+
+
+def _hostfile(stream):
+    """Host names, one per line; `#` starts a comment; `host slots=N` is host."""
+    if stream is None:
+        return []
+    names = [line.split("#", 1)[0].split() for line in stream]
+    return [words[0] for words in names if words]
 
 
 @main.command(hidden=True)
-def agent():
-    """The job's agent on a host (started by ckpt-remote, from the job's CKPT_* variables)."""
+@click.option("--run", "run_command", is_flag=True, help="Run COMMAND under the agent (a restart).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def agent(run_command, command):
+    """The job's agent on a host (from the job's CKPT_* variables): started
+    by ckpt-remote, or by `ckpt restart` through ssh with --run."""
     from ckpt.agent import run_from_environment
-    run_from_environment()
+    if bool(run_command) != bool(command):
+        raise CkptError("usage: ckpt agent [--run -- COMMAND ARGS...]", exit_code=2)
+    sys.exit(run_from_environment(list(command)))
 
 
 def _format_command(command):

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -129,6 +130,16 @@ class Coordinator:
             await link.serve()
         finally:
             self.agents.remove(link)
+
+    def host_addresses(self):
+        """{host: IPv4 address} of the job's hosts, as their agents' TCP
+        connections show them (the coordinator's own: the address the
+        agents reached)."""
+        addresses = {}
+        for agent in self.agents:
+            addresses[agent.host] = agent.address
+            addresses.setdefault(socket.gethostname(), agent.own_address)
+        return addresses
 
     # ---- processes ------------------------------------------------------
 

@@ -69,8 +69,13 @@ def fsync_path(path):
 
 
 def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
-                   restarted_from=None, warnings=()):
-    hosts = sorted({proc["host"] for proc in processes}) or [socket.gethostname()]
+                   restarted_from=None, warnings=(), addresses=None):
+    """addresses: {host: its IPv4 address as the job's hosts reached it};
+    `hosts` lists the coordinator's host first: a restart maps them in
+    this order onto its new hosts."""
+    here = socket.gethostname()
+    seen = [proc["host"] for proc in processes]
+    hosts = sorted(set(seen), key=lambda host: (host != here, seen.index(host))) or [here]
     return {
         "format": MANIFEST_FORMAT,
         "engine_version": ENGINE_VERSION,
@@ -78,6 +83,7 @@ def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
         "checkpoint": number,
         "command": list(command),
         "hosts": hosts,
+        "addresses": {host: addr for host, addr in (addresses or {}).items() if host in hosts},
         "start_ns": start_ns,
         "end_ns": end_ns,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end_ns / 1e9)),
@@ -108,6 +114,15 @@ def read_manifest(directory):
         raise CkptError(f"{path} is corrupt (not valid YAML)")
     _check_manifest(data, path)
     return data
+
+
+def host_list(manifest):
+    """The checkpoint's hosts in the order a restart maps them."""
+    hosts = manifest.get("hosts") or []
+    for proc in manifest["processes"]:
+        if proc.get("host") not in hosts:
+            hosts.append(proc.get("host"))
+    return hosts
 
 
 def _check_manifest(data, path):

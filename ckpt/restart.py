@@ -1,28 +1,85 @@
-"""`ckpt restart`: verify a checkpoint, then restore it under a new coordinator."""
+"""`ckpt restart`: verify a checkpoint, then restore it under a new coordinator.
+
+Each of the checkpoint's hosts (in the manifest's order) is restored on one
+new host (in the order given, else the same hosts): by a ckpt-restart of
+its own, started here for this host and through ssh, under the job's
+agent, on any other."""
 
 import asyncio
 import os
+import shlex
+import socket
 
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
-from ckpt.manifest import resolve_checkpoint
-from ckpt.native import restart_binary
+from ckpt.jobs import this_host
+from ckpt.manifest import host_list, resolve_checkpoint
+from ckpt.native import cli_path, restart_binary
 from ckpt.session import JobSession, announce
 
 RESTART_REFUSED = 2  # ckpt-restart's exit status before its point of no return
 
 
-def restart_command(binary, socket_path, job_id, images, status_fd=None):
+def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(),
+                    addr_map=None):
     """One ckpt-restart per host: it rebuilds that host's process tree.
 
     images: (path, xxh3) pairs, the tree's root first.  On status_fd it
-    says "exited N" if the root exits while others of the job run on."""
+    says "exited N" if the root exits while others of the job run on.
+    peers: the other hosts' images, where the far ends of this host's
+    connections to them are.  addr_map: {old address: new address}."""
     argv = [str(binary), "--coord", socket_path, "--job-id", job_id]
     if status_fd is not None:
         argv += ["--status-fd", str(status_fd)]
+    for old, new in (addr_map or {}).items():
+        argv += ["--addr-map", f"{old}={new}"]
+    for path in peers:
+        argv += ["--peer-image", str(path)]
     for _path, xxh3 in images:
         argv += ["--xxh3", str(xxh3)]
     return argv + [str(path) for path, _xxh3 in images]
+
+
+def host_mapping(manifest, new_hosts):
+    """{old host: new host}: the i-th host of the checkpoint on the i-th new one."""
+    old_hosts = host_list(manifest)
+    if not new_hosts:
+        # a one-host job restarts here; a job of several hosts on the same hosts
+        if len(old_hosts) == 1:
+            return {old_hosts[0]: this_host()}
+        return {host: host for host in old_hosts}
+    if len(set(new_hosts)) != len(new_hosts):
+        raise CkptError(f"a host is named twice in {','.join(new_hosts)}", exit_code=2)
+    if len(new_hosts) < len(old_hosts):
+        raise CkptError(f"the checkpoint has {len(old_hosts)} hosts ({', '.join(old_hosts)}); "
+                        f"{len(new_hosts)} given", exit_code=2)
+    return dict(zip(old_hosts, new_hosts))
+
+
+def address_of(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        raise CkptError(f"host {host}: its name does not resolve", exit_code=2)
+
+
+def address_map(manifest, mapping):
+    """{old IPv4 address: new one} for every host that moved."""
+    old = manifest.get("addresses") or {}
+    moved = {}
+    for old_host, new_host in mapping.items():
+        if old_host != new_host and old.get(old_host):
+            moved[old[old_host]] = address_of(new_host)
+    return moved
+
+
+def over_ssh(host, argv, env):
+    """argv on host under the job's agent (`ckpt agent --run`), through ssh."""
+    job_vars = [f"{k}={v}" for k, v in sorted(env.items())
+                if k in ("CKPT_COORD", "CKPT_JOB_ID", "CKPT_COORD_TCP", "CKPT_SECRET_FILE",
+                         "CKPT_AGENT")]
+    remote = ["exec", "env", *job_vars, str(cli_path()), "agent", "--run", "--", *argv]
+    return ["ssh", "-T", host, " ".join(shlex.quote(word) for word in remote)]
 
 
 def images_by_host(checkpoint_dir, processes):
@@ -32,10 +89,11 @@ def images_by_host(checkpoint_dir, processes):
     return hosts
 
 
-def restart(image_dir, config_for):
+def restart(image_dir, config_for, new_hosts=None):
     """Restore the checkpoint at image_dir; returns the job's exit status.
 
-    config_for(ckpt_dir) gives the settings; the job keeps its directory."""
+    config_for(ckpt_dir) gives the settings; the job keeps its directory.
+    new_hosts: where the checkpoint's hosts go, in its order."""
     checkpoint_dir = resolve_checkpoint(image_dir)
     # Manifest, sizes and headers here; each image's XXH3 is checked by
     # ckpt-restart itself before it changes anything (one pass, not two).
@@ -43,22 +101,41 @@ def restart(image_dir, config_for):
     binary = restart_binary()
     job_dir = checkpoint_dir.parent
     config = config_for(job_dir.parent)
-    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary))
+    mapping = host_mapping(manifest, new_hosts)
+    addr_map = address_map(manifest, mapping)
+    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, mapping, addr_map))
 
 
-async def _run(checkpoint_dir, manifest, job_dir, config, binary):
+def _start_hosts(job, binary, checkpoint_dir, processes, mapping, addr_map, status_write):
+    """One ckpt-restart per host; returns {pid we wait for: its host}
+    (ckpt-restart here, ssh for other hosts)."""
+    env = job.environment()
+    by_host = images_by_host(checkpoint_dir, processes)
+    here = this_host()
+    pids = {}
+    for old_host, images in by_host.items():
+        peers = [path for other, imgs in by_host.items() if other != old_host for path, _ in imgs]
+        root_here = old_host == processes[0]["host"] and mapping[old_host] == here
+        argv = restart_command(binary, job.socket_path, job.entry.job_id, images,
+                               status_write if root_here else None, peers, addr_map)
+        if mapping[old_host] == here:
+            pids[job.spawn(argv, env)] = here
+        else:
+            pids[job.spawn(over_ssh(mapping[old_host], argv, env), dict(os.environ))] = \
+                mapping[old_host]
+    return pids
+
+
+async def _run(checkpoint_dir, manifest, job_dir, config, binary, mapping, addr_map):
     job_id = manifest["job_id"]
     processes = manifest["processes"]
     async with JobSession(job_id=job_id, job_dir=job_dir, command=manifest.get("command") or [],
                           config=config, restarted_from=manifest["checkpoint"]) as job:
-        env = job.environment()
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
         status_read, status_write = os.pipe()
         os.set_inheritable(status_write, True)
-        # one host for now: multi-host restart starts one per host remotely
-        pids = [job.spawn(restart_command(binary, job.socket_path, job_id, images,
-                                          status_write), env)
-                for images in images_by_host(checkpoint_dir, processes).values()]
+        pids = _start_hosts(job, binary, checkpoint_dir, processes, mapping, addr_map,
+                            status_write)
         os.close(status_write)
         await _restore(job, pids, [proc["pid"] for proc in processes])
         announce(job_id)  # only once restored: a refused image says one line
@@ -88,7 +165,7 @@ async def _root_exit(fd):
 def _signal_targets(job, root_pid):
     """Signals go to the restored root process once it is back, else to ckpt-restart."""
     for proc in job.coordinator.processes:
-        if proc.pid == root_pid and proc.alive:
+        if proc.pid == root_pid and proc.alive and proc.agent is None:
             return [proc.real_pid]
     return job.children[:1]
 
@@ -96,14 +173,19 @@ def _signal_targets(job, root_pid):
 async def _restore(job, pids, expected):
     """Run the restart phases; a ckpt-restart that exits first ends the restart."""
     phases = asyncio.ensure_future(job.coordinator.restart(expected))
-    exits = [asyncio.ensure_future(job.wait_exit(pid)) for pid in pids]
+    exits = {asyncio.ensure_future(job.wait_exit(pid)): pid for pid in pids}
     try:
         await asyncio.wait([phases, *exits], return_when=asyncio.FIRST_COMPLETED)
         if phases.done():
             phases.result()  # raises CkptError if a phase failed
             return
         phases.cancel()
-        code = next(e.result() for e in exits if e.done())
+        ended = next(e for e in exits if e.done())
+        code, host = ended.result(), pids[exits[ended]]
+        if host != this_host():
+            raise CkptError(f"restart on host {host} failed (status {code}"
+                            + (": ssh could not reach it" if code == 255 else "") + ")",
+                            exit_code=code or 1)
         # status 2: ckpt-restart refused the image and said why in one line
         raise CkptError(f"restart failed: ckpt-restart exited with status {code}",
                         exit_code=code or 1, reported=code == RESTART_REFUSED)

@@ -53,8 +53,9 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
 def test_forked_checkpoints(session, app):
     """A copy-on-write child writes the image while the job runs on; its
     image must be as good as one written with the job stopped."""
-    # bigmem runs longer: its children write 512 MiB while it goes on
-    args = ["600", "10", "512"] if app == "bigmem" else PROGRAMS[app]
+    # bigmem runs longer: its children write 512 MiB while it goes on (under
+    # load that takes seconds: the job must outlive both checkpoints)
+    args = ["1000", "10", "512"] if app == "bigmem" else PROGRAMS[app]
     reference = session.reference(app, *args)
     job = Job(session, f"f-{app}", app, *args)
     job.wait_ready()

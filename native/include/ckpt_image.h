@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 5
+#define CKPT_IMAGE_VERSION 6
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -274,12 +274,20 @@ struct ckpt_plugin_blob {
 	uint64_t size;			/* bytes of plugin data after this struct */
 };
 
+/* An IPv4 address of a host that the restart moved to another host. */
+struct ckpt_addr_move {
+	uint32_t from, to;		/* network byte order */
+};
+
+#define CKPT_ADDR_MOVES_MAX 64
+
 /* Lives in the shim; ckpt-restart fills it after restoring memory. */
 struct ckpt_restart_info {
 	uint32_t generation;		/* incremented on every restart */
-	uint32_t pad;
+	uint32_t naddr_moves;		/* hosts moved by this restart */
 	char coord_path[108];
 	char job_id[64];
+	struct ckpt_addr_move addr_moves[CKPT_ADDR_MOVES_MAX];
 };
 /* cffi:end */
 

@@ -2,11 +2,14 @@
  * ckpt-restart: restores the process images of one host, as one process
  * tree in one fresh pid namespace (docs/PROTOCOL.md, "ckpt-restart").
  *
- *   ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--xxh3 HEX]... IMAGE...
+ *   ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--addr-map OLD=NEW]...
+ *                [--peer-image FILE]... [--xxh3 HEX]... IMAGE...
  *
  * The n-th --xxh3 is the checksum of the n-th image.  On --status-fd it
  * writes "exited N" when the job's root exits while other processes of the
- * job still run; it then goes on until they are gone.
+ * job still run; it then goes on until they are gone.  --peer-image names
+ * the images of the job's other hosts, and --addr-map a host that moved
+ * (cross_host.c).
  *
  * Statically linked at CKPT_RESERVE_START, a range every checkpointed
  * process keeps free, so it can replace the whole address space around
@@ -34,7 +37,8 @@ static char job_copy[64];
 
 static void usage(void)
 {
-	die("usage: ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--xxh3 HEX]... IMAGE...");
+	die("usage: ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--addr-map OLD=NEW]... "
+	    "[--peer-image FILE]... [--xxh3 HEX]... IMAGE...");
 }
 
 static void parse_args(int argc, char **argv)
@@ -44,6 +48,8 @@ static void parse_args(int argc, char **argv)
 		{ "job-id", required_argument, NULL, 'j' },
 		{ "xxh3", required_argument, NULL, 'x' },
 		{ "status-fd", required_argument, NULL, 's' },
+		{ "addr-map", required_argument, NULL, 'a' },
+		{ "peer-image", required_argument, NULL, 'p' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -57,6 +63,12 @@ static void parse_args(int argc, char **argv)
 			args.status_fd = atoi(optarg);
 			if (args.status_fd < 0 || fcntl(args.status_fd, F_GETFD) < 0)
 				die("--status-fd %s: not an open fd", optarg);
+			break;
+		case 'a': addr_map_add(optarg); break;
+		case 'p':
+			if (args.npeer_images == MAX_IMAGES)
+				die("too many --peer-image");
+			args.peer_image[args.npeer_images++] = optarg;
 			break;
 		case 'x':
 			if (args.nxxh3 == MAX_IMAGES)
@@ -185,6 +197,8 @@ int main(int argc, char **argv)
 	helpers_init();
 	for (unsigned i = 0; i < args.nimages; i++)
 		image_load(&imgs[i], args.image[i], args.nxxh3 ? args.xxh3[i] : NULL);
+	addr_map_apply(imgs, args.nimages);
+	cross_host_load(args.peer_image, args.npeer_images);
 	check_pids(imgs, args.nimages);
 	mark("images checked and loaded");
 	prepare_fds(imgs, args.nimages);
@@ -192,7 +206,7 @@ int main(int argc, char **argv)
 		  args.status_fd < 0 ? -1 : move_high(args.status_fd, "the status fd"));
 	helpers_pick_pids();
 	enter_namespaces();
-	shared_create(imgs, args.nimages);	/* System V segments: in the new IPC namespace */
+	shared_create(imgs, args.nimages, args.coord);	/* System V segments: in the new IPC namespace */
 	mark("shared objects created");
 	return run_init(tree_run);
 }

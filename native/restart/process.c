@@ -122,4 +122,5 @@ void restore_process_late(struct image *img, const struct restart_args *args)
 		info->coord_path[i] = args->coord[i];
 	for (size_t i = 0; args->job_id[i] && i < sizeof(info->job_id) - 1; i++)
 		info->job_id[i] = args->job_id[i];
+	info->naddr_moves = addr_map_get(info->addr_moves, CKPT_ADDR_MOVES_MAX);
 }

@@ -61,6 +61,8 @@ struct restart_args {
 	unsigned nxxh3;
 	const char *image[MAX_IMAGES];
 	unsigned nimages;
+	const char *peer_image[MAX_IMAGES];	/* other hosts' images (cross_host.c) */
+	unsigned npeer_images;
 	int status_fd;			/* -1, or where "exited N" goes */
 };
 
@@ -114,7 +116,9 @@ int tree_report_fd(void);
 int tree_pid_taken(pid_t pid);
 
 /* shared.c */
-void shared_create(struct image *imgs, unsigned n);
+void shared_create(struct image *imgs, unsigned n, const char *coord);
+int restart_socket(const struct ckpt_fd *f);
+const char *sockaddr_text(const struct ckpt_sockaddr *a, char *buf, size_t size);
 int shared_pipe_end(uint64_t id, int write_end);
 int shared_shm_fd(uint64_t id);
 int shared_sysv_id(uint64_t id);
@@ -124,6 +128,27 @@ int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
 unsigned shared_fds(int *out, unsigned max);
 void shared_close_pipes(void);
 void shared_close_shms(void);
+
+/* cross_host.c: TCP connections of the job between hosts */
+#define MAX_CROSS_ENDS 1024
+struct cross_end {
+	const struct ckpt_fd *mine;	/* this host's end */
+	const struct loaded_fd *far;	/* the other host's, with its queue */
+	int fd;				/* the new connection */
+	unsigned index;			/* shared.c's socket */
+};
+void addr_map_add(const char *spec);
+void addr_map_apply(struct image *imgs, unsigned n);
+unsigned addr_map_get(struct ckpt_addr_move *out, unsigned max);
+void cross_host_load(const char *const *paths, unsigned n);
+const struct loaded_fd *cross_host_peer(const struct ckpt_fd *f);
+void cross_host_connect(struct cross_end *ends, unsigned n, const char *coord);
+
+/* kv.c: the coordinator's name service */
+void kv_open(const char *coord);
+void kv_close(void);
+void kv_put(const char *key, const char *value);
+void kv_wait(const char *key, unsigned seconds, char *value, size_t size);
 
 /* fds.c */
 void prepare_fds(struct image *imgs, unsigned n);

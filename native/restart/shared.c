@@ -341,7 +341,7 @@ static const struct sockaddr *sa(const struct ckpt_sockaddr *a)
 	return (const struct sockaddr *)a->addr;
 }
 
-static int new_socket(const struct ckpt_fd *f)
+int restart_socket(const struct ckpt_fd *f)
 {
 	int s = socket(f->sock_domain, f->sock_type | SOCK_CLOEXEC, 0);
 	int one = 1;
@@ -354,7 +354,7 @@ static int new_socket(const struct ckpt_fd *f)
 	return move_high(s, "a socket");
 }
 
-static const char *addr_text(const struct ckpt_sockaddr *a, char *buf, size_t size)
+const char *sockaddr_text(const struct ckpt_sockaddr *a, char *buf, size_t size)
 {
 	const struct sockaddr_in *in = (const void *)a->addr;
 	const struct sockaddr_in6 *in6 = (const void *)a->addr;
@@ -394,7 +394,7 @@ static void bind_as_before(int s, const struct shared_socket *ss)
 		if (f->sock_domain == AF_UNIX)
 			snprintf(at, sizeof(at), "%s", f->sock_local.addr + 2);
 		else
-			addr_text(&f->sock_local, at, sizeof(at));
+			sockaddr_text(&f->sock_local, at, sizeof(at));
 		/* TIME_WAIT of connections a listener without SO_REUSEADDR
 		 * closed first holds its port for a minute */
 		if (errno == EADDRINUSE && f->sock_domain != AF_UNIX)
@@ -444,7 +444,7 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 {
 	struct ckpt_sockaddr at = b->sock_local;
 	socklen_t len = sizeof(at.addr);
-	int l = new_socket(b), err = 0;
+	int l = restart_socket(b), err = 0;
 
 	make_room(l, SO_RCVBUF, b->data_size);	/* the accepted socket inherits it */
 	if (!keep_ports)
@@ -455,7 +455,7 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 		err = errno;
 		goto out;
 	}
-	*fa = new_socket(a);
+	*fa = restart_socket(a);
 	make_room(*fa, SO_RCVBUF, a->data_size);
 	make_room(*fa, SO_SNDBUF, b->data_size);
 	if ((keep_ports && bind(*fa, sa(&a->sock_local), a->sock_local.len)) ||
@@ -491,8 +491,8 @@ static void tcp_pair(const struct ckpt_fd *a, const struct ckpt_fd *b, int *fa, 
 	if (err == EADDRINUSE)
 		err = tcp_connect_through(a, b, 0, fa, fb);
 	if (err)
-		die("cannot reconnect TCP %s-%s: %s", addr_text(&a->sock_local, la, sizeof(la)),
-		    addr_text(&b->sock_local, lb, sizeof(lb)), strerror(err));
+		die("cannot reconnect TCP %s-%s: %s", sockaddr_text(&a->sock_local, la, sizeof(la)),
+		    sockaddr_text(&b->sock_local, lb, sizeof(lb)), strerror(err));
 }
 
 static void connect_pair(struct shared_socket *a, struct shared_socket *b)
@@ -515,7 +515,7 @@ static void connect_pair(struct shared_socket *a, struct shared_socket *b)
  * again (a listener of the job, or a server that is still there). */
 static int reconnect(const struct ckpt_fd *f)
 {
-	int s = new_socket(f);
+	int s = restart_socket(f);
 
 	if (f->sock_domain != AF_UNIX && (f->sock_flags & CKPT_SOCK_BOUND))
 		bind(s, sa(&f->sock_local), f->sock_local.len);
@@ -627,10 +627,37 @@ static void collect_sockets(struct image *imgs, unsigned n)
 		}
 }
 
+/* TCP connections to processes of the job on other hosts, met through
+ * the coordinator (cross_host.c); their far ends' queues sent again. */
+static struct cross_end *cross_ends;
+static unsigned ncross;
+
+static void connect_other_hosts(const char *coord)
+{
+	cross_ends = arena_alloc(sizeof(*cross_ends) * (nsocks + 1));
+	for (unsigned i = 0; i < nsocks; i++) {
+		const struct loaded_fd *far;
+
+		if (socks[i].fd >= 0 || !(far = cross_host_peer(&socks[i].rec->f)))
+			continue;
+		cross_ends[ncross++] = (struct cross_end){ &socks[i].rec->f, far, -1, i };
+	}
+	cross_host_connect(cross_ends, ncross, coord);
+	for (unsigned k = 0; k < ncross; k++)
+		socks[cross_ends[k].index].fd = cross_ends[k].fd;
+}
+
+static void refill_from_other_hosts(void)
+{
+	for (unsigned k = 0; k < ncross; k++)
+		if (cross_ends[k].far->f.data_size)
+			refill_socket(cross_ends[k].far, cross_ends[k].fd);
+}
+
 /* Connections inside the job first (TCP ones need their ports before
- * any listener takes them), then listeners and named sockets, then
- * connections to those, then the rest. */
-static void create_sockets(struct image *imgs, unsigned n)
+ * any listener takes them; on this host, then with other hosts), then
+ * listeners and named sockets, then connections to those, then the rest. */
+static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 {
 	collect_sockets(imgs, n);
 	for (unsigned i = 0; i < nsocks; i++) {
@@ -642,13 +669,14 @@ static void create_sockets(struct image *imgs, unsigned n)
 		if (peer)
 			connect_pair(&socks[i], find_socket(peer->f.object_id));
 	}
+	connect_other_hosts(coord);
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct ckpt_fd *f = &socks[i].rec->f;
 
 		if (socks[i].fd >= 0 || (f->sock_flags & CKPT_SOCK_CONNECTED) ||
 		    !(f->sock_flags & (CKPT_SOCK_BOUND | CKPT_SOCK_LISTENING)))
 			continue;
-		socks[i].fd = new_socket(f);
+		socks[i].fd = restart_socket(f);
 		bind_as_before(socks[i].fd, &socks[i]);
 		if ((f->sock_flags & CKPT_SOCK_LISTENING) && listen(socks[i].fd, f->sock_backlog))
 			die("cannot listen again: %s", strerror(errno));
@@ -656,7 +684,7 @@ static void create_sockets(struct image *imgs, unsigned n)
 	for (unsigned i = 0; i < nsocks; i++)
 		if (socks[i].fd < 0)
 			socks[i].fd = socks[i].rec->f.sock_flags & CKPT_SOCK_CONNECTED ?
-				reconnect(&socks[i].rec->f) : new_socket(&socks[i].rec->f);
+				reconnect(&socks[i].rec->f) : restart_socket(&socks[i].rec->f);
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct loaded_fd *lf = socks[i].rec, *peer;
 
@@ -666,12 +694,15 @@ static void create_sockets(struct image *imgs, unsigned n)
 		peer = peer_record(lf);
 		if (peer)
 			refill_socket(lf, find_socket(peer->f.object_id)->fd);
+		else if (cross_host_peer(&lf->f))
+			continue;	/* the other host sends it */
 		else if (lf->f.sock_type != SOCK_STREAM && (lf->f.sock_flags & CKPT_SOCK_BOUND))
 			refill_by_name(lf);
 		else
 			warn("%zu bytes queued on a socket from outside the job are dropped",
 			     (size_t)lf->f.data_size);
 	}
+	refill_from_other_hosts();
 }
 
 /* ---- pseudo-terminals with both ends in the job ---- */
@@ -806,12 +837,12 @@ int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
 	return sf ? sf->file : -1;
 }
 
-void shared_create(struct image *imgs, unsigned n)
+void shared_create(struct image *imgs, unsigned n, const char *coord)
 {
 	create_pipes(imgs, n);
 	create_fifos(imgs, n);
 	create_shms(imgs, n);
-	create_sockets(imgs, n);
+	create_sockets(imgs, n, coord);
 	create_ptys(imgs, n);
 	create_files(imgs, n);
 }

@@ -245,4 +245,10 @@ SHIM_HIDDEN void exec_follow_init(void);
 SHIM_HIDDEN const char *exec_shim_name(void);
 SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
+/* net_addresses.c: the addresses of the first run stay the application's */
+struct sockaddr;
+void net_addresses_restarted(const struct ckpt_addr_move *moved, unsigned n);
+int net_real_getsockname(int s, struct sockaddr *sa, socklen_t *len);
+int net_real_getpeername(int s, struct sockaddr *sa, socklen_t *len);
+
 #endif

@@ -103,7 +103,7 @@ static int inet_end(int s, int type, struct sock_end *e)
 	int listening = 0;
 	socklen_t olen = sizeof(listening);
 
-	if (getsockname(s, (struct sockaddr *)&local, &llen))
+	if (net_real_getsockname(s, (struct sockaddr *)&local, &llen))
 		return ENOTCONN;
 	if (type == SOCK_STREAM && !getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) &&
 	    listening) {
@@ -111,7 +111,7 @@ static int inet_end(int s, int type, struct sock_end *e)
 			 inet_port(&local));
 		return ENOTCONN;
 	}
-	if (getpeername(s, (struct sockaddr *)&peer, &plen))
+	if (net_real_getpeername(s, (struct sockaddr *)&peer, &plen))
 		return ENOTCONN;
 	unmap_v4(&local);
 	unmap_v4(&peer);
@@ -169,12 +169,12 @@ static int unix_end(int s, uint64_t ino, struct sock_end *e)
 	snprintf(e->mine, sizeof(e->mine), "sock:%s:unix:%llu", shim_hostname(),
 		 (unsigned long long)ino);
 	if (!getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) && listening) {
-		if (getsockname(s, (struct sockaddr *)&a, &len) == 0 &&
+		if (net_real_getsockname(s, (struct sockaddr *)&a, &len) == 0 &&
 		    !unix_name(&a, len, name, sizeof(name)))
 			unix_listener_key(name, e->mine, sizeof(e->mine));
 		return ENOTCONN;
 	}
-	if (getpeername(s, (struct sockaddr *)&a, &len) == 0)
+	if (net_real_getpeername(s, (struct sockaddr *)&a, &len) == 0)
 		unix_name(&a, len, name, sizeof(name));
 	if (!peer_ino && !name[0])
 		return ENOTCONN;

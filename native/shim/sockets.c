@@ -93,10 +93,10 @@ static void get_addresses(int s, struct ckpt_fd *rec)
 {
 	socklen_t len = sizeof(rec->sock_local.addr);
 
-	if (getsockname(s, (struct sockaddr *)rec->sock_local.addr, &len) == 0)
+	if (net_real_getsockname(s, (struct sockaddr *)rec->sock_local.addr, &len) == 0)
 		rec->sock_local.len = len;
 	len = sizeof(rec->sock_peer.addr);
-	if (getpeername(s, (struct sockaddr *)rec->sock_peer.addr, &len) == 0) {
+	if (net_real_getpeername(s, (struct sockaddr *)rec->sock_peer.addr, &len) == 0) {
 		rec->sock_peer.len = len;
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	}
