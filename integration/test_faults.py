@@ -2,6 +2,7 @@
 never a traceback or a hang; a failed checkpoint leaves the job running
 and the earlier checkpoint intact."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ import xxhash
 from ckpt.headers import load_headers
 from ckpt.image import bytes_xxh3
 
-from harness import APPS, Job, restart_and_finish
+from ckpt.launch import job_environment
+from harness import APPS, REPO, Job, command, restart_and_finish
 
 COUNTER = ["counter", "300", "10"]
 
@@ -140,6 +142,68 @@ def test_failed_checkpoint_gives_flushed_tcp_bytes_back(session):
         assert job.output() == reference
     finally:
         subprocess.run(["umount", "-l", fs])
+
+
+def _answer_until(lines, phase, on_request=None):
+    """Plays the coordinator's name service until the shim answers `phase`;
+    on_request(word) may send lines of its own before the answer."""
+    while True:
+        line = lines.readline()
+        assert line, f"the shim closed its connection before answering {phase}"
+        word, _, rest = line.strip().partition(" ")
+        if word in ("DONE", "FAIL") and rest.split()[0] == phase:
+            return word
+        if word in ("DONE", "FAIL", "WARN"):
+            continue
+        if on_request:
+            on_request(word)
+        lines.write(("OK" if word in ("PUT", "MPUT", "CLAIM") else "NONE") + "\n")
+
+
+def test_resume_abort_before_a_name_service_answer_is_kept(session):
+    """The coordinator sends RESUME abort to every process as soon as one
+    fails, also to one still in WRITE, whose name-service request (was it
+    thawed?) then finds the PHASE line before its answer.  The shim must
+    take RESUME once WRITE is answered, not as the answer: it lost it, the
+    application stayed parked and its TCP peers' give-back timed out (the
+    flaky test_failed_checkpoint_gives_flushed_tcp_bytes_back)."""
+    path = session.root / "coord.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    server.settimeout(30)
+    env = job_environment(REPO / "native" / "libckpt.so", str(path), "race", base=session.env())
+    with open(session.work / "race.out", "w") as out:
+        app = subprocess.Popen(command(*COUNTER), env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(30)  # a lost RESUME fails the test, never hangs it
+        lines = conn.makefile("rw", buffering=1)
+        assert lines.readline().startswith("HELLO ")
+        lines.write("WELCOME race\n")
+        for phase in ("SUSPEND 1", "DRAIN 1", "FLUSH 1 " + "ab" * 16):
+            lines.write(f"PHASE {phase}\n")
+            assert _answer_until(lines, phase.split()[0]) == "DONE"
+        (session.images / "race").mkdir()
+        sent = []
+
+        def abort_first(word):
+            if not sent:
+                sent.append(word)
+                lines.write("PHASE RESUME 1 abort\n")
+
+        lines.write(f"PHASE WRITE 1 {session.images / 'race'}\n")
+        _answer_until(lines, "WRITE", abort_first)
+        assert sent, "WRITE asked the name service nothing"
+        assert _answer_until(lines, "RESUME") == "DONE"
+        conn.close()
+        assert app.wait(timeout=60) == 0
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+        server.close()
+    assert "PASS" in (session.work / "race.out").read_text()
 
 
 def _launch_with_dir(session, job_id, ckpt_dir, app_args):

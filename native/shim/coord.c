@@ -2,6 +2,15 @@
  * The checkpoint thread's connection to the coordinator: one Unix stream
  * socket, one text line per message (docs/PROTOCOL.md).  Only the
  * checkpoint thread uses it, so it needs no lock.
+ *
+ * Two kinds of lines come in: PHASE lines, which the coordinator sends
+ * when it decides (RESUME abort goes to every process as soon as one
+ * fails, even to one still busy with the failed phase), and the answers
+ * to our name-service requests, in order.  So the line after a request
+ * need not be its answer: a PHASE line that comes first is kept for the
+ * session loop, never taken for the answer (which lost RESUME abort when
+ * it came during WRITE's file claims: the application stayed parked, its
+ * TCP peer's give-back timed out and the next SUSPEND found it parked).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,9 +22,15 @@
 #include <unistd.h>
 #include "shim.h"
 
+/* PHASE lines kept while an answer was awaited: more than one only if the
+ * coordinator moved on twice meanwhile (an abort, then the next checkpoint) */
+#define DEFERRED_MAX 4
+
 static int sock = -1;
 static char inbuf[CKPT_LINE_MAX];
 static size_t inlen;
+static char deferred[DEFERRED_MAX][CKPT_LINE_MAX];
+static unsigned ndeferred;
 
 int coord_connect(const char *path)
 {
@@ -38,6 +53,7 @@ int coord_connect(const char *path)
 	}
 	sock = fd;
 	inlen = 0;
+	ndeferred = 0;
 	return 0;
 }
 
@@ -48,6 +64,7 @@ void coord_close(void)
 	}
 	sock = -1;
 	inlen = 0;
+	ndeferred = 0;
 }
 
 int coord_fd(void)
@@ -80,7 +97,8 @@ int coord_send(const char *fmt, ...)
 	return 0;
 }
 
-int coord_recv(char *line, size_t size)
+/* The next line from the socket: 0, or -1 on EOF, error or a line too long. */
+static int read_line(char *line, size_t size)
 {
 	for (;;) {
 		char *nl = memchr(inbuf, '\n', inlen);
@@ -108,8 +126,47 @@ int coord_recv(char *line, size_t size)
 	}
 }
 
+static int is_phase_line(const char *line)
+{
+	return !strncmp(line, "PHASE ", 6);
+}
+
+/* The session's next line: a PHASE line kept aside first, in order. */
+int coord_recv(char *line, size_t size)
+{
+	if (!ndeferred)
+		return read_line(line, size);
+	snprintf(line, size, "%s", deferred[0]);
+	ndeferred--;
+	memmove(deferred[0], deferred[1], ndeferred * sizeof(deferred[0]));
+	return 0;
+}
+
+/*
+ * The answer to the name-service request just sent: the next line that is
+ * not a PHASE line.  PHASE lines before it are kept for coord_recv, since
+ * the checkpoint thread finishes its phase before it takes the next one.
+ * -1 on EOF or error, or when more PHASE lines come than can be kept (a
+ * coordinator that behaves so is not one we can follow).
+ */
+int coord_recv_answer(char *line, size_t size)
+{
+	for (;;) {
+		if (ndeferred == DEFERRED_MAX)
+			return -1;
+		if (read_line(deferred[ndeferred], sizeof(deferred[0])))
+			return -1;
+		if (!is_phase_line(deferred[ndeferred])) {
+			snprintf(line, size, "%s", deferred[ndeferred]);
+			return 0;
+		}
+		ndeferred++;
+	}
+}
+
 void coord_forget(void)
 {
 	sock = -1;
 	inlen = 0;
+	ndeferred = 0;
 }

@@ -92,7 +92,7 @@ int ckpt_kv_put(const char *key, const char *value)
 
 	if (err)
 		return err;
-	if (coord_recv(line, sizeof(line)))
+	if (coord_recv_answer(line, sizeof(line)))
 		return EPIPE;
 	return strcmp(line, "OK") ? EPROTO : 0;
 }
@@ -104,7 +104,7 @@ int ckpt_kv_get(const char *key, char *value, size_t size)
 
 	if (err)
 		return err;
-	if (coord_recv(line, sizeof(line)))
+	if (coord_recv_answer(line, sizeof(line)))
 		return EPIPE;
 	if (!strcmp(line, "NONE"))
 		return ENOENT;
@@ -124,7 +124,7 @@ int kv_claim(const char *key, const char *value, char *owner, size_t size)
 
 	if (err)
 		return err;
-	if (coord_recv(line, sizeof(line)))
+	if (coord_recv_answer(line, sizeof(line)))
 		return EPIPE;
 	if (!strcmp(line, "OK"))
 		return 0;
@@ -142,7 +142,7 @@ int kv_wait(const char *key, int seconds)
 
 	if (err)
 		return err;
-	if (coord_recv(line, sizeof(line)))
+	if (coord_recv_answer(line, sizeof(line)))
 		return EPIPE;
 	if (!strncmp(line, "VAL", 3))
 		return 0;

@@ -139,6 +139,8 @@ SHIM_HIDDEN void coord_forget(void);	/* after a restart: the fd is gone */
 SHIM_HIDDEN int coord_fd(void);
 SHIM_HIDDEN int coord_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int coord_recv(char *line, size_t size);	/* 0, or -1 on EOF/error */
+/* a name-service answer: PHASE lines that come first wait for coord_recv */
+SHIM_HIDDEN int coord_recv_answer(char *line, size_t size);
 
 /* plugin.c */
 SHIM_HIDDEN int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size);
