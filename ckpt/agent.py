@@ -44,6 +44,7 @@ class HostAgent:
         self._requests = {}      # name-service request id -> future of the answer
         self._tasks = set()
         self.reader = self.writer = None
+        self.child = None        # a restart's ckpt-restart (--run)
 
     async def run(self, command=()):
         """Serve the host until the coordinator closes the connection; with
@@ -56,12 +57,18 @@ class HostAgent:
             if not command:
                 await link
                 return 0
-            child = await asyncio.create_subprocess_exec(*command)
+            self.child = await asyncio.create_subprocess_exec(*command)
+            ended = asyncio.ensure_future(self.child.wait())
+            await asyncio.wait([link, ended], return_when=asyncio.FIRST_COMPLETED)
+            if not ended.done():   # the coordinator is gone: so is the job
+                self._kill_child()
             # the host's processes are gone: the job ends here for this host
-            status = await child.wait()
+            status = await ended
             return 128 - status if status < 0 else status
         finally:
             link.cancel()
+            # ckpt-remote's lock next to the socket (native/remote/host_agent.c)
+            Path(self.local.socket_path + ".lock").unlink(missing_ok=True)
             await self.local.close()
             for task in list(self._tasks):
                 task.cancel()
@@ -153,6 +160,15 @@ class HostAgent:
             try:
                 os.kill(proc.real_pid, signum)
             except OSError:
+                pass
+        if signum == signal.SIGKILL:
+            self._kill_child()   # a restart not done yet: its processes with it
+
+    def _kill_child(self):
+        if self.child is not None and self.child.returncode is None:
+            try:
+                self.child.kill()
+            except ProcessLookupError:
                 pass
 
 

@@ -12,6 +12,7 @@ the coordinator's TCP address and the job's secret file.
 import json
 import os
 import re
+import secrets
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -67,8 +68,8 @@ def state_dir(environ=None):
     candidates.append(Path(f"/tmp/ckpt-{os.getuid()}"))
     last = OSError(0, "no usable path")
     for candidate in candidates:
-        # a socket path "<dir>/<pid>.sock" must fit in sun_path
-        if len(os.fsencode(candidate)) + 16 <= SUN_PATH_MAX:
+        # a socket path "<dir>/<pid>-<8 hex>.sock" must fit in sun_path
+        if len(os.fsencode(candidate)) + 25 <= SUN_PATH_MAX:
             try:
                 return _make_private_dir(candidate)
             except OSError as exc:
@@ -89,8 +90,11 @@ def this_host():
 
 
 def socket_path_for(launcher_pid, directory=None):
+    """New for every coordinator: on other hosts the job's agents serve the
+    same path, and pids (a host's own pid namespace, say) repeat, so an
+    agent of an earlier job must never be taken for this one's."""
     directory = directory if directory is not None else state_dir()
-    return str(directory / f"{launcher_pid}.sock")
+    return str(directory / f"{launcher_pid}-{secrets.token_hex(4)}.sock")
 
 
 def _entry_path(job_id, directory):

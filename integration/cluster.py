@@ -414,9 +414,10 @@ class Cluster:
         for _ in range(50):
             pids = [p for p in self.processes(h) if p != sshd]
             if not pids:
-                return
+                break
             _kill(pids)
             time.sleep(0.05)
+        _drop_stale_rehash_lock()
 
     def _sshd_pid(self, h):
         try:
@@ -509,6 +510,22 @@ def _parse_ss(text):
 
 
 # -- the host's init (pid 1 of its pid namespace) ------------------------------
+def _drop_stale_rehash_lock():
+    """An ssh session's shell killed while pyenv (in root's .bashrc on these
+    machines) rehashes leaves its lock behind, and every later session
+    waits 60 s for it: remove it when no rehash runs."""
+    lock = Path.home() / ".pyenv" / "shims" / ".pyenv-shim"
+    if not lock.exists():
+        return
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"pyenv-rehash" in cmdline.read_bytes():
+                return
+        except OSError:
+            continue
+    lock.unlink(missing_ok=True)
+
+
 def _init(conf):
     conf = json.loads(conf)
     d = conf["dir"]

@@ -1,7 +1,9 @@
 """Multi-host jobs on the test cluster (cluster.py): MPI jobs whose ranks run
 on two hosts join one job over TCP through each host's agent; a checkpoint
 taken from any host covers every process of every host; connections that
-do not prove the job's secret are refused and change nothing."""
+do not prove the job's secret are refused and change nothing; a job
+restarts on the same hosts, on other hosts and on the same hosts swapped,
+and goes on to the result of an uninterrupted run."""
 import json
 import os
 import subprocess
@@ -36,17 +38,29 @@ class Job:
         self.command = cluster.mpirun_args(stack, hosts, np) + \
             [str(MPI_BIN / stack / program)] + [str(a) for a in args]
         self.launch_host = hosts[0]
-        self.out = self.dir / "out"
-        self.err = self.dir / "err"
-        self.proc = None
+        self.out = self.err = self.proc = None
+
+    def _run(self, host, argv, name):
+        """argv on host, its stdout through a pipe (outside the job: a
+        restart gives the restored processes the restarter's) into a file."""
+        out, err = self.dir / f"{name}.out", self.dir / f"{name}.err"
+        shell = ["bash", "-c", 'set -o pipefail; "$@" | cat >> "$0"', str(out)]
+        out.write_bytes(b"")
+        with open(err, "wb") as sink:
+            proc = self.cluster.popen(host, shell + argv, env=self.env, stderr=sink)
+        self.proc, self.out, self.err = proc, out, err
+        return proc
 
     def start(self):
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = self.cluster.popen(
-                self.launch_host, [CKPT, "launch", "--job-id", self.id, "--ckpt-dir",
-                                   str(self.dir / "img"), "--"] + self.command,
-                env=self.env, stdout=out, stderr=err)
+        self._run(self.launch_host, [CKPT, "launch", "--job-id", self.id, "--ckpt-dir",
+                                     str(self.dir / "img"), "--"] + self.command, "launch")
         self.wait_output("READY")
+        return self
+
+    def restart(self, checkpoint, hosts, name):
+        """`ckpt restart --hosts ...` on the first of the new hosts (as a
+        batch script runs on its allocation's first node)."""
+        self._run(hosts[0], [CKPT, "restart", "--hosts", ",".join(hosts), str(checkpoint)], name)
         return self
 
     def ckpt(self, host, *args, check=True, timeout=120):
@@ -58,6 +72,9 @@ class Job:
 
     def status(self, host):
         return self.ckpt(host, "status", self.id).stdout
+
+    def results(self):
+        return [line for line in self.out.read_text().splitlines() if line.startswith("RESULT")]
 
     def wait_output(self, word, timeout=60):
         deadline = time.monotonic() + timeout
@@ -152,8 +169,7 @@ def test_checkpoint_from_any_host_covers_every_host(cluster, jobs, request, stac
         assert image_hosts(path) == ["h1", "h2"], path
         hosts = {p["host"] for p in manifest_of(path)["processes"]}
         assert hosts == {"h1", "h2"}
-    ours = [line for line in job.out.read_text().splitlines() if line.startswith("RESULT")]
-    assert ours and ours == reference_result(cluster, stack, "ring", args, job.dir)
+    assert job.results() and job.results() == reference_result(cluster, stack, "ring", args, job.dir)
 
 
 def _raw_connection(cluster, host, address, first_lines):
@@ -215,4 +231,96 @@ def test_kill_from_another_host_ends_every_process(cluster, jobs, request):
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
+
+
+def checkpoints_then_kill(job, rng, count=3):
+    """count checkpoints at random moments, the last with --kill."""
+    paths = []
+    for i in range(count):
+        time.sleep(rng.uniform(0.2, 1.0))
+        extra = ["--kill"] if i == count - 1 else []
+        paths.append(job.ckpt(job.cluster.names[1], "checkpoint", *extra, job.id).stdout.strip())
+    assert job.proc.wait(timeout=30) != 0
+    return paths
+
+
+def wait_restored(job, host, timeout=120):
+    """Until the restarted job's processes are all back (status lists them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = job.ckpt(host, "status", job.id, check=False)
+        if r.returncode == 0 and "restarted from" in r.stdout and "@" in r.stdout:
+            return
+        assert job.proc.poll() is None, job.err.read_text()
+        assert time.monotonic() < deadline, "the restart did not come up"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_restart_on_same_other_and_swapped_hosts(cluster, jobs, request, stack, rng):
+    """Three checkpoints, the last with --kill.  The first restarts on the
+    same hosts and is checkpointed again (--kill) once restored; the last
+    restarts on two other hosts, the new one on the same hosts swapped;
+    both go on to the uninterrupted run's result.  A job that ends
+    normally leaves its ports in TIME_WAIT for a minute: only runs ended by
+    --kill (which resets their connections) are followed by a restart on
+    their hosts, and the reference runs last.
+
+    Ranks 0 and 2 (on different hosts) first talk in the ring's final
+    MPI_Reduce: after a restart on other hosts that connection is made to
+    the addresses the ranks exchanged at start-up, which the shim takes to
+    the new hosts."""
+    args = (300, 20)
+    job = jobs(request.node.name, stack, ["h1", "h2"], "ring", args).start()
+    first, _second, last = checkpoints_then_kill(job, rng)
+    job.restart(first, ["h1", "h2"], "same")
+    wait_restored(job, "h1")
+    time.sleep(rng.uniform(0.2, 1.0))
+    again = job.ckpt("h3", "checkpoint", "--kill", job.id).stdout.strip()
+    assert image_hosts(again) == ["h1", "h2"] and job.proc.wait(timeout=30) != 0
+    results = {}
+    for name, path, hosts in (("other", last, ["h3", "h4"]), ("swapped", again, ["h2", "h1"])):
+        job.restart(path, hosts, name).finish()
+        results[name] = job.results()
+    expected = reference_result(cluster, stack, "ring", args, job.dir)
+    assert results == {name: expected for name in results}
+
+
+def test_restart_chain_across_three_host_sets(cluster, jobs, request, rng):
+    args = (400, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args).start()
+    path = checkpoints_then_kill(job, rng, count=1)[0]
+    for hosts in (["h3", "h4"], ["h2", "h3"]):
+        job.restart(path, hosts, "-".join(hosts))
+        wait_restored(job, hosts[0])
+        time.sleep(rng.uniform(0.2, 1.0))
+        path = job.ckpt(hosts[1], "checkpoint", "--kill", job.id).stdout.strip()
+        assert image_hosts(path) == sorted(hosts), path
+        assert job.proc.wait(timeout=30) != 0
+    job.restart(path, ["h4", "h1"], "h4-h1").finish()
+    assert job.results() == reference_result(cluster, "openmpi", "ring", args, job.dir)
+
+
+def test_restart_on_unreachable_or_too_few_hosts_fails_clearly(cluster, jobs, request):
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", (100000, 20)).start()
+    path = job.ckpt("h2", "checkpoint", "--kill", job.id).stdout.strip()
+    job.proc.wait(timeout=30)
+    r = job.ckpt("h1", "restart", "--hosts", "h3", path, check=False)
+    assert r.returncode == 2 and "2 hosts" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = job.ckpt("h1", "restart", "--hosts", "h3,nosuchhost", path, check=False)
+    assert r.returncode == 2 and "nosuchhost" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # a host whose name resolves, where nothing answers
+    hosts_file = cluster.dir / "hosts"
+    original = hosts_file.read_text()
+    ghost = cluster.subnet.rsplit(".", 1)[0] + ".99"
+    hosts_file.write_text(original + f"{ghost} ghost\n")
+    try:
+        r = job.ckpt("h1", "restart", "--hosts", "h3,ghost", path, check=False, timeout=180)
+    finally:
+        hosts_file.write_text(original)
+    assert r.returncode != 0 and "ghost" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for host in cluster.names:   # the part restored on h3 is gone too
+        left = [p for p in cluster.processes(host)
+                if "sshd" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
         assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])

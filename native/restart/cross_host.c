@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -176,8 +177,37 @@ static int is_listening_end(const struct ckpt_fd *f)
 /* Listeners of a moment, one per local address of the listening ends. */
 struct meeting {
 	int fd;
-	const struct ckpt_fd *at;
+	const struct ckpt_fd *at;	/* an end it is for */
+	struct ckpt_sockaddr where;	/* where it listens */
 };
+
+static void set_port(struct ckpt_sockaddr *a, unsigned port)
+{
+	((struct sockaddr_in *)a->addr)->sin_port = htons(port);	/* same for IPv6 */
+}
+
+/* A listener at f's own address; if the port is taken (the old job's
+ * connections on this host linger), any port: the far end is told which. */
+static int listen_at(const struct ckpt_fd *f, struct ckpt_sockaddr *where)
+{
+	socklen_t len = sizeof(where->addr);
+	char at[80];
+	int s = restart_socket(f);
+
+	*where = f->sock_local;
+	if (bind(s, (const struct sockaddr *)where->addr, where->len) && errno == EADDRINUSE) {
+		set_port(where, 0);
+		if (bind(s, (const struct sockaddr *)where->addr, where->len))
+			goto fail;
+	}
+	if (listen(s, SOMAXCONN) || getsockname(s, (struct sockaddr *)where->addr, &len))
+		goto fail;
+	where->len = len;
+	return s;
+fail:
+	die("cannot listen on %s to reconnect a connection from another host: %s",
+	    text(&f->sock_local, at, sizeof(at)), strerror(errno));
+}
 
 static int listen_for(struct cross_end *ends, unsigned n, struct meeting *ls)
 {
@@ -193,17 +223,12 @@ static int listen_for(struct cross_end *ends, unsigned n, struct meeting *ls)
 		for (k = 0; k < nls && !same(&ls[k].at->sock_local, &f->sock_local); k++)
 			;
 		if (k == nls) {
-			ls[nls].fd = restart_socket(f);
 			ls[nls].at = f;
-			if (bind(ls[nls].fd, (const struct sockaddr *)f->sock_local.addr,
-				 f->sock_local.len) || listen(ls[nls].fd, SOMAXCONN))
-				die("cannot listen on %s to reconnect a connection from another "
-				    "host: %s", text(&f->sock_local, where, sizeof(where)),
-				    strerror(errno));
+			ls[nls].fd = listen_at(f, &ls[nls].where);
 			nls++;
 		}
 		conn_key(f, "xtcp", key, sizeof(key));
-		kv_put(key, "listening");
+		kv_put(key, text(&ls[k].where, where, sizeof(where)));
 	}
 	return nls;
 }
@@ -215,8 +240,15 @@ static void connect_out(struct cross_end *e)
 	socklen_t len = sizeof(from.addr);
 	char key[200], value[80], where[80];
 
+	struct ckpt_sockaddr to = f->sock_peer;
+	const char *port;
+
 	conn_key(f, "xtcp", key, sizeof(key));
 	kv_wait(key, MEET_SECONDS, value, sizeof(value));
+	port = strrchr(value, ':');	/* where the far end listens: its port may be new */
+	if (!port)
+		die("bad meeting address %s for %s", value, key);
+	set_port(&to, atoi(port + 1));
 	e->fd = restart_socket(f);
 	if (bind(e->fd, (const struct sockaddr *)from.addr, from.len)) {
 		/* TIME_WAIT of the old connection holds the port: any port will do */
@@ -224,9 +256,9 @@ static void connect_out(struct cross_end *e)
 		if (bind(e->fd, (const struct sockaddr *)from.addr, from.len))
 			die("cannot bind to %s: %s", text(&from, where, sizeof(where)), strerror(errno));
 	}
-	if (connect(e->fd, (const struct sockaddr *)f->sock_peer.addr, f->sock_peer.len))
-		die("cannot reconnect to %s on another host: %s",
-		    text(&f->sock_peer, where, sizeof(where)), strerror(errno));
+	if (connect(e->fd, (const struct sockaddr *)to.addr, to.len))
+		die("cannot reconnect to %s on another host: %s", text(&to, where, sizeof(where)),
+		    strerror(errno));
 	from.len = len;
 	if (getsockname(e->fd, (struct sockaddr *)from.addr, &len))
 		die("getsockname: %s", strerror(errno));

@@ -23,6 +23,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 #include "ckpt_sockopts.h"
 #include "restart.h"
@@ -379,6 +380,32 @@ static void unlink_stale_name(const struct ckpt_fd *f)
 		unlink(un->sun_path);
 }
 
+/* TIME_WAIT of connections that a socket without SO_REUSEADDR closed
+ * first (a job that ended on this host a moment ago: MPI libraries
+ * number their listeners from the same first port) holds the port for a
+ * minute: wait for it, once, rather than fail the restart. */
+#define TIME_WAIT_SECONDS 65
+
+static int bind_after_time_wait(int s, const struct ckpt_fd *f, const char *at)
+{
+	static time_t deadline;	/* one minute for all of them: they ended together */
+	struct timespec pause = { 0, 250 * 1000 * 1000 };
+
+	if (!deadline) {
+		warn("port %s is taken, by the TIME_WAIT of a job that just ended here?: "
+		     "waiting up to %d s for it", at, TIME_WAIT_SECONDS);
+		deadline = time(NULL) + TIME_WAIT_SECONDS;
+	}
+	while (time(NULL) < deadline) {
+		nanosleep(&pause, NULL);
+		if (!bind(s, sa(&f->sock_local), f->sock_local.len))
+			return 1;
+		if (errno != EADDRINUSE)
+			return 0;
+	}
+	return 0;
+}
+
 static void bind_as_before(int s, const struct shared_socket *ss)
 {
 	const struct ckpt_fd *f = &ss->rec->f;
@@ -395,12 +422,11 @@ static void bind_as_before(int s, const struct shared_socket *ss)
 			snprintf(at, sizeof(at), "%s", f->sock_local.addr + 2);
 		else
 			sockaddr_text(&f->sock_local, at, sizeof(at));
-		/* TIME_WAIT of connections a listener without SO_REUSEADDR
-		 * closed first holds its port for a minute */
+		if (errno == EADDRINUSE && f->sock_domain != AF_UNIX && bind_after_time_wait(s, f, at))
+			return;
 		if (errno == EADDRINUSE && f->sock_domain != AF_UNIX)
-			die("cannot bind a socket to %s again: it is in use, or the old job's "
-			    "closed connections hold it for up to a minute (TIME_WAIT): restart "
-			    "again later", at);
+			die("cannot bind a socket to %s again: it is in use (for longer than "
+			    "connections that ended stay in TIME_WAIT)", at);
 		die("cannot bind a socket to %s again: %s", at, strerror(errno));
 	}
 }

@@ -284,6 +284,7 @@ static int after_restart(void)
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 	exe_err = restore_exe_link();
 	net_addresses_restarted(shim_restart_info.addr_moves, shim_restart_info.naddr_moves);
+	shim_hostname_forget();		/* the host it runs on now */
 	/* children forked from now on join the new coordinator */
 	snprintf(coord_path, sizeof(coord_path), "%s", shim_restart_info.coord_path);
 	err = coord_connect(coord_path);

@@ -53,13 +53,19 @@ int64_t shim_now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static struct utsname host_uts;
+
 const char *shim_hostname(void)
 {
-	static struct utsname u;
+	if (!host_uts.nodename[0] && uname(&host_uts))
+		strcpy(host_uts.nodename, "localhost");
+	return host_uts.nodename;
+}
 
-	if (!u.nodename[0] && uname(&u))
-		strcpy(u.nodename, "localhost");
-	return u.nodename;
+/* After a restart, perhaps on another host: ask again. */
+void shim_hostname_forget(void)
+{
+	host_uts.nodename[0] = 0;
 }
 
 /* strerror() may malloc and take locale locks (translations, unknown

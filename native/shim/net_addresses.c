@@ -25,28 +25,36 @@
 static struct ckpt_addr_move moves[CKPT_ADDR_MOVES_MAX];	/* virtual -> real */
 static unsigned nmoves;
 
-/* Called by the checkpoint thread after a restart, application parked. */
+static uint32_t moved_to(const struct ckpt_addr_move *moved, unsigned n, uint32_t addr)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (moved[i].from == addr)
+			return moved[i].to;
+	return addr;
+}
+
+static int in_table(uint32_t addr, int virtual_side)
+{
+	for (unsigned k = 0; k < nmoves; k++)
+		if ((virtual_side ? moves[k].from : moves[k].to) == addr)
+			return 1;
+	return 0;
+}
+
+/* Called by the checkpoint thread after a restart, application parked.
+ * moved: real address before -> real address now.  Every virtual address
+ * follows its real one; an address of the first run that had not moved
+ * yet (its real address was itself) joins the table. */
 void net_addresses_restarted(const struct ckpt_addr_move *moved, unsigned n)
 {
 	if (n > CKPT_ADDR_MOVES_MAX)
 		n = CKPT_ADDR_MOVES_MAX;
-	for (unsigned i = 0; i < n; i++) {
-		unsigned k;
-
-		/* a virtual address whose real one moved follows it */
-		for (k = 0; k < nmoves; k++)
-			if (moves[k].to == moved[i].from)
-				break;
-		if (k < nmoves) {
-			moves[k].to = moved[i].to;
-			continue;
-		}
-		/* a host that had not moved yet: its real address was its virtual one */
-		for (k = 0; k < nmoves && moves[k].from != moved[i].from; k++)
-			;
-		if (k == nmoves && nmoves < CKPT_ADDR_MOVES_MAX)
-			moves[nmoves++] = moved[i];
-	}
+	for (unsigned i = 0; i < n; i++)
+		if (!in_table(moved[i].from, 1) && !in_table(moved[i].from, 0) &&
+		    nmoves < CKPT_ADDR_MOVES_MAX)
+			moves[nmoves++] = (struct ckpt_addr_move){ moved[i].from, moved[i].from };
+	for (unsigned k = 0; k < nmoves; k++)
+		moves[k].to = moved_to(moved, n, moves[k].to);
 }
 
 static uint32_t *ipv4_in(const struct sockaddr *sa, socklen_t len)

@@ -75,6 +75,7 @@ static inline uint64_t shim_object_id(uint64_t dev, uint64_t ino)
 SHIM_HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int64_t shim_now_ns(void);
 SHIM_HIDDEN const char *shim_hostname(void);
+void shim_hostname_forget(void);
 SHIM_HIDDEN const char *shim_strerror(int err);
 
 /* procfs.c */
