@@ -29,6 +29,7 @@ bench: all
 	python3 bench/engine_bench.py
 	python3 bench/softverbs_bench.py
 	python3 bench/mpi_bench.py
+	python3 bench/multihost_bench.py
 	python3 bench/ib_bench.py
 
 clean:

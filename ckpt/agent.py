@@ -146,11 +146,14 @@ class HostAgent:
         """One barrier over the host's processes named by tags; one answer."""
         _word, phase, seq, *arg = line.split(" ", 3)
         procs = [self.procs[t] for t in tags if t in self.procs]
-        answer = {"done": {}, "fail": None}
+        answer = {"fail": None}
         try:
             done, _gone = await barrier(phase, procs, timeout=timeout,
                                         arg=arg[0] if arg else None, seq=int(seq))
-            answer["done"] = {proc.tag: keys for proc, keys in done.items()}
+            if len(done) == len(procs) and not any(done.values()):
+                answer["all"] = True   # every one, nothing to say: the usual case
+            else:
+                answer["done"] = {proc.tag: keys for proc, keys in done.items()}
         except PhaseError as exc:
             answer["fail"] = f"{exc} (on {self.host})"
         self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")

@@ -109,6 +109,8 @@ class AgentLink:
             raise PhaseError(f"lost the connection to the agent of host {self.host}")
         if answer.get("fail"):
             raise PhaseError(answer["fail"])
+        if answer.get("all"):
+            return [(proc, {}) for proc in group]
         done = answer.get("done", {})
         return [(proc, done.get(proc.tag)) for proc in group]
 

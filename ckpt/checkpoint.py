@@ -90,8 +90,9 @@ class CheckpointRun:
                 synced = await self._phase("SYNC")
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
+            taken_part = set(self.procs)
             for proc in self.coord.live_processes():
-                if proc not in self.procs:
+                if proc not in taken_part:
                     self.coord.note(f"{proc.describe()} started during the checkpoint and is not part of it")
             return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
@@ -128,7 +129,8 @@ class CheckpointRun:
             if not await self.coord.wait_for_ids(children, CHILD_HELLO_WAIT):
                 self.coord.note("a child forked just before the checkpoint did not register "
                                 "in time (exited, or still in exec?); it may be left out")
-            newcomers = [p for p in self.coord.live_processes() if p not in self.procs]
+            known = set(self.procs)
+            newcomers = [p for p in self.coord.live_processes() if p not in known]
             if not newcomers:
                 return taken
             self.to_abort.extend(newcomers)
@@ -142,12 +144,16 @@ class CheckpointRun:
     def _image_entries(self, written, threads):
         """Manifest entries from the DONE WRITE keys, checked against the files."""
         entries = {}
+        # one pass over the directory, not a path lookup per image
+        sizes = {entry.name: entry.stat().st_size for entry in os.scandir(self.tmp)}
         for proc in self.procs:
             keys = written[proc]
             name = keys.get("file", "")
             if not name or "/" in name or name.startswith("."):
                 raise PhaseError(f"{proc.describe()} reported a bad image name {name!r}")
-            size = os.stat(self.tmp / name).st_size
+            if name not in sizes:
+                raise PhaseError(f"image {name} of {proc.describe()} is not in {self.tmp}")
+            size = sizes[name]
             if str(size) != keys.get("size"):
                 raise PhaseError(f"image {name} has {size} bytes, {proc.describe()} reported {keys.get('size')}")
             entries[proc] = {

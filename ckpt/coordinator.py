@@ -76,8 +76,10 @@ class Coordinator:
     async def start(self):
         await self.local.start()
         if self.secret is not None:
+            # every host's agent connects at once when a big job starts
             self._tcp_server = await asyncio.start_server(
-                self._on_tcp_connect, host="0.0.0.0", port=0, limit=16 * self.line_max)
+                self._on_tcp_connect, host="0.0.0.0", port=0, limit=16 * self.line_max,
+                backlog=4096)
             self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
 
     async def close(self):
