@@ -8,7 +8,12 @@
     for all of their processes at once, as a host's agent does, and write
     an empty image per process.  Target: under 1 s at 32,768.
 
-    python3 bench/multihost_bench.py [--reps 3] [--only barrier]
+  - a 2-host MPICH job on the test cluster (integration/cluster.py; root),
+    4 ranks x 512 MiB: checkpoint and restart as ratios to writing and
+    reading the same bytes on the same (shared) filesystem in the same run,
+    and each rank's stopped time.  Target: ratios at least 0.8.
+
+    python3 bench/multihost_bench.py [--reps 3] [--mib 512] [--only barrier|job]
 """
 import argparse
 import asyncio
@@ -28,7 +33,10 @@ sys.path.insert(0, str(REPO / "bench"))
 from ckpt import auth  # noqa: E402
 from ckpt.coordinator import Coordinator  # noqa: E402
 from ckpt.wire import split_line, unescape  # noqa: E402
-from engine_bench import table  # noqa: E402
+from engine_bench import baseline, fmt, table  # noqa: E402
+
+MPIMEM = REPO / "bench" / "mpi" / "bin" / "mpimem"
+CKPT = str(REPO / "bin" / "ckpt")
 
 SCALES = ((1024, 16), (8192, 128), (32768, 512))
 
@@ -113,6 +121,117 @@ def barrier_scale(reps):
           ["processes", "hosts", "round s", "best s", "us per process", "under 1 s"], rows)
 
 
+# ---- a real 2-host job on the test cluster ----------------------------------
+
+def _wait_change(path, before, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while path.stat().st_mtime_ns == before:
+        if proc.poll() is not None:
+            raise RuntimeError("the restart failed")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the restarted job never wrote")
+        time.sleep(0.002)
+
+
+class ClusterJob:
+    def __init__(self, cluster, mib):
+        self.cluster = cluster
+        self.dir = cluster.shared_dir / "bench"
+        self.dir.mkdir(exist_ok=True)
+        self.out = self.dir / "job.out"
+        self.env = dict(os.environ, **cluster.mpi_env("mpich"), PYTHONPATH=str(REPO),
+                        CKPT_SHARED_STATE_DIR=str(self.dir / "registry"))
+        self.env.pop("XDG_RUNTIME_DIR", None)
+        self.argv = cluster.mpirun_args("mpich", ["h1", "h2"], 4) + [str(MPIMEM), str(mib)]
+
+    def ckpt(self, *args):
+        return subprocess.run([CKPT, *args], env=self.env, check=True, capture_output=True,
+                              text=True, timeout=600).stdout.strip()
+
+    def launch(self):
+        with open(self.out, "w") as out:
+            self.proc = self.cluster.popen("h1", [CKPT, "launch", "--job-id", "bench2", "--ckpt-dir",
+                                                  str(self.dir / "img"), "--"] + self.argv,
+                                           env=self.env, stdout=out, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while "READY" not in self.out.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the 2-host job did not start")
+            time.sleep(0.05)
+
+    def checkpoint(self):
+        start = time.monotonic()
+        path = Path(self.cluster.run("h1", [CKPT, "checkpoint", "bench2"], env=self.env,
+                                     check=True, capture_output=True, text=True).stdout.strip())
+        wall = time.monotonic() - start
+        procs = json.loads((path / "manifest.yaml").read_text())["processes"]
+        return path, wall, procs
+
+    def restart(self, path):
+        before = self.out.stat().st_mtime_ns
+        start = time.monotonic()
+        self.proc = self.cluster.popen("h1", [CKPT, "restart", str(path)], env=self.env,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_change(self.out, before, self.proc)
+        return time.monotonic() - start
+
+    def kill(self):
+        self.cluster.run("h1", [CKPT, "kill", "bench2"], env=self.env, capture_output=True)
+        self.proc.wait(timeout=60)
+        for host in ("h1", "h2"):
+            self.cluster.kill_all(host)
+        time.sleep(1)       # the killed ranks' memory goes back
+
+
+def two_host_job(mib, reps):
+    sys.path.insert(0, str(REPO / "integration"))
+    from cluster import Cluster, ClusterUnavailable
+    try:
+        cluster = Cluster(n=2).start()
+    except ClusterUnavailable as exc:
+        print(f"\n2-host job: skipped ({exc})")
+        return
+    try:
+        _two_host_job(cluster, mib, reps)
+    finally:
+        cluster.stop()
+
+
+def _two_host_job(cluster, mib, reps):
+    job = ClusterJob(cluster, mib)
+    data = job.dir / "baseline.bin"
+    total = 4 * mib
+    job.launch()
+    base_write, walls, stops = [], [], []
+    for _ in range(reps):
+        base_write.append(baseline("write", data, total))
+        data.unlink()
+        path, wall, procs = job.checkpoint()
+        walls.append(wall)
+        ranks = sorted((p for p in procs if p["size"] > mib << 19), key=lambda p: (p["host"], p["pid"]))
+        stops.append([p["stopped_ns"] / 1e9 for p in ranks])
+    job.kill()
+    base_read, restarts = [], []
+    for _ in range(reps):
+        baseline("write", data, total)
+        base_read.append(baseline("read", data))
+        data.unlink()
+        restarts.append(job.restart(path))
+        job.kill()
+    med = statistics.median
+    bw, br = med(base_write), med(base_read)
+    per_rank = [med(s[i] for s in stops) for i in range(len(stops[0]))]
+    table(f"2-host MPICH job (h1, h2), 4 ranks x {mib} MiB, median of {reps}",
+          ["what", "seconds", "baseline s", "ratio (>=0.8)"],
+          [["checkpoint, wall", f"{med(walls):.2f}", f"{bw:.2f}", f"{bw / med(walls):.2f}"],
+           ["restart to running", f"{med(restarts):.2f}", f"{br:.2f}", f"{br / med(restarts):.2f}"]]
+          + [[f"rank {i} stopped", f"{s:.2f}", "", ""] for i, s in enumerate(per_rank)])
+    print(f"  baselines: write = one sequential write()+fsync of {total} MiB to the shared "
+          "filesystem; read = read() of it back")
+    print(f"  all runs, s: baseline write {fmt(base_write)}  checkpoint {fmt(walls)}  "
+          f"baseline read {fmt(base_read)}  restart {fmt(restarts)}")
+
+
 def main():
     if len(sys.argv) == 6 and sys.argv[1] == "--simulate":
         address, secret_file, hosts, per_host = sys.argv[2:]
@@ -120,10 +239,15 @@ def main():
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--only", choices=["barrier"])
+    parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--only", choices=["barrier", "job"])
     args = parser.parse_args()
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
-    barrier_scale(args.reps)
+    if args.only in (None, "barrier"):
+        barrier_scale(args.reps)
+    if args.only in (None, "job"):
+        subprocess.run(["make", "-s", "-C", str(REPO / "bench" / "mpi")], check=True)
+        two_host_job(args.mib, args.reps)
 
 
 if __name__ == "__main__":
