@@ -324,3 +324,41 @@ def test_restart_on_unreachable_or_too_few_hosts_fails_clearly(cluster, jobs, re
         left = [p for p in cluster.processes(host)
                 if "sshd" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
         assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
+
+
+def test_host_that_dies_during_a_checkpoint(cluster, jobs, request):
+    """h2 hangs in the middle of a checkpoint (every process of it stopped,
+    its agent too), then dies.  The checkpoint fails naming h2, the previous
+    checkpoint stays the latest and whole, h1's processes are resumed; the
+    MPI job then ends as Open MPI ends a job that lost a node, and nothing
+    is left on any host."""
+    import signal
+    sys.path.insert(0, str(REPO))
+    from ckpt.image import verify_checkpoint
+
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", (100000, 20)).start()
+    first = Path(job.ckpt("h1", "checkpoint", job.id).stdout.strip())
+    for pid in cluster.processes("h2"):
+        if "sshd" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+            os.kill(pid, signal.SIGSTOP)
+    second = cluster.popen("h1", [CKPT, "checkpoint", job.id], env=job.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)          # it waits for h2 now
+    assert second.poll() is None
+    cluster.kill_all("h2")
+    out, err = second.communicate(timeout=60)
+    assert second.returncode != 0 and "h2" in err and "Traceback" not in err, (out, err)
+    job_dir = first.parent
+    assert os.readlink(job_dir / "latest") == first.name
+    assert not [p for p in job_dir.iterdir() if p.name.startswith(".ckpt-")]
+    verify_checkpoint(first, checksum=True)
+    assert job.proc.wait(timeout=60) != 0
+    for host in ("h1", "h2"):
+        deadline = time.monotonic() + 10
+        while True:
+            left = [p for p in cluster.processes(host)
+                    if "sshd" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
