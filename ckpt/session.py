@@ -189,15 +189,20 @@ class JobSession:
               f"{self.coordinator.job_dir / 'coordinator.log'})", file=sys.stderr)
         return await self.go_on_without_launcher(status)
 
-    async def still_running(self, ended_pid, settle=1.0):
+    async def still_running(self, ended_pid, settle=1.0, hello_wait=5.0):
         """The job's processes that still run once ended_pid is gone (its
-        children that ended with it have `settle` seconds to leave)."""
-        deadline = self.loop.time() + settle
+        children that ended with it have `settle` seconds to leave; a
+        process of ours that has not said HELLO yet, a daemon forked just
+        before, has `hello_wait` seconds to)."""
+        now = self.loop.time()
+        deadline, hello_deadline = now + settle, now + hello_wait
         while True:
             # other hosts' processes: registered is running
             left = [p for p in self.coordinator.live_processes()
                     if p.agent is not None or (p.real_pid != ended_pid and _running(p.real_pid))]
-            if not left or self.loop.time() > deadline:
+            waiting_hello = not left and self.loop.time() < hello_deadline and \
+                any(pid != ended_pid for pid in _live_children())
+            if not waiting_hello and (not left or self.loop.time() > deadline):
                 return left
             await asyncio.sleep(0.05)
 
@@ -253,6 +258,18 @@ def _remove(path):
         os.unlink(path)
     except OSError:
         pass
+
+
+def _live_children():
+    """Our children that run: as a subreaper, the job's orphans too."""
+    pids = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids.update(int(pid) for pid in children.read().split())
+        except OSError:
+            continue
+    return [pid for pid in pids if _running(pid)]
 
 
 def _running(pid):
