@@ -5,6 +5,7 @@ do not prove the job's secret are refused and change nothing; a job
 restarts on the same hosts, on other hosts and on the same hosts swapped,
 and goes on to the result of an uninterrupted run."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -362,3 +363,62 @@ def test_host_that_dies_during_a_checkpoint(cluster, jobs, request):
                 break
             time.sleep(0.1)
         assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
+
+
+UD_MESH = REPO / "integration" / "ib" / "bin" / "ud_mesh"
+MESH_SCRIPT = """
+# 4 ranks of ud_mesh: 2 here, 2 on $2 through ssh; they meet in files in $1
+D=$1; B=$2; R=$3
+mkdir -p $D
+E="LD_LIBRARY_PATH=$SOFTVERBS SOFTVERBS_DIR=$FABRIC CKPT_IB_DEBUG=1"
+for rank in 0 1; do env $E $MESH --rank $rank --of 4 --dir $D $R 2 & done
+for rank in 2 3; do ssh $B env $E $MESH --rank $rank --of 4 --dir $D $R 2 & done
+wait
+"""
+
+
+def mesh_results(text):
+    return sorted(re.findall(r"rank (\d+) of 4, \d+ rounds, ([0-9a-f]{16})", text))
+
+
+def test_ud_mesh_over_softverbs_restarted_on_two_other_hosts(cluster, jobs, request):
+    """Every rank sends to every other over UD (softverbs' UDP transport
+    between hosts, an address handle per peer); checkpointed on h1, h2 and
+    restarted on h3, h4: new adapters, new LIDs and QPNs on new hosts,
+    which the IB plugin exchanges through the coordinator.  Each rank checks
+    that every message came exactly once, in order and intact."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "native" / "softverbs")], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "ib")], check=True)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", ())  # its own command below
+    script = job.dir / "mesh.sh"
+    script.write_text(MESH_SCRIPT)
+    job.env.update(SOFTVERBS=str(REPO / "native" / "softverbs"), FABRIC=str(job.dir / "fabric"),
+                   MESH=str(UD_MESH))
+    rounds = "2500"
+    job._run("h1", [CKPT, "launch", "--job-id", job.id, "--ckpt-dir", str(job.dir / "img"),
+                    "--", "bash", str(script), str(job.dir / "meet"), "h2", rounds], "launch")
+    job.wait_output("READY 3")
+    time.sleep(1.0)
+    path = job.ckpt("h3", "checkpoint", "--kill", job.id).stdout.strip()
+    assert image_hosts(path) == ["h1", "h2"]
+    assert job.proc.wait(timeout=30) != 0
+    job.restart(path, ["h3", "h4"], "moved")
+    deadline = time.monotonic() + 120
+    while len(mesh_results(job.out.read_text())) < 4:
+        assert job.proc.poll() is None, job.err.read_text()
+        assert time.monotonic() < deadline, "the restarted mesh did not finish"
+        time.sleep(0.2)
+    assert job.proc.wait(timeout=30) == 0, job.err.read_text()
+    moved = job.out.read_text()
+    # the ranks' stderr is the launcher's file (restored as it was)
+    said = (job.dir / "launch.err").read_text()
+    rebuilt = re.findall(r"QP (0x[0-9a-f]+) is now (0x[0-9a-f]+) on LID (0x[0-9a-f]+)", said)
+    assert len(rebuilt) == 4, said          # every rank's QP, each on a new adapter
+    created = re.findall(r"READY|", said)
+    assert created
+    # the same mesh, uninterrupted, on h3 and h4
+    reference = subprocess.run(
+        cluster.enter_argv("h3") + ["bash", str(script), str(job.dir / "meet-ref"), "h4", rounds],
+        env=job.env, capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    assert mesh_results(moved) == mesh_results(reference.stdout) and len(mesh_results(moved)) == 4

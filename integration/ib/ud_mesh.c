@@ -8,6 +8,11 @@
  * suffice and no message is dropped for want of one.
  *
  *   ud_mesh [processes] [rounds] [ms-per-round]
+ *   ud_mesh --rank I --of N --dir DIR [rounds] [ms-per-round]
+ *
+ * The second form is one rank of N, started on any host: ranks find each
+ * other's LID and QPN in files DIR/rank-I (DIR on a filesystem the hosts
+ * share), and each prints its own RESULT.
  */
 #include <sys/wait.h>
 #include "verbs_common.h"
@@ -23,6 +28,32 @@ struct msg {
 	uint64_t sum;
 	uint8_t data[PAYLOAD - 16];
 };
+
+static const char *rendezvous;	/* --dir: ranks meet in files, not memory */
+
+/* This rank's address in DIR/rank-ME, then every other rank's. */
+static void meet_in_files(struct peer_info *t, int me, int n)
+{
+	char path[4096], tmp[4096];
+	FILE *f;
+
+	snprintf(tmp, sizeof(tmp), "%s/.rank-%d.tmp", rendezvous, me);
+	snprintf(path, sizeof(path), "%s/rank-%d", rendezvous, me);
+	f = fopen(tmp, "w");
+	zdtm_check(f && fprintf(f, "%u %u\n", t[me].lid, t[me].qpn) > 0 && !fclose(f), "%s", tmp);
+	zdtm_check(!rename(tmp, path), "rename %s", path);
+	for (int p = 0; p < n; p++) {
+		unsigned lid, qpn;
+
+		snprintf(path, sizeof(path), "%s/rank-%d", rendezvous, p);
+		while (!(f = fopen(path, "r")))
+			zdtm_pace(10);
+		zdtm_check(fscanf(f, "%u %u", &lid, &qpn) == 2, "%s", path);
+		fclose(f);
+		t[p].lid = lid;
+		t[p].qpn = qpn;
+	}
+}
 
 static uint64_t fill(struct msg *m, int src, int dst, uint32_t round)
 {
@@ -94,8 +125,13 @@ static void setup(struct rank *r, struct peer_info *t)
 		post_recv(r, s);
 	t[r->me].lid = port_lid(r->ctx);
 	t[r->me].qpn = r->qp->qp_num;
-	atomic_store(&t[r->me].ready, 1);
-	wait_all_ready(t, r->n);
+	if (rendezvous) {
+		meet_in_files(t, r->me, r->n);
+		printf("READY %d\n", r->me);
+	} else {
+		atomic_store(&t[r->me].ready, 1);
+		wait_all_ready(t, r->n);
+	}
 	for (int p = 0; p < r->n; p++) {
 		struct ibv_ah_attr ah = { .dlid = t[p].lid, .port_num = 1 };
 
@@ -175,6 +211,9 @@ static void run_rank(int me, int n, long rounds, long pace, struct peer_info *t)
 			   me, r.next_round[p], p);
 	t[me].result = r.hash;
 	t[me].done = 1;
+	if (rendezvous)
+		zdtm_pass("rank %d of %d, %ld rounds, %016llx", me, n, rounds,
+			  (unsigned long long)r.hash);
 	exit(0);
 }
 
@@ -185,6 +224,18 @@ int main(int argc, char **argv)
 	pid_t pids[MAXP];
 	uint64_t total = 0;
 
+	if (argc >= 7 && !strcmp(argv[1], "--rank") && !strcmp(argv[3], "--of") &&
+	    !strcmp(argv[5], "--dir")) {
+		int me = atoi(argv[2]);
+
+		setvbuf(stdout, NULL, _IOLBF, 0);	/* ranks share a pipe: whole lines */
+		n = atol(argv[4]);
+		rendezvous = argv[6];
+		rounds = argc > 7 ? atol(argv[7]) : rounds;
+		pace = argc > 8 ? atol(argv[8]) : pace;
+		zdtm_check(n >= 2 && n <= MAXP && me >= 0 && me < n, "rank %d of %ld", me, n);
+		run_rank(me, n, rounds, pace, peer_table(n));
+	}
 	if (argc > 1)
 		n = atol(argv[1]);
 	if (argc > 2)
