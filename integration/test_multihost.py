@@ -220,19 +220,40 @@ def test_connections_without_the_secret_are_refused(cluster, jobs, request):
     assert len(refused) == 2, job.err.read_text()
 
 
+def assert_nothing_left(cluster, hosts, wait=10):
+    """Only sshd is left on hosts (killed processes get `wait` seconds to be
+    reaped by the host's init)."""
+    for host in hosts:
+        deadline = time.monotonic() + wait
+        while True:
+            left = [p for p in cluster.processes(host)
+                    if "sshd" not in _cmdline(p) and not _zombie(p)]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not left, (host, [_cmdline(p) for p in left])
+
+
+def _zombie(pid):
+    """A process that ended and waits for its parent (sshd's session, say)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def test_kill_from_another_host_ends_every_process(cluster, jobs, request):
     job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", (100000, 20)).start()
     job.ckpt("h3", "kill", job.id)
     assert job.proc.wait(timeout=30) == 128 + 9
-    for host in ("h1", "h2"):
-        deadline = time.monotonic() + 10
-        while True:   # sshd is all that may be left (and the agent, on its way out)
-            left = [p for p in cluster.processes(host)
-                    if "sshd" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
+    assert_nothing_left(cluster, ("h1", "h2"))
 
 
 def checkpoints_then_kill(job, rng, count=3):
@@ -321,10 +342,7 @@ def test_restart_on_unreachable_or_too_few_hosts_fails_clearly(cluster, jobs, re
     finally:
         hosts_file.write_text(original)
     assert r.returncode != 0 and "ghost" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    for host in cluster.names:   # the part restored on h3 is gone too
-        left = [p for p in cluster.processes(host)
-                if "sshd" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
-        assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
+    assert_nothing_left(cluster, cluster.names)   # the part restored on h3 is gone too
 
 
 def test_host_that_dies_during_a_checkpoint(cluster, jobs, request):
@@ -340,7 +358,7 @@ def test_host_that_dies_during_a_checkpoint(cluster, jobs, request):
     job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", (100000, 20)).start()
     first = Path(job.ckpt("h1", "checkpoint", job.id).stdout.strip())
     for pid in cluster.processes("h2"):
-        if "sshd" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+        if "sshd" not in _cmdline(pid):
             os.kill(pid, signal.SIGSTOP)
     second = cluster.popen("h1", [CKPT, "checkpoint", job.id], env=job.env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -354,15 +372,7 @@ def test_host_that_dies_during_a_checkpoint(cluster, jobs, request):
     assert not [p for p in job_dir.iterdir() if p.name.startswith(".ckpt-")]
     verify_checkpoint(first, checksum=True)
     assert job.proc.wait(timeout=60) != 0
-    for host in ("h1", "h2"):
-        deadline = time.monotonic() + 10
-        while True:
-            left = [p for p in cluster.processes(host)
-                    if "sshd" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert not left, (host, [Path(f"/proc/{p}/cmdline").read_text() for p in left])
+    assert_nothing_left(cluster, ("h1", "h2"))
 
 
 UD_MESH = REPO / "integration" / "ib" / "bin" / "ud_mesh"
