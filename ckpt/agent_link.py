@@ -47,7 +47,7 @@ class AgentLink:
             for task in list(self._tasks):
                 task.cancel()
             for proc in list(self.procs.values()):
-                await self.coord._remove(proc)
+                await self.coord.remove_process(proc)
 
     async def _handle(self, word, rest):
         if word == "JOIN":  # JOIN tag pid restored host real_pid
@@ -55,11 +55,11 @@ class AgentLink:
             proc = Process(pid=int(pid), real_pid=int(real_pid), host=host,
                            restored=restored == "1", agent=self, tag=tag)
             self.procs[tag] = proc
-            await self.coord._add(proc)
+            await self.coord.add_process(proc)
         elif word == "LEAVE":
             proc = self.procs.pop(rest.strip(), None)
             if proc is not None:
-                await self.coord._remove(proc)
+                await self.coord.remove_process(proc)
         elif word == "ANSWERS":  # ANSWERS id json
             ident, _, payload = rest.partition(" ")
             future = self._barriers.get(int(ident))
@@ -82,7 +82,7 @@ class AgentLink:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer_names(self, ident, word, rest):
-        answer = await self.coord._name_service(word, rest)
+        answer = await self.coord.name_service(word, rest)
         try:
             await self.send(f"NSR {ident} {answer}")
         except (ConnectionError, OSError):
@@ -135,4 +135,3 @@ def _ip(name):
 def describe_address(writer):
     peer = writer.get_extra_info("peername")
     return f"{peer[0]}:{peer[1]}" if peer else "?"
-

@@ -67,9 +67,9 @@ class Coordinator:
         self._tasks = set()
         self.local = LocalProcesses(
             socket_path, job_id=job_id, protocol_version=self.protocol_version,
-            line_max=self.line_max, joined=self._add, left=self._remove,
+            line_max=self.line_max, joined=self.add_process, left=self.remove_process,
             warned=lambda proc, message: self.note(f"{proc.describe()}: {message}"),
-            name_service=self._name_service, client=self._serve_client)
+            name_service=self.name_service, client=self._serve_client)
 
     # ---- sockets ------------------------------------------------------
 
@@ -145,12 +145,12 @@ class Coordinator:
 
     # ---- processes ------------------------------------------------------
 
-    async def _add(self, proc):
+    async def add_process(self, proc):
         async with self._registered:
             self.processes.append(proc)
             self._registered.notify_all()
 
-    async def _remove(self, proc):
+    async def remove_process(self, proc):
         proc.alive = False
         proc.replies.put_nowait(None)  # wakes a barrier waiting on it
         async with self._registered:
@@ -193,7 +193,7 @@ class Coordinator:
                 pass
         return f"VAL {self._count(key)}"
 
-    async def _name_service(self, word, rest):
+    async def name_service(self, word, rest):
         """The answer to one name-service request (docs/PROTOCOL.md)."""
         if word == "PUT":
             key, _, value = rest.partition(" ")
