@@ -233,14 +233,14 @@ static int listen_for(struct cross_end *ends, unsigned n, struct meeting *ls)
 	return nls;
 }
 
+/* From this end's old port (or any, if TIME_WAIT holds it) to where the
+ * far end listens; then says where it came from. */
 static void connect_out(struct cross_end *e)
 {
 	const struct ckpt_fd *f = e->mine;
-	struct ckpt_sockaddr from = f->sock_local;
+	struct ckpt_sockaddr from = f->sock_local, to = f->sock_peer;
 	socklen_t len = sizeof(from.addr);
 	char key[200], value[80], where[80];
-
-	struct ckpt_sockaddr to = f->sock_peer;
 	const char *port;
 
 	conn_key(f, "xtcp", key, sizeof(key));
@@ -251,15 +251,13 @@ static void connect_out(struct cross_end *e)
 	set_port(&to, atoi(port + 1));
 	e->fd = restart_socket(f);
 	if (bind(e->fd, (const struct sockaddr *)from.addr, from.len)) {
-		/* TIME_WAIT of the old connection holds the port: any port will do */
-		((struct sockaddr_in *)from.addr)->sin_port = 0;	/* same for IPv6 */
+		set_port(&from, 0);
 		if (bind(e->fd, (const struct sockaddr *)from.addr, from.len))
 			die("cannot bind to %s: %s", text(&from, where, sizeof(where)), strerror(errno));
 	}
 	if (connect(e->fd, (const struct sockaddr *)to.addr, to.len))
 		die("cannot reconnect to %s on another host: %s", text(&to, where, sizeof(where)),
 		    strerror(errno));
-	from.len = len;
 	if (getsockname(e->fd, (struct sockaddr *)from.addr, &len))
 		die("getsockname: %s", strerror(errno));
 	from.len = len;
