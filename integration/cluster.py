@@ -290,7 +290,10 @@ class Cluster:
             "PidFile /run/sshd.pid\n"
             "LogLevel ERROR\n"
             "MaxStartups 100\n"
-            "MaxSessions 100\n")
+            "MaxSessions 100\n"
+            # root's .bashrc here runs pyenv, whose rehash waits 60 s for
+            # a lock a killed session left behind
+            "SetEnv PYENV_REHASH_TIMEOUT=1\n")
 
     def _network(self):
         br = _bridge_name(self.id)
