@@ -131,7 +131,7 @@ def read_manifest(directory):
 
 def host_list(manifest):
     """The checkpoint's hosts in the order a restart maps them."""
-    hosts = manifest.get("hosts") or []
+    hosts = list(manifest.get("hosts") or [])
     for proc in manifest["processes"]:
         if proc.get("host") not in hosts:
             hosts.append(proc.get("host"))

@@ -122,11 +122,6 @@ static int is_tcp_connection(const struct ckpt_fd *f)
 	       f->sock_domain != AF_UNIX && (f->sock_flags & CKPT_SOCK_CONNECTED);
 }
 
-static int same(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b)
-{
-	return a->len && a->len == b->len && !memcmp(a->addr, b->addr, a->len);
-}
-
 /* The far end of f on another host (of a socket several processes share
  * there, the record that carries its queue), or NULL. */
 const struct loaded_fd *cross_host_peer(const struct ckpt_fd *f)
@@ -139,8 +134,8 @@ const struct loaded_fd *cross_host_peer(const struct ckpt_fd *f)
 		for (unsigned j = 0; j < peer_imgs[i].nfds; j++) {
 			const struct loaded_fd *o = &peer_imgs[i].fds[j];
 
-			if (is_tcp_connection(&o->f) && same(&o->f.sock_local, &f->sock_peer) &&
-			    same(&o->f.sock_peer, &f->sock_local) &&
+			if (is_tcp_connection(&o->f) && same_addr(&o->f.sock_local, &f->sock_peer) &&
+			    same_addr(&o->f.sock_peer, &f->sock_local) &&
 			    (!found || (!found->f.data_size && o->f.data_size)))
 				found = o;
 		}
@@ -149,18 +144,13 @@ const struct loaded_fd *cross_host_peer(const struct ckpt_fd *f)
 
 /* ---- meeting the other hosts ------------------------------------------ */
 
-static const char *text(const struct ckpt_sockaddr *a, char *buf, size_t size)
-{
-	return sockaddr_text(a, buf, size);
-}
-
 /* The connection's name, the same on both hosts. */
 static void conn_key(const struct ckpt_fd *f, const char *prefix, char *key, size_t size)
 {
 	char l[80], p[80];
 
-	text(&f->sock_local, l, sizeof(l));
-	text(&f->sock_peer, p, sizeof(p));
+	sockaddr_text(&f->sock_local, l, sizeof(l));
+	sockaddr_text(&f->sock_peer, p, sizeof(p));
 	if (strcmp(l, p) < 0)
 		snprintf(key, size, "%s:%s>%s", prefix, l, p);
 	else
@@ -171,7 +161,7 @@ static int is_listening_end(const struct ckpt_fd *f)
 {
 	char l[80], p[80];
 
-	return strcmp(text(&f->sock_local, l, sizeof(l)), text(&f->sock_peer, p, sizeof(p))) < 0;
+	return strcmp(sockaddr_text(&f->sock_local, l, sizeof(l)), sockaddr_text(&f->sock_peer, p, sizeof(p))) < 0;
 }
 
 /* Listeners of a moment, one per local address of the listening ends. */
@@ -206,7 +196,7 @@ static int listen_at(const struct ckpt_fd *f, struct ckpt_sockaddr *where)
 	return s;
 fail:
 	die("cannot listen on %s to reconnect a connection from another host: %s",
-	    text(&f->sock_local, at, sizeof(at)), strerror(errno));
+	    sockaddr_text(&f->sock_local, at, sizeof(at)), strerror(errno));
 }
 
 static int listen_for(struct cross_end *ends, unsigned n, struct meeting *ls)
@@ -220,7 +210,7 @@ static int listen_for(struct cross_end *ends, unsigned n, struct meeting *ls)
 
 		if (!is_listening_end(f))
 			continue;
-		for (k = 0; k < nls && !same(&ls[k].at->sock_local, &f->sock_local); k++)
+		for (k = 0; k < nls && !same_addr(&ls[k].at->sock_local, &f->sock_local); k++)
 			;
 		if (k == nls) {
 			ls[nls].at = f;
@@ -228,7 +218,7 @@ static int listen_for(struct cross_end *ends, unsigned n, struct meeting *ls)
 			nls++;
 		}
 		conn_key(f, "xtcp", key, sizeof(key));
-		kv_put(key, text(&ls[k].where, where, sizeof(where)));
+		kv_put(key, sockaddr_text(&ls[k].where, where, sizeof(where)));
 	}
 	return nls;
 }
@@ -253,16 +243,16 @@ static void connect_out(struct cross_end *e)
 	if (bind(e->fd, (const struct sockaddr *)from.addr, from.len)) {
 		set_port(&from, 0);
 		if (bind(e->fd, (const struct sockaddr *)from.addr, from.len))
-			die("cannot bind to %s: %s", text(&from, where, sizeof(where)), strerror(errno));
+			die("cannot bind to %s: %s", sockaddr_text(&from, where, sizeof(where)), strerror(errno));
 	}
 	if (connect(e->fd, (const struct sockaddr *)to.addr, to.len))
-		die("cannot reconnect to %s on another host: %s", text(&to, where, sizeof(where)),
+		die("cannot reconnect to %s on another host: %s", sockaddr_text(&to, where, sizeof(where)),
 		    strerror(errno));
 	if (getsockname(e->fd, (struct sockaddr *)from.addr, &len))
 		die("getsockname: %s", strerror(errno));
 	from.len = len;
 	conn_key(f, "xtcp-from", key, sizeof(key));
-	kv_put(key, text(&from, value, sizeof(value)));
+	kv_put(key, sockaddr_text(&from, value, sizeof(value)));
 }
 
 /* Accepts on l until every listening end at its address has its
@@ -277,7 +267,7 @@ static void accept_ends(struct meeting *l, struct cross_end *ends, unsigned n)
 		char key[200];
 
 		expected[i][0] = 0;
-		if (!is_listening_end(f) || !same(&f->sock_local, &l->at->sock_local))
+		if (!is_listening_end(f) || !same_addr(&f->sock_local, &l->at->sock_local))
 			continue;
 		conn_key(f, "xtcp-from", key, sizeof(key));
 		kv_wait(key, MEET_SECONDS, expected[i], sizeof(expected[i]));
@@ -297,7 +287,7 @@ static void accept_ends(struct meeting *l, struct cross_end *ends, unsigned n)
 		if (s < 0)
 			continue;
 		peer.len = len;
-		text(&peer, from, sizeof(from));
+		sockaddr_text(&peer, from, sizeof(from));
 		for (i = 0; i < n && (!expected[i][0] || strcmp(expected[i], from)); i++)
 			;
 		if (i == n) {

@@ -118,6 +118,7 @@ int tree_pid_taken(pid_t pid);
 /* shared.c */
 void shared_create(struct image *imgs, unsigned n, const char *coord);
 int restart_socket(const struct ckpt_fd *f);
+int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b);
 const char *sockaddr_text(const struct ckpt_sockaddr *a, char *buf, size_t size);
 int shared_pipe_end(uint64_t id, int write_end);
 int shared_shm_fd(uint64_t id);

@@ -332,7 +332,7 @@ static struct shared_socket *find_socket(uint64_t id)
 	return NULL;
 }
 
-static int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b)
+int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b)
 {
 	return a->len && a->len == b->len && !memcmp(a->addr, b->addr, a->len);
 }
