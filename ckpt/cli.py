@@ -196,3 +196,24 @@ def images(directory):
         raise CkptError(f"{directory}: no checkpoints")
     for path in sorted(paths):
         click.echo(_describe_checkpoint(path))
+
+
+@main.group()
+def slurm():
+    """Jobs under Slurm (see the README's Slurm section)."""
+
+
+@slurm.command(name="run", context_settings={"ignore_unknown_options": True,
+                                             "allow_interspersed_args": False})
+@click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
+@click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
+@click.option("--forked", is_flag=True, default=None,
+              help="Periodic checkpoints are written by a copy-on-write child.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def slurm_run(ckpt_dir, interval, forked, command):
+    """The batch script's last command: launch COMMAND, or restart it from
+    its latest checkpoint when Slurm requeued the job; USR1 checkpoints and
+    requeues it."""
+    from ckpt.slurm import run as run_slurm
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval, forked_write=forked)
+    sys.exit(run_slurm(list(command), config))

@@ -1,6 +1,7 @@
 """Per-user registry of running jobs: one JSON entry per job.
 
-The state directory is `$XDG_RUNTIME_DIR/ckpt` or `/tmp/ckpt-<uid>` (0700),
+The state directory is `$CKPT_RUNTIME_DIR` (a job's node-local directory,
+under Slurm), `$XDG_RUNTIME_DIR/ckpt` or `/tmp/ckpt-<uid>` (0700),
 on the launcher's host.  An entry names the job's coordinator socket and its
 launcher; entries whose launcher died are removed whenever the registry is
 read.  A copy of each entry also goes to the shared registry
@@ -63,6 +64,10 @@ def state_dir(environ=None):
     environ = os.environ if environ is None else environ
     runtime = environ.get("XDG_RUNTIME_DIR")
     candidates = []
+    # a node-local directory for this job (Slurm's task prolog names it)
+    job_runtime = environ.get("CKPT_RUNTIME_DIR")
+    if job_runtime and os.path.isdir(job_runtime):
+        candidates.append(Path(job_runtime))
     if runtime and os.path.isdir(runtime):
         candidates.append(Path(runtime) / "ckpt")
     candidates.append(Path(f"/tmp/ckpt-{os.getuid()}"))

@@ -105,19 +105,22 @@ def job_environment(shim, base):
     return env
 
 
-def launch(command, config: Config, job_id=None):
-    """Run `command` under the shim; returns its exit status."""
+def launch(command, config: Config, job_id=None, on_session=None):
+    """Run `command` under the shim; returns its exit status.
+    on_session(job): called once the job's session runs."""
     if not command:
         raise CkptError("no command given (ckpt launch [options] -- CMD ARGS...)", exit_code=2)
     job_id = check_job_id(job_id) if job_id else new_job_id()
     check_program(command[0])
     shim = preload_libraries()
-    return asyncio.run(_run(command, config, job_id, shim))
+    return asyncio.run(_run(command, config, job_id, shim, on_session))
 
 
-async def _run(command, config, job_id, shim):
+async def _run(command, config, job_id, shim, on_session):
     job_dir = config.ckpt_dir / job_id
     async with JobSession(job_id=job_id, job_dir=job_dir, command=command, config=config) as job:
+        if on_session is not None:
+            on_session(job)
         env = job_environment(shim, job.environment())
         announce(job_id)
         pid = job.spawn(command, env)

@@ -2,10 +2,11 @@
 
 Each of the checkpoint's hosts (in the manifest's order) is restored on one
 new host (in the order given, else the same hosts): by a ckpt-restart of
-its own, started here for this host and through ssh, under the job's
-agent, on any other."""
+its own, started here for this host and, under the job's agent, through
+ssh (or srun, inside a Slurm allocation) on any other."""
 
 import asyncio
+import dataclasses
 import os
 import shlex
 import socket
@@ -73,13 +74,26 @@ def address_map(manifest, mapping):
     return moved
 
 
+JOB_VARIABLES = ("CKPT_COORD", "CKPT_JOB_ID", "CKPT_COORD_TCP", "CKPT_SECRET_FILE", "CKPT_AGENT")
+
+
 def over_ssh(host, argv, env):
-    """argv on host under the job's agent (`ckpt agent --run`), through ssh."""
-    job_vars = [f"{k}={v}" for k, v in sorted(env.items())
-                if k in ("CKPT_COORD", "CKPT_JOB_ID", "CKPT_COORD_TCP", "CKPT_SECRET_FILE",
-                         "CKPT_AGENT")]
+    """(argv, env) that run argv on host under the job's agent (`ckpt agent
+    --run`), through ssh: the job's variables go on the command line."""
+    job_vars = [f"{k}={v}" for k, v in sorted(env.items()) if k in JOB_VARIABLES]
     remote = ["exec", "env", *job_vars, str(cli_path()), "agent", "--run", "--", *argv]
-    return ["ssh", "-T", host, " ".join(shlex.quote(word) for word in remote)]
+    return ["ssh", "-T", host, " ".join(shlex.quote(word) for word in remote)], dict(os.environ)
+
+
+def over_srun(host, argv, env):
+    """The same through srun, as a step of one task on host in the current
+    allocation (srun hands the job's variables on in the environment);
+    --overlap: the job's own steps may hold every CPU there."""
+    return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+            "--input=none", str(cli_path()), "agent", "--run", "--", *argv], env
+
+
+LAUNCHERS = {"ssh": over_ssh, "srun": over_srun}
 
 
 def images_by_host(checkpoint_dir, processes):
@@ -89,11 +103,13 @@ def images_by_host(checkpoint_dir, processes):
     return hosts
 
 
-def restart(image_dir, config_for, new_hosts=None):
+def restart(image_dir, config_for, new_hosts=None, launcher="ssh", on_session=None):
     """Restore the checkpoint at image_dir; returns the job's exit status.
 
     config_for(ckpt_dir) gives the settings; the job keeps its directory.
-    new_hosts: where the checkpoint's hosts go, in its order."""
+    new_hosts: where the checkpoint's hosts go, in its order; launcher:
+    how other hosts' ckpt-restart start ("ssh" or "srun").  on_session(job):
+    called once the job's session runs."""
     checkpoint_dir = resolve_checkpoint(image_dir)
     # Manifest, sizes and headers here; each image's XXH3 is checked by
     # ckpt-restart itself before it changes anything (one pass, not two).
@@ -103,12 +119,22 @@ def restart(image_dir, config_for, new_hosts=None):
     config = config_for(job_dir.parent)
     mapping = host_mapping(manifest, new_hosts)
     addr_map = address_map(manifest, mapping)
-    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, mapping, addr_map))
+    hosts = HostPlan(mapping, addr_map, LAUNCHERS[launcher])
+    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session))
 
 
-def _start_hosts(job, binary, checkpoint_dir, processes, mapping, addr_map, status_write):
+@dataclasses.dataclass
+class HostPlan:
+    """Where each of the checkpoint's hosts goes, and how."""
+    mapping: dict       # old host -> new host
+    addr_map: dict      # old IPv4 address -> new one
+    over: object        # over_ssh or over_srun
+
+
+def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write):
     """One ckpt-restart per host; returns {pid we wait for: its host}
-    (ckpt-restart here, ssh for other hosts)."""
+    (ckpt-restart here, ssh or srun for other hosts)."""
+    mapping = hosts.mapping
     env = job.environment()
     by_host = images_by_host(checkpoint_dir, processes)
     here = this_host()
@@ -117,27 +143,27 @@ def _start_hosts(job, binary, checkpoint_dir, processes, mapping, addr_map, stat
         peers = [path for other, imgs in by_host.items() if other != old_host for path, _ in imgs]
         root_here = old_host == processes[0]["host"] and mapping[old_host] == here
         argv = restart_command(binary, job.socket_path, job.entry.job_id, images,
-                               status_write if root_here else None, peers, addr_map)
+                               status_write if root_here else None, peers, hosts.addr_map)
         if mapping[old_host] == here:
             pids[job.spawn(argv, env)] = here
         else:
-            pids[job.spawn(over_ssh(mapping[old_host], argv, env), dict(os.environ))] = \
-                mapping[old_host]
+            pids[job.spawn(*hosts.over(mapping[old_host], argv, env))] = mapping[old_host]
     return pids
 
 
-async def _run(checkpoint_dir, manifest, job_dir, config, binary, mapping, addr_map):
+async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session):
     job_id = manifest["job_id"]
     processes = manifest["processes"]
     async with JobSession(job_id=job_id, job_dir=job_dir, command=manifest.get("command") or [],
                           config=config, restarted_from=manifest["checkpoint"]) as job:
+        if on_session is not None:
+            on_session(job)
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
         status_read, status_write = os.pipe()
         os.set_inheritable(status_write, True)
-        pids = _start_hosts(job, binary, checkpoint_dir, processes, mapping, addr_map,
-                            status_write)
+        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write)
         os.close(status_write)
-        await _restore(job, pids, [proc["pid"] for proc in processes])
+        await _restore(job, pids, [proc["pid"] for proc in processes], hosts.over)
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
         ended = asyncio.gather(*(job.wait_exit(pid) for pid in pids))
@@ -170,7 +196,7 @@ def _signal_targets(job, root_pid):
     return job.children[:1]
 
 
-async def _restore(job, pids, expected):
+async def _restore(job, pids, expected, over):
     """Run the restart phases; a ckpt-restart that exits first ends the restart."""
     phases = asyncio.ensure_future(job.coordinator.restart(expected))
     exits = {asyncio.ensure_future(job.wait_exit(pid)): pid for pid in pids}
@@ -183,8 +209,9 @@ async def _restore(job, pids, expected):
         ended = next(e for e in exits if e.done())
         code, host = ended.result(), pids[exits[ended]]
         if host != this_host():
+            unreachable = code == 255 and over is over_ssh
             raise CkptError(f"restart on host {host} failed (status {code}"
-                            + (": ssh could not reach it" if code == 255 else "") + ")",
+                            + (": ssh could not reach it" if unreachable else "") + ")",
                             exit_code=code or 1)
         # status 2: ckpt-restart refused the image and said why in one line
         raise CkptError(f"restart failed: ckpt-restart exited with status {code}",

@@ -80,6 +80,7 @@ class JobSession:
         self.children = []          # pids we started, in order
         self.exits = {}             # pid -> future of its exit code
         self.signal_targets = lambda: self.children[:1]
+        self.finishing = []         # coroutine functions run before the session ends
         self._periodic = None
 
     async def __aenter__(self):
@@ -99,6 +100,8 @@ class JobSession:
         return self
 
     async def __aexit__(self, *exc):
+        for finish in self.finishing:
+            await finish()
         if self._periodic is not None:
             self._periodic.cancel()
         unregister(self.entry, self.directory)

@@ -1,8 +1,9 @@
 /*
- * The launching side of ckpt-remote, run in place of ssh/rsh by a process
- * of the job (see remote.h).  It starts the server through the real
- * program, accepts the server's four connections, then relays its stdio
- * and ends with the remote command's exit status.
+ * The launching side of ckpt-remote, run in place of ssh, rsh or srun by a
+ * process of the job (see remote.h).  It starts the servers through the
+ * real program (one through ssh, one per task through srun), accepts each
+ * server's four connections, then relays their stdio and ends with the
+ * remote commands' exit status.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -23,10 +24,9 @@
 #include "remote.h"
 
 #define CONNECT_BACK_SECONDS 60	/* after the real ssh/rsh ended well */
+#define MAX_TASKS (1u << 20)
 
 extern char **environ;
-
-static int control_fd = -1;
 
 /* ---- the remote command line --------------------------------------- */
 
@@ -147,6 +147,20 @@ static void exec_outside(const char *path, char **argv, char **env)
 	syscall(SYS_execve, path, argv, env);
 }
 
+/* path with args and env, outside the job, with in_fd as its stdin. */
+static pid_t spawn_outside(const char *path, char **args, char **env, int in_fd)
+{
+	pid_t pid = vfork();
+
+	if (pid == 0) {
+		if (dup2(in_fd, 0) == 0)
+			fcntl(0, F_SETFD, 0);
+		exec_outside(path, args, env);
+		_exit(127);
+	}
+	return pid;
+}
+
 /* Runs the shell's words up to the command, then remote, with stdin from
  * a pipe that carries the token.  Returns its pid. */
 static pid_t start_shell(const char *program, char **args, char *remote, const char *token)
@@ -164,13 +178,7 @@ static pid_t start_shell(const char *program, char **args, char *remote, const c
 	    net_write_all(tok[1], "\n", 1))
 		die("cannot start %s: %s", program, strerror(errno));
 	close(tok[1]);
-	pid = vfork();
-	if (pid == 0) {
-		if (dup2(tok[0], 0) == 0)
-			fcntl(0, F_SETFD, 0);
-		exec_outside(path, args, env);
-		_exit(127);
-	}
+	pid = spawn_outside(path, args, env, tok[0]);
 	if (pid < 0)
 		die("cannot start %s: %s", program, strerror(errno));
 	close(tok[0]);
@@ -179,7 +187,93 @@ static pid_t start_shell(const char *program, char **args, char *remote, const c
 	return pid;
 }
 
-/* ---- accepting the server's connections ------------------------------ */
+/* srun's environment carries what the tasks need to join the job (srun
+ * hands its environment to every task): the shim as CKPT_PRELOAD (srun
+ * itself stays outside the job), the job's variables and the token. */
+static char **srun_environment(const char *token)
+{
+	size_t n = 0, k = 0;
+	char **env;
+
+	while (environ[n])
+		n++;
+	env = calloc(n + 2, sizeof(char *));
+	if (!env)
+		die("out of memory");
+	for (size_t i = 0; i < n; i++) {
+		if (!strncmp(environ[i], "LD_PRELOAD=", 11)) {
+			if (asprintf(&env[k++], "CKPT_PRELOAD=%s", environ[i] + 11) < 0)
+				die("out of memory");
+		} else {
+			env[k++] = environ[i];
+		}
+	}
+	if (asprintf(&env[k++], "%s=%s", TOKEN_VARIABLE, token) < 0)
+		die("out of memory");
+	return env;
+}
+
+/* srun OPTIONS ckpt-remote --serve-task BACK COMMAND...: each task runs
+ * the server, which runs the command.  Returns srun's pid. */
+static pid_t start_srun(const char *program, char **argv, int command, const char *back,
+			const char *token)
+{
+	char found[4096], self[4096], **args, **env = srun_environment(token);
+	const char *path = find_program(program, found, sizeof(found));
+	ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	int argc = 0, k = 0, null;
+	pid_t pid;
+
+	if (len <= 0)
+		die("cannot find its own program: %s", strerror(errno));
+	self[len] = 0;
+	while (argv[argc])
+		argc++;
+	args = calloc(argc + 4, sizeof(char *));
+	if (!args)
+		die("out of memory");
+	for (int i = 0; i < command; i++)
+		args[k++] = argv[i];
+	args[k++] = self;
+	args[k++] = "--serve-task";
+	args[k++] = (char *)back;
+	for (int i = command; i < argc; i++)
+		args[k++] = argv[i];
+	null = open("/dev/null", O_RDONLY | O_CLOEXEC);	/* stdin is task 0's, through us */
+	if (null < 0)
+		die("cannot open /dev/null: %s", strerror(errno));
+	pid = spawn_outside(path, args, env, null);
+	if (pid < 0)
+		die("cannot start %s: %s", program, strerror(errno));
+	close(null);
+	free(args);
+	free(env);
+	return pid;
+}
+
+/* ---- accepting the servers' connections ------------------------------ */
+
+/* One remote command: its connections and, once it ended, its status. */
+struct remote_task {
+	int conns[ROLE_COUNT];
+	int status;		/* wait status; -1 until the control connection says */
+};
+
+static struct remote_task *tasks;
+static unsigned ntasks;		/* 0 until the first server said how many */
+
+static void tasks_create(unsigned n)
+{
+	tasks = calloc(n, sizeof(*tasks));
+	if (!tasks)
+		die("out of memory");
+	ntasks = n;
+	for (unsigned t = 0; t < n; t++) {
+		for (int r = 0; r < ROLE_COUNT; r++)
+			tasks[t].conns[r] = -1;
+		tasks[t].status = -1;
+	}
+}
 
 static int listen_any(char *back, size_t size)
 {
@@ -188,7 +282,7 @@ static int listen_any(char *back, size_t size)
 	char host[256];
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-	if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) || listen(fd, 8) ||
+	if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) || listen(fd, 128) ||
 	    getsockname(fd, (struct sockaddr *)&addr, &len))
 		die("cannot listen for the remote side: %s", strerror(errno));
 	if (gethostname(host, sizeof(host)))
@@ -198,88 +292,100 @@ static int listen_any(char *back, size_t size)
 	return fd;
 }
 
-/* Takes one connection if it brings the token and a role not yet taken. */
-static void accept_one(int lfd, const char *token, int conns[ROLE_COUNT])
+/* Takes one connection if it brings the token and a role of a task not
+ * yet taken (the hello's layout: remote.h). */
+static void accept_one(int lfd, const char *token)
 {
-	char hello[TOKEN_LEN + 1];
+	char hello[HELLO_LEN + 1];
 	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-	unsigned role;
+	unsigned role, task, count;
 
 	if (fd < 0)
 		return;
-	if (net_read_all(fd, hello, sizeof(hello), 5000) || memcmp(hello, token, TOKEN_LEN)) {
-		close(fd);
-		return;
-	}
+	if (net_read_all(fd, hello, HELLO_LEN, 5000) || memcmp(hello, token, TOKEN_LEN))
+		goto refuse;
+	hello[HELLO_LEN] = 0;
 	role = (unsigned char)hello[TOKEN_LEN] - '0';
-	if (role >= ROLE_COUNT || conns[role] >= 0) {
-		close(fd);
-		return;
-	}
-	conns[role] = fd;
+	if (sscanf(hello + TOKEN_LEN + 1, "%8x%8x", &task, &count) != 2 || !count ||
+	    count > MAX_TASKS || (ntasks && count != ntasks))
+		goto refuse;
+	if (!ntasks)
+		tasks_create(count);
+	if (role >= ROLE_COUNT || task >= ntasks || tasks[task].conns[role] >= 0)
+		goto refuse;
+	tasks[task].conns[role] = fd;
+	return;
+refuse:
+	close(fd);
 }
 
-static int all_connected(const int conns[ROLE_COUNT])
+static int all_connected(void)
 {
-	for (int r = 0; r < ROLE_COUNT; r++)
-		if (conns[r] < 0)
-			return 0;
+	if (!ntasks)
+		return 0;
+	for (unsigned t = 0; t < ntasks; t++)
+		for (int r = 0; r < ROLE_COUNT; r++)
+			if (tasks[t].conns[r] < 0)
+				return 0;
 	return 1;
 }
 
-/* Exits like ssh when the real program failed before the server called. */
-static void shell_ended(const char *program, int status)
+/* Exits like ssh or srun when the real program ended before every server
+ * called: its own status (it said why), 255 for a signal. */
+static void launcher_ended(const char *program, int status)
 {
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
 		die("%s exited 127: it could not run, or the remote host has no ckpt-remote",
 		    program);
-	if (WIFEXITED(status))
-		exit(WEXITSTATUS(status) ? WEXITSTATUS(status) : 255);
-	exit(255);
+	if (WIFEXITED(status) && !WEXITSTATUS(status))
+		die("%s ended before the remote side connected back", program);
+	exit(WIFEXITED(status) ? WEXITSTATUS(status) : 255);
 }
 
-static void connect_server(const char *program, pid_t shell, int lfd, const char *token,
-			   int conns[ROLE_COUNT])
+/*
+ * Until every server connected.  ssh ends well once its server handed
+ * over, and the server may call a moment later; srun lives as long as its
+ * tasks, so its end before then is always a failure.
+ */
+static void connect_servers(const char *program, pid_t launcher, int lfd, const char *token,
+			    int launcher_stays)
 {
 	time_t deadline = 0;
 	pid_t ended;
 	int status;
 
-	while (!all_connected(conns)) {
+	while (!all_connected()) {
 		struct pollfd pfd = { .fd = lfd, .events = POLLIN };
 
 		if (poll(&pfd, 1, 200) > 0)
-			accept_one(lfd, token, conns);
-		ended = shell > 0 ? waitpid(shell, &status, WNOHANG) : 0;
-		if (ended == shell) {
-			shell = 0;
-			if (!WIFEXITED(status) || WEXITSTATUS(status))
-				shell_ended(program, status);
+			accept_one(lfd, token);
+		ended = launcher > 0 ? waitpid(launcher, &status, WNOHANG) : 0;
+		if (ended == launcher) {
+			launcher = 0;
+			if (launcher_stays || !WIFEXITED(status) || WEXITSTATUS(status))
+				launcher_ended(program, status);
 		} else if (ended < 0 && errno == ECHILD) {
-			shell = 0;	/* not ours to wait for any more */
+			launcher = 0;	/* not ours to wait for any more */
 		}
-		if (!shell && !deadline)
+		if (!launcher && !deadline)
 			deadline = time(NULL) + CONNECT_BACK_SECONDS;
 		if (deadline && time(NULL) > deadline)
 			die("the remote side never connected back");
 	}
 	close(lfd);
-	/* the server's first process ends once it handed over: so does ssh */
-	if (shell > 0)
-		while (waitpid(shell, &status, 0) < 0 && errno == EINTR)
-			;
 }
 
 /* ---- relaying -------------------------------------------------------- */
 
-/* A signal ssh would pass on as the end of its session: the remote
- * command's group gets it too. */
+/* A signal ssh or srun would pass on: every remote command's group gets
+ * it too. */
 static void forward_signal(int sig)
 {
 	unsigned char b = sig;
 
-	if (control_fd >= 0 && write(control_fd, &b, 1) < 0)
-		b = 0;
+	for (unsigned t = 0; t < ntasks; t++)
+		if (tasks[t].conns[ROLE_CONTROL] >= 0)
+			net_write_all(tasks[t].conns[ROLE_CONTROL], &b, 1);
 	signal(sig, SIG_DFL);
 	raise(sig);
 }
@@ -343,28 +449,70 @@ static void stdin_send(struct stdin_relay *in)
 	}
 }
 
-/* Until the command's status came and its stdout and stderr ended. */
-static int relay(int conns[ROLE_COUNT], int no_stdin)
+/* One readable connection of task t: its output goes on, its status is kept. */
+static void relay_task(struct remote_task *t, int role)
+{
+	int *fd = &t->conns[role];
+
+	if (role == ROLE_CONTROL) {
+		if (net_read_all(*fd, &t->status, sizeof(t->status), -1))
+			t->status = -1;
+	} else if (net_relay(*fd, role == ROLE_STDOUT ? 1 : 2) > 0) {
+		return;
+	}
+	close(*fd);
+	*fd = -1;
+}
+
+/* The status ssh or srun gives: the highest of the commands' exit codes,
+ * 255 for one lost or killed by a signal. */
+static int overall_status(void)
+{
+	int worst = 0;
+
+	for (unsigned t = 0; t < ntasks; t++) {
+		int s = tasks[t].status, code = s == -1 || !WIFEXITED(s) ? 255 : WEXITSTATUS(s);
+
+		if (s == -1)
+			fprintf(stderr, "ckpt-remote: the connection to remote command %u was lost\n",
+				t);
+		if (code > worst)
+			worst = code;
+	}
+	return worst;
+}
+
+/* Until every command's status came and their stdout and stderr ended.
+ * stdin goes to the first command (task 0), as it does through ssh. */
+static int relay(int no_stdin)
 {
 	static struct stdin_relay in;
-	int out = conns[ROLE_STDOUT], err = conns[ROLE_STDERR], ctl = conns[ROLE_CONTROL];
-	int status = -1;
+	struct pollfd *p = calloc(1 + 3 * ntasks, sizeof(*p));
 
-	in.sock = conns[ROLE_STDIN];
+	if (!p)
+		die("out of memory");
+	in.sock = tasks[0].conns[ROLE_STDIN];
 	in.open = 1;
 	if (no_stdin)
 		stdin_closed(&in);
-	while (out >= 0 || err >= 0 || ctl >= 0) {
-		int pending = in.off < in.len;
-		struct pollfd p[4] = {
-			{ .fd = pending ? in.sock : in.open ? 0 : -1,
-			  .events = pending ? POLLOUT : POLLIN },
-			{ .fd = out, .events = POLLIN },
-			{ .fd = err, .events = POLLIN },
-			{ .fd = ctl, .events = POLLIN },
-		};
+	for (unsigned t = 1; t < ntasks; t++)
+		shutdown(tasks[t].conns[ROLE_STDIN], SHUT_WR);
+	for (;;) {
+		int pending = in.off < in.len, open = 0;
 
-		if (poll(p, 4, -1) < 0) {
+		p[0].fd = pending ? in.sock : in.open ? 0 : -1;
+		p[0].events = pending ? POLLOUT : POLLIN;
+		for (unsigned t = 0; t < ntasks; t++)
+			for (int r = ROLE_STDOUT; r <= ROLE_CONTROL; r++) {
+				struct pollfd *q = &p[1 + 3 * t + r - ROLE_STDOUT];
+
+				q->fd = tasks[t].conns[r];
+				q->events = POLLIN;
+				open |= q->fd >= 0;
+			}
+		if (!open)
+			break;
+		if (poll(p, 1 + 3 * ntasks, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			die("poll: %s", strerror(errno));
@@ -373,27 +521,13 @@ static int relay(int conns[ROLE_COUNT], int no_stdin)
 			stdin_send(&in);
 		else if (p[0].revents)
 			stdin_read(&in);
-		if (p[1].revents && net_relay(out, 1) <= 0) {
-			close(out);
-			out = -1;
-		}
-		if (p[2].revents && net_relay(err, 2) <= 0) {
-			close(err);
-			err = -1;
-		}
-		if (p[3].revents) {
-			if (net_read_all(ctl, &status, sizeof(status), -1))
-				status = -1;
-			control_fd = -1;
-			close(ctl);
-			ctl = -1;
-		}
+		for (unsigned t = 0; t < ntasks; t++)
+			for (int r = ROLE_STDOUT; r <= ROLE_CONTROL; r++)
+				if (p[1 + 3 * t + r - ROLE_STDOUT].revents)
+					relay_task(&tasks[t], r);
 	}
-	if (status == -1) {
-		fprintf(stderr, "ckpt-remote: the connection to the remote command was lost\n");
-		return 255;
-	}
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
+	free(p);
+	return overall_status();
 }
 
 /* ssh's stdio may be closed: the sockets must not take fds 0-2. */
@@ -404,38 +538,82 @@ static void hold_stdio(void)
 			die("cannot open /dev/null: %s", strerror(errno));
 }
 
+static void new_token(char token[TOKEN_LEN + 1])
+{
+	unsigned char raw[TOKEN_LEN / 2];
+
+	if (getrandom(raw, sizeof(raw), 0) != sizeof(raw))
+		die("no random token: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(raw); i++)
+		sprintf(token + 2 * i, "%02x", raw[i]);
+}
+
+/* A command line that starts no remote command of ours: run it as is,
+ * outside the job. */
+static void run_outside(const char *program, char **argv)
+{
+	char found[4096];
+
+	exec_outside(find_program(program, found, sizeof(found)), argv, outside_environment());
+	die("cannot run %s: %s", program, strerror(errno));
+}
+
 int client_main(const char *program, int argc, char **argv, int rsh)
 {
 	struct shell_args sa;
-	unsigned char raw[TOKEN_LEN / 2];
 	char token[TOKEN_LEN + 1], back[300], *remote;
-	int conns[ROLE_COUNT] = { -1, -1, -1, -1 }, lfd;
 	pid_t shell;
+	int lfd;
 
 	argv[0] = (char *)program;
 	hold_stdio();
 	signal(SIGCHLD, SIG_DFL);	/* an inherited SIG_IGN would hide ssh's status */
 	shell_args_parse(argc, argv, rsh, &sa);
-	if (!sa.wrappable) {	/* a login or a tunnel: not part of the job */
-		char found[4096];
-
-		exec_outside(find_program(program, found, sizeof(found)), argv,
-			     outside_environment());
-		die("cannot run %s: %s", program, strerror(errno));
-	}
-	if (getrandom(raw, sizeof(raw), 0) != sizeof(raw))
-		die("no random token: %s", strerror(errno));
-	for (size_t i = 0; i < sizeof(raw); i++)
-		sprintf(token + 2 * i, "%02x", raw[i]);
+	if (!sa.wrappable)	/* a login or a tunnel: not part of the job */
+		run_outside(program, argv);
+	new_token(token);
 	remote_plugin_init();
 	remote_set_starting(1);
 	lfd = listen_any(back, sizeof(back));
 	remote = server_command(back, argc, argv, sa.command);
 	shell = start_shell(program, sa.shell_argv, remote, token);
 	free(remote);
-	connect_server(program, shell, lfd, token, conns);
-	control_fd = conns[ROLE_CONTROL];
+	connect_servers(program, shell, lfd, token, 0);
+	/* the server's first process ends once it handed over: so does ssh */
+	while (waitpid(shell, NULL, 0) < 0 && errno == EINTR)
+		;
 	forward_signals();
 	remote_set_starting(0);
-	return relay(conns, sa.no_stdin);
+	return relay(sa.no_stdin);
+}
+
+/*
+ * srun stays outside the job and keeps running (Slurm ends a step whose
+ * srun is gone), but nothing of the job depends on it once the tasks
+ * connected back: after a restart it is simply not there.
+ */
+int srun_client_main(const char *program, int argc, char **argv)
+{
+	char token[TOKEN_LEN + 1], back[300];
+	int command, lfd, status;
+	pid_t srun;
+
+	argv[0] = (char *)program;
+	hold_stdio();
+	signal(SIGCHLD, SIG_DFL);
+	command = srun_command_index(argc, argv);
+	if (!command)
+		run_outside(program, argv);
+	new_token(token);
+	remote_plugin_init();
+	remote_set_starting(1);
+	lfd = listen_any(back, sizeof(back));
+	srun = start_srun(program, argv, command, back, token);
+	connect_servers(program, srun, lfd, token, 1);
+	forward_signals();
+	remote_set_starting(0);
+	status = relay(0);
+	while (waitpid(srun, NULL, 0) < 0 && errno == EINTR)
+		;
+	return status;
 }

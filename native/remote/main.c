@@ -1,4 +1,4 @@
-/* ckpt-remote: ssh and rsh inside a checkpointed job (see remote.h). */
+/* ckpt-remote: ssh, rsh and srun inside a checkpointed job (see remote.h). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +19,10 @@ void die(const char *fmt, ...)
 
 static void usage(void)
 {
-	fputs("usage: ckpt-remote --ssh|--rsh PROGRAM [ARGS...]   (the shim runs it for ssh/rsh)\n"
-	      "       ckpt-remote --serve HOST:PORT COMMAND\n", stderr);
+	fputs("usage: ckpt-remote --ssh|--rsh|--srun PROGRAM [ARGS...]   (the shim runs it\n"
+	      "                                                  for ssh, rsh and srun)\n"
+	      "       ckpt-remote --serve HOST:PORT COMMAND\n"
+	      "       ckpt-remote --serve-task HOST:PORT PROGRAM [ARGS...]\n", stderr);
 	exit(2);
 }
 
@@ -28,6 +30,12 @@ int main(int argc, char **argv)
 {
 	if (argc >= 3 && (!strcmp(argv[1], "--ssh") || !strcmp(argv[1], "--rsh")))
 		return client_main(argv[2], argc - 2, argv + 2, !strcmp(argv[1], "--rsh"));
+	if (argc >= 3 && !strcmp(argv[1], "--srun"))
+		return srun_client_main(argv[2], argc - 2, argv + 2);
+	if (argc >= 4 && !strcmp(argv[1], "--serve-task")) {
+		host_join_job(argv);
+		return server_task_main(argv[2], argv + 3);
+	}
 	if (argc == 4 && !strcmp(argv[1], "--serve")) {
 		host_join_job(argv);
 		return server_main(argv[2], argv[3]);

@@ -1,5 +1,6 @@
 /*
- * ckpt-remote: how processes a job starts through ssh or rsh join the job.
+ * ckpt-remote: how processes a job starts through ssh, rsh or srun join
+ * the job.
  *
  * The shim runs `ckpt-remote --ssh PROGRAM ARGS...` in place of a job
  * process's exec of ssh or rsh.  That client (client.c) still uses the real
@@ -12,6 +13,13 @@
  * status, as ssh would: every connection is between two processes of the
  * job, so a checkpoint saves them and a restart reconnects them, with no
  * ssh session to keep alive.
+ *
+ * srun (`ckpt-remote --srun PROGRAM ARGS...`) is the same with one server
+ * per task: srun runs `ckpt-remote --serve-task HOST:PORT COMMAND...` as
+ * each task, the token and the job's variables in its environment.  A
+ * task cannot detach (Slurm ends what a step leaves behind), so the server
+ * stays the task's process; srun stays outside the job, and a restart,
+ * which brings back the client and the servers, does without it.
  */
 #ifndef CKPT_REMOTE_H
 #define CKPT_REMOTE_H
@@ -19,6 +27,12 @@
 #include <stddef.h>
 
 #define TOKEN_LEN 32		/* hex digits of a 128-bit random token */
+#define TOKEN_VARIABLE "CKPT_REMOTE_TOKEN"	/* how srun hands it to its tasks */
+
+/* A server's first bytes on each connection: the token, the role as a
+ * digit, its task's number and the number of tasks (8 hex digits each;
+ * through ssh, task 0 of 1). */
+#define HELLO_LEN (TOKEN_LEN + 1 + 16)
 
 /* The connections, named by the role byte sent after the token. */
 enum remote_role { ROLE_STDIN, ROLE_STDOUT, ROLE_STDERR, ROLE_CONTROL, ROLE_COUNT };
@@ -35,9 +49,14 @@ struct shell_args {
 /* shell_args.c */
 void shell_args_parse(int argc, char **argv, int rsh, struct shell_args *out);
 
+/* srun_args.c: index of the command in an srun command line, 0 if none */
+int srun_command_index(int argc, char **argv);
+
 /* client.c, server.c */
 int client_main(const char *program, int argc, char **argv, int rsh);
+int srun_client_main(const char *program, int argc, char **argv);
 int server_main(const char *back, const char *command);
+int server_task_main(const char *back, char **argv);
 
 /* host_agent.c: the job's agent serves this host, then the shim loads */
 void host_join_job(char **argv);

@@ -1,10 +1,11 @@
 /*
- * The remote side of ckpt-remote, started by sshd with the shim loaded
- * (see remote.h).  Its first process reads the token from the ssh session,
- * forks the server and ends once the server has connected back, so that
- * the ssh session ends too.  The server runs the command in a process
- * group of its own with the connections as its stdio, passes on the
- * client's signals, and sends the command's wait status when it ends.
+ * The remote side of ckpt-remote, started by sshd or as an srun task, with
+ * the shim loaded (see remote.h).  Through ssh, its first process reads
+ * the token from the session, forks the server and ends once the server
+ * has connected back, so that the ssh session ends too; as an srun task it
+ * serves itself.  The server runs the command in a process group of its
+ * own with the connections as its stdio, passes on the client's signals,
+ * and sends the command's wait status when it ends.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -31,12 +32,13 @@ static void read_token(char *token)
 	token[TOKEN_LEN] = 0;
 }
 
-/* Where the client may be, best first: the address sshd's SSH_CLIENT
- * names (the one the session came from), then its host name resolved
- * here (rsh; or SSH_CLIENT named a jump host).  Returns how many. */
-static int client_addresses(const char *back, struct sockaddr_in addrs[2])
+/* Where the client may be, best first: the address that came with the
+ * session (the first word of sshd's SSH_CLIENT, srun's
+ * SLURM_SRUN_COMM_HOST), then its host name resolved here (rsh; or a jump
+ * host came between).  Returns how many. */
+static int client_addresses(const char *back, struct sockaddr_in addrs[2], const char *hint)
 {
-	const char *ssh_client = getenv("SSH_CLIENT"), *colon = strrchr(back, ':');
+	const char *colon = strrchr(back, ':');
 	char host[256];
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
 	int n = 0;
@@ -46,8 +48,8 @@ static int client_addresses(const char *back, struct sockaddr_in addrs[2])
 	memset(addrs, 0, 2 * sizeof(*addrs));
 	addrs[0].sin_family = addrs[1].sin_family = AF_INET;
 	addrs[0].sin_port = addrs[1].sin_port = htons(atoi(colon + 1));
-	if (ssh_client) {
-		snprintf(host, sizeof(host), "%.*s", (int)strcspn(ssh_client, " "), ssh_client);
+	if (hint) {
+		snprintf(host, sizeof(host), "%.*s", (int)strcspn(hint, " "), hint);
 		if (!strncmp(host, "::ffff:", 7))
 			memmove(host, host + 7, strlen(host + 7) + 1);
 		if (inet_pton(AF_INET, host, &addrs[n].sin_addr) == 1)
@@ -65,18 +67,24 @@ static int client_addresses(const char *back, struct sockaddr_in addrs[2])
 	return n;
 }
 
-/* One connection, with the token and its role; -1 (errno) on failure. */
-static int connect_role(const struct sockaddr_in *addr, const char *token, int role)
+/* Which task this server is, of how many (through ssh: 0 of 1). */
+struct task_id {
+	unsigned task, count;
+};
+
+/* One connection, with the token, its role and task; -1 (errno) on failure. */
+static int connect_role(const struct sockaddr_in *addr, const char *token, int role,
+			struct task_id id)
 {
-	char hello[TOKEN_LEN + 1];
+	char hello[HELLO_LEN + 1];
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-	memcpy(hello, token, TOKEN_LEN);
-	hello[TOKEN_LEN] = '0' + role;
+	snprintf(hello, sizeof(hello), "%.*s%c%08x%08x", TOKEN_LEN, token, '0' + role,
+		 id.task, id.count);
 	if (fd < 0)
 		return -1;
 	if (connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) ||
-	    net_write_all(fd, hello, sizeof(hello))) {
+	    net_write_all(fd, hello, HELLO_LEN)) {
 		int err = errno;
 
 		close(fd);
@@ -88,12 +96,12 @@ static int connect_role(const struct sockaddr_in *addr, const char *token, int r
 
 /* The four connections, to the first address that answers. */
 static void connect_back(const struct sockaddr_in *addrs, int naddrs, const char *token,
-			 int conns[ROLE_COUNT])
+			 struct task_id id, int conns[ROLE_COUNT])
 {
 	const struct sockaddr_in *addr = NULL;
 
 	for (int i = 0; i < naddrs && !addr; i++) {
-		conns[0] = connect_role(&addrs[i], token, 0);
+		conns[0] = connect_role(&addrs[i], token, 0, id);
 		if (conns[0] >= 0)
 			addr = &addrs[i];
 	}
@@ -101,7 +109,7 @@ static void connect_back(const struct sockaddr_in *addrs, int naddrs, const char
 		die("cannot connect back to %s:%d: %s", inet_ntoa(addrs[naddrs - 1].sin_addr),
 		    ntohs(addrs[0].sin_port), strerror(errno));
 	for (int r = 1; r < ROLE_COUNT; r++) {
-		conns[r] = connect_role(addr, token, r);
+		conns[r] = connect_role(addr, token, r, id);
 		if (conns[r] < 0)
 			die("cannot connect back to %s:%d: %s", inet_ntoa(addr->sin_addr),
 			    ntohs(addr->sin_port), strerror(errno));
@@ -128,8 +136,9 @@ static const char *user_shell(void)
 	return pw && pw->pw_shell && *pw->pw_shell ? pw->pw_shell : "/bin/sh";
 }
 
-/* The command, as ssh runs it: the user's shell with -c. */
-static pid_t start_command(const char *command, int ctl)
+/* The command, as ssh runs it (the user's shell with -c command) or as
+ * srun does (argv, found in PATH). */
+static pid_t start_command(const char *command, char **argv)
 {
 	const char *shell = user_shell();
 	struct sigaction sa = { .sa_handler = on_child, .sa_flags = SA_RESTART };
@@ -141,8 +150,15 @@ static pid_t start_command(const char *command, int ctl)
 	if (pid == 0) {
 		setpgid(0, 0);
 		signal(SIGPIPE, SIG_DFL);
-		execl(shell, shell, "-c", command, (char *)NULL);
-		fprintf(stderr, "ckpt-remote: cannot run %s: %s\n", shell, strerror(errno));
+		if (argv) {
+			execvp(argv[0], argv);
+			fprintf(stderr, "ckpt-remote: cannot run %s: %s\n", argv[0],
+				strerror(errno));
+		} else {
+			execl(shell, shell, "-c", command, (char *)NULL);
+			fprintf(stderr, "ckpt-remote: cannot run %s: %s\n", shell,
+				strerror(errno));
+		}
 		_exit(127);
 	}
 	if (pid < 0)
@@ -185,11 +201,34 @@ static int serve(pid_t pid, int ctl)
 	}
 }
 
+/* The command, with the stdin, stdout and stderr connections as its
+ * stdio; this process lets go of them (their ends are the command's) and
+ * of its own stdio (sshd's session, slurmstepd's pipes). */
+static pid_t run_command(const int conns[ROLE_COUNT], const char *command, char **argv)
+{
+	pid_t pid;
+	int null;
+
+	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
+		if (dup2(conns[r], r) != r)
+			die("dup2: %s", strerror(errno));
+	pid = start_command(command, argv);
+	null = open("/dev/null", O_RDWR);
+	for (int fd = 0; fd <= 2; fd++)
+		dup2(null, fd);
+	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
+		close(conns[r]);
+	if (null > 2)
+		close(null);
+	return pid;
+}
+
 /* The detached server: returns only in the first process, with its status. */
 static int start_server(const struct sockaddr_in *addrs, int naddrs, const char *token,
 			const char *command)
 {
-	int handed[2], conns[ROLE_COUNT], null, status;
+	struct task_id only = { 0, 1 };
+	int handed[2], conns[ROLE_COUNT], status;
 	char ok = 0;
 	pid_t pid;
 
@@ -204,20 +243,8 @@ static int start_server(const struct sockaddr_in *addrs, int naddrs, const char 
 	}
 	close(handed[0]);
 	setsid();
-	connect_back(addrs, naddrs, token, conns);
-	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
-		if (dup2(conns[r], r) != r)
-			die("dup2: %s", strerror(errno));
-	pid = start_command(command, conns[ROLE_CONTROL]);
-	/* the command holds the stdio connections now; this process lets go of
-	 * them (their ends are the command's) and of sshd's session */
-	null = open("/dev/null", O_RDWR);
-	for (int fd = 0; fd <= 2; fd++)
-		dup2(null, fd);
-	for (int r = ROLE_STDIN; r <= ROLE_STDERR; r++)
-		close(conns[r]);
-	if (null > 2)
-		close(null);
+	connect_back(addrs, naddrs, token, only, conns);
+	pid = run_command(conns, command, NULL);
 	remote_set_starting(0);
 	if (net_write_all(handed[1], "k", 1))
 		_exit(255);
@@ -236,7 +263,50 @@ int server_main(const char *back, const char *command)
 	remote_plugin_init();
 	remote_set_starting(1);
 	read_token(token);
-	naddrs = client_addresses(back, addrs);
+	naddrs = client_addresses(back, addrs, getenv("SSH_CLIENT"));
 	signal(SIGPIPE, SIG_IGN);
 	return start_server(addrs, naddrs, token, command);
+}
+
+/* An unsigned number from the environment, or fallback. */
+static unsigned env_number(const char *name, const char *other, unsigned fallback)
+{
+	const char *v = getenv(name);
+
+	if (!v && other)
+		v = getenv(other);
+	return v && *v ? (unsigned)strtoul(v, NULL, 10) : fallback;
+}
+
+/*
+ * One task of an srun step: the task's process itself serves (Slurm
+ * ends what a step leaves behind, so it cannot detach) and ends with the
+ * command's status once it sent it.
+ */
+int server_task_main(const char *back, char **argv)
+{
+	const char *from_env = getenv(TOKEN_VARIABLE);
+	struct task_id id = {
+		.task = env_number("SLURM_PROCID", NULL, 0),
+		.count = env_number("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", 1),
+	};
+	char token[TOKEN_LEN + 1];
+	struct sockaddr_in addrs[2];
+	int naddrs, conns[ROLE_COUNT], status;
+	pid_t pid;
+
+	if (!from_env || strlen(from_env) != TOKEN_LEN)
+		die("no token in the environment: run by ckpt-remote --srun only");
+	memcpy(token, from_env, sizeof(token));
+	unsetenv(TOKEN_VARIABLE);	/* not the command's business */
+	remote_plugin_init();
+	remote_set_starting(1);
+	naddrs = client_addresses(back, addrs, getenv("SLURM_SRUN_COMM_HOST"));
+	signal(SIGPIPE, SIG_IGN);
+	connect_back(addrs, naddrs, token, id, conns);
+	pid = run_command(conns, NULL, argv);
+	remote_set_starting(0);
+	status = serve(pid, conns[ROLE_CONTROL]);
+	net_write_all(conns[ROLE_CONTROL], &status, sizeof(status));
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -72,7 +72,7 @@ const char *exec_shim_name(void)
 	return slash ? slash : "";
 }
 
-/* "--ssh" or "--rsh" when path names one of them, else NULL. */
+/* "--ssh", "--rsh" or "--srun" when path names one of them, else NULL. */
 static const char *remote_shell(const char *path)
 {
 	const char *base = strrchr(path, '/');
@@ -84,6 +84,8 @@ static const char *remote_shell(const char *path)
 		return "--ssh";
 	if (!strcmp(base, "rsh"))
 		return "--rsh";
+	if (!strcmp(base, "srun"))
+		return "--srun";
 	return NULL;
 }
 
