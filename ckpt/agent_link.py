@@ -41,6 +41,7 @@ class AgentLink:
                 await self._handle(*split_line(line))
         finally:
             self.lost = True
+            self.coord.host_lost(self.host, len(self.procs))
             for future in self._barriers.values():
                 if not future.done():
                     future.set_result(None)

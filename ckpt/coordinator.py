@@ -56,6 +56,8 @@ class Coordinator:
         self.checkpoints_taken = 0
         self.last_checkpoint = None
         self.killed = asyncio.Event()
+        self.lost_hosts = {}              # host -> processes it had when its agent went away
+        self.closing = False
         self._busy = asyncio.Lock()       # one checkpoint (or restart) at a time
         self._registered = asyncio.Condition()
         self._warnings = None             # collects WARNs during a checkpoint
@@ -83,6 +85,7 @@ class Coordinator:
             self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
 
     async def close(self):
+        self.closing = True
         if self._tcp_server is not None:
             self._tcp_server.close()
             self._tcp_server = None
@@ -242,6 +245,15 @@ class Coordinator:
                 pass
         return "VAL " + " ".join(self.names[k] for k in keys)
 
+    def host_lost(self, host, count):
+        """host's agent went away while count processes of the job were
+        there (the host died, or its network): unless the job is being
+        killed, no checkpoint can be whole any more."""
+        if self.killed.is_set() or self.closing or count == 0:
+            return
+        self.lost_hosts[host] = count
+        self.warn(f"lost host {host} with {count} processes of the job")
+
     def note(self, message):
         """A warning for the launcher's stderr and the running checkpoint's reply.
 
@@ -303,6 +315,10 @@ class Coordinator:
         while the job runs on (None: the job's default)."""
         forked = self.forked_write if forked is None else forked
         async with self._busy:
+            if self.lost_hosts:   # what is left of the job is no whole job
+                host, count = next(iter(self.lost_hosts.items()))
+                raise CkptError(f"host {host} was lost with {count} processes of the job: "
+                                "no checkpoint of it can be complete")
             self._warnings = []
             try:
                 procs = await self._first_processes()
@@ -364,7 +380,11 @@ class Coordinator:
             if not self._matching():
                 continue
             try:
-                await self.checkpoint()
+                # shielded: stopping the periodic checkpoints never cuts
+                # one short (a later checkpoint waits for it)
+                taking = asyncio.ensure_future(self.checkpoint())
+                taking.add_done_callback(_consume_exception)
+                await asyncio.shield(taking)
             except CkptError as exc:
                 self.warn(f"periodic checkpoint failed: {exc.message}")
 
@@ -445,3 +465,10 @@ class Coordinator:
             "busy": self._busy.locked(),
             "restarted_from": self.restarted_from,
         }
+
+
+def _consume_exception(task):
+    """A shielded task's failure is its awaiter's business; once nobody
+    awaits it any more, asyncio must not report it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -11,7 +11,7 @@ import struct
 from ckpt.config import Config
 from ckpt.errors import CkptError
 from ckpt.jobs import check_job_id
-from ckpt.native import preload_libraries
+from ckpt.native import preload_libraries, remote_binary
 from ckpt.session import JobSession, announce
 
 PT_INTERP = 3
@@ -97,6 +97,17 @@ def check_program(name, path_env=None, depth=0):
     return path
 
 
+REMOTE_LAUNCHERS = {"ssh": "--ssh", "rsh": "--rsh", "srun": "--srun"}
+
+
+def remote_wrapped(command):
+    """A command that is itself ssh, rsh or srun runs through ckpt-remote,
+    as the shim makes a job process's exec of them do: the remote command
+    joins the job, the launcher program stays outside it."""
+    flag = REMOTE_LAUNCHERS.get(os.path.basename(command[0]))
+    return [str(remote_binary()), flag, *command] if flag else command
+
+
 def job_environment(shim, base):
     """base (the job's CKPT_* variables included) with the shim preloaded."""
     env = dict(base)
@@ -123,7 +134,7 @@ async def _run(command, config, job_id, shim, on_session):
             on_session(job)
         env = job_environment(shim, job.environment())
         announce(job_id)
-        pid = job.spawn(command, env)
+        pid = job.spawn(remote_wrapped(command), env)
         job.start_periodic()
         status = await job.wait_exit(pid)
         return await job.lives_on(command[0], status, pid)

@@ -54,6 +54,14 @@ def cli_path():
     return Path(installed)
 
 
+def remote_binary():
+    """ckpt-remote: ssh, rsh and srun inside a job."""
+    path = native_dir() / "ckpt-remote"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise CkptError(f"{path} not found (build native/ or set CKPT_NATIVE_DIR)")
+    return path
+
+
 def restart_binary():
     path = native_dir() / RESTART_NAME
     if not (path.is_file() and os.access(path, os.X_OK)):

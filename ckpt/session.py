@@ -81,6 +81,7 @@ class JobSession:
         self.exits = {}             # pid -> future of its exit code
         self.signal_targets = lambda: self.children[:1]
         self.finishing = []         # coroutine functions run before the session ends
+        self.outlive_command = True  # False: the job ends with its command (a batch job)
         self._periodic = None
 
     async def __aenter__(self):
@@ -102,8 +103,7 @@ class JobSession:
     async def __aexit__(self, *exc):
         for finish in self.finishing:
             await finish()
-        if self._periodic is not None:
-            self._periodic.cancel()
+        self.stop_periodic()
         unregister(self.entry, self.directory)
         await self.coordinator.close()
         _remove(self.secret_file)
@@ -123,6 +123,12 @@ class JobSession:
     def start_periodic(self):
         if self.config.interval > 0:
             self._periodic = asyncio.ensure_future(self.coordinator.periodic(self.config.interval))
+
+    def stop_periodic(self):
+        """No periodic checkpoint from now on (one under way goes on)."""
+        if self._periodic is not None:
+            self._periodic.cancel()
+            self._periodic = None
 
     def spawn(self, argv, env):
         """Start a foreground child sharing our stdin/stdout/stderr."""
@@ -180,9 +186,13 @@ class JobSession:
     async def lives_on(self, what, status, ended_pid=None):
         """`what` (the command, the restored root) ended with `status`.  The
         job lives as long as any of its processes: if some still run, say
-        which, and go on without the launcher.  Returns the status."""
+        which, and go on without the launcher (unless the job must end with
+        its command: then they are killed).  Returns the status."""
         left = [] if self.coordinator.killed.is_set() else await self.still_running(ended_pid)
         if not left:
+            return status
+        if not self.outlive_command:
+            self.coordinator.kill()
             return status
         job_id = self.entry.job_id
         pids = ", ".join(str(p.real_pid) for p in left[:8]) + (", ..." if len(left) > 8 else "")

@@ -5,21 +5,25 @@ requeued run (SLURM_RESTART_COUNT > 0) with a checkpoint of this job
 restarts from the latest one on the new allocation's nodes.  SIGUSR1
 (`#SBATCH --signal=B:USR1@SECONDS`, `scancel --signal=USR1 --batch`)
 checkpoints, ends the job and requeues it, so the allocation is given
-back; SIGTERM (scancel, a preemption) checkpoints if the job still runs,
-then ends it (Slurm decides whether it comes back)."""
+back.  SIGTERM (scancel, a preemption, the time limit) reaches every
+process of the job at once: a checkpoint then would catch a job already
+dying, so there is none; periodic checkpoints stop and the job ends (Slurm
+decides whether it comes back, and a requeued run restarts from the
+latest periodic checkpoint).  When the job failed because a node was lost,
+Slurm marks the node down and requeues the job (NODE_FAIL); the batch
+script waits for that, bounded, then requeues the job itself."""
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 from ckpt.errors import CkptError
 from ckpt.jobs import this_host
 from ckpt.manifest import resolve_checkpoint
-
-TERM_CHECKPOINT_SECONDS = 20   # within Slurm's KillWait, or the periodic one serves
-
 
 def slurm_job_id(environ=None):
     environ = os.environ if environ is None else environ
@@ -65,6 +69,29 @@ def _scontrol(*args, killed_ok=False):
     return done.stdout
 
 
+NODE_FAIL_MARGIN = 60   # seconds past SlurmdTimeout before requeueing ourselves
+
+
+def slurmd_timeout():
+    """SlurmdTimeout in seconds: how long Slurm takes to call a node down."""
+    try:
+        match = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", _scontrol("show", "config"), re.M)
+    except CkptError:
+        match = None
+    return int(match.group(1)) if match else 300
+
+
+def wait_for_node_failure(job_id, hosts):
+    """The job failed because hosts were lost: Slurm will find them down,
+    end this job (NODE_FAIL) and requeue it; if it does not, requeue."""
+    bound = slurmd_timeout() + NODE_FAIL_MARGIN
+    _say(f"job {job_id}: lost host {', '.join(hosts)}; waiting up to {bound} s for Slurm "
+         "to find it down and requeue the job")
+    time.sleep(bound)
+    _say(f"job {job_id}: Slurm did not requeue the job: requeueing it")
+    _scontrol("requeue", job_id, killed_ok=True)
+
+
 def latest_checkpoint(job_dir):
     """The job's latest published checkpoint, or None."""
     if not job_dir.is_dir():
@@ -83,35 +110,42 @@ class SlurmSignals:
         self.job = None
         self.leaving = None      # the task that checkpoints and ends the job
         self.requeued = False
+        self.early = []          # signals that came before the session ran
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(signum, lambda n, _frame: self.early.append(n))
 
     def attach(self, job):
         """Called once the job's session runs (launch or restart)."""
         self.job = job
+        job.outlive_command = False   # Slurm ends whatever outlives the batch script
         job.loop.add_signal_handler(signal.SIGUSR1, self._on_signal, signal.SIGUSR1)
         job.loop.add_signal_handler(signal.SIGTERM, self._on_signal, signal.SIGTERM)
         job.finishing.append(self._finished)
+        for signum in self.early:
+            job.loop.call_soon(self._on_signal, signum)
 
     def _on_signal(self, signum):
-        if self.leaving is None:
-            requeue = signum == signal.SIGUSR1
-            self.leaving = asyncio.ensure_future(self._leave(requeue))
+        if self.leaving is not None:
+            return
+        if signum == signal.SIGUSR1:
+            self.leaving = asyncio.ensure_future(self._checkpoint_and_requeue())
+        else:
+            _say(f"job {self.job_id}: TERM: the job ends (its latest checkpoint stays)")
+            self.job.stop_periodic()
+            self.job.coordinator.kill()
+            self.leaving = asyncio.ensure_future(asyncio.sleep(0))
 
-    async def _leave(self, requeue):
-        """Checkpoint and end the job; requeue it for USR1."""
-        what = "USR1: checkpoint and requeue" if requeue else "TERM: checkpoint and end"
-        _say(f"job {self.job_id}: {what}")
-        taking = asyncio.ensure_future(self.job.coordinator.checkpoint(kill=True))
+    async def _checkpoint_and_requeue(self):
+        _say(f"job {self.job_id}: USR1: checkpoint and requeue")
+        self.job.stop_periodic()
         try:
-            timeout = None if requeue else TERM_CHECKPOINT_SECONDS
-            path, _ = await asyncio.wait_for(asyncio.shield(taking), timeout)
+            path, _ = await self.job.coordinator.checkpoint(kill=True)
             _say(f"job {self.job_id}: checkpoint {path}")
-        except (CkptError, asyncio.TimeoutError) as exc:
-            message = exc.message if isinstance(exc, CkptError) else "it took too long"
-            _say(f"job {self.job_id}: the checkpoint failed ({message}); "
+        except CkptError as exc:
+            _say(f"job {self.job_id}: the checkpoint failed ({exc.message}); "
                  "the previous checkpoint stays")
             self.job.coordinator.kill()
-        if requeue:
-            await asyncio.get_running_loop().run_in_executor(None, self._requeue)
+        await asyncio.get_running_loop().run_in_executor(None, self._requeue)
 
     def _requeue(self):
         try:
@@ -145,4 +179,10 @@ def run(command, config):
                          launcher="srun", on_session=signals.attach)
     else:
         status = launch(command, config, job_id, on_session=signals.attach)
-    return 0 if signals.requeued else status
+    if signals.requeued:
+        return 0
+    lost = sorted(signals.job.coordinator.lost_hosts) if signals.job else []
+    if status and lost and signals.leaving is None:
+        wait_for_node_failure(job_id, lost)
+        return 0
+    return status
