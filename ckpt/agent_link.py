@@ -20,8 +20,8 @@ class AgentLink:
         self.reader = reader
         self.writer = writer
         self.procs = {}           # tag -> Process
-        self._barriers = {}       # barrier id -> future of the agent's answer
-        self._next_barrier = 0
+        self._requests = {}       # request id -> future of the agent's ANSWERS
+        self._next_request = 0
         self._tasks = set()
         self.lost = False
         self.address = _ip(writer.get_extra_info("peername"))        # the agent's host
@@ -41,7 +41,7 @@ class AgentLink:
                 await self._handle(*split_line(line))
         finally:
             self.lost = True
-            for future in self._barriers.values():
+            for future in self._requests.values():
                 if not future.done():
                     future.set_result(None)
             for task in list(self._tasks):
@@ -62,7 +62,7 @@ class AgentLink:
                 await self.coord.remove_process(proc)
         elif word == "ANSWERS":  # ANSWERS id json
             ident, _, payload = rest.partition(" ")
-            future = self._barriers.get(int(ident))
+            future = self._requests.get(int(ident))
             if future is not None and not future.done():
                 future.set_result(json.loads(payload))
         elif word == "WARN":  # WARN tag message
@@ -88,31 +88,53 @@ class AgentLink:
         except (ConnectionError, OSError):
             pass
 
-    async def barrier(self, phase_line, group, timeout):
-        """`phase_line` to the group's processes through the agent:
-        [(proc, DONE keys or None if it disconnected)]."""
-        ident = self._next_barrier = self._next_barrier + 1
+    async def _ask(self, word, rest):
+        """`word <id> rest` to the agent: its `ANSWERS <id>` (a dict), or
+        None if the agent is gone."""
+        ident = self._next_request = self._next_request + 1
         future = asyncio.get_running_loop().create_future()
-        self._barriers[ident] = future
-        tags = ",".join(p.tag for p in group)
+        self._requests[ident] = future
         try:
-            if not self.lost:
-                await self.send(f"BARRIER {ident} {timeout:g} {tags} {phase_line}")
-                answer = await future
-            else:
-                answer = None
+            if self.lost:
+                return None
+            await self.send(f"{word} {ident} {rest}".rstrip())
+            return await future
         except (ConnectionError, OSError):
-            answer = None
+            return None
         finally:
-            self._barriers.pop(ident, None)
+            self._requests.pop(ident, None)
+
+    async def _ask_or_fail(self, word, rest=""):
+        answer = await self._ask(word, rest)
         if answer is None:
             raise PhaseError(f"lost the connection to the agent of host {self.host}")
         if answer.get("fail"):
             raise PhaseError(answer["fail"])
+        return answer
+
+    async def barrier(self, phase_line, group, timeout):
+        """`phase_line` to the group's processes through the agent:
+        [(proc, DONE keys or None if it disconnected)]."""
+        tags = ",".join(p.tag for p in group)
+        answer = await self._ask_or_fail("BARRIER", f"{timeout:g} {tags} {phase_line}")
         if answer.get("all"):
             return [(proc, {}) for proc in group]
         done = answer.get("done", {})
         return [(proc, done.get(proc.tag)) for proc in group]
+
+    # stopped processes (ckpt/stopped.py): the agent thaws its host's own
+
+    async def thaw(self, group):
+        """The agent thaws the stopped ones of group: returns them."""
+        answer = await self._ask_or_fail("THAW", ",".join(p.tag for p in group))
+        stopped = set(answer.get("stopped", ()))
+        return [proc for proc in group if proc.tag in stopped]
+
+    async def freeze_app(self):
+        await self._ask_or_fail("FREEZE-APP")
+
+    async def freeze(self):
+        await self._ask_or_fail("FREEZE")
 
     def signal(self, signum):
         """Send signum to each of the host's processes (by the agent).

@@ -432,3 +432,62 @@ def test_ud_mesh_over_softverbs_restarted_on_two_other_hosts(cluster, jobs, requ
         env=job.env, capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr
     assert mesh_results(moved) == mesh_results(reference.stdout) and len(mesh_results(moved)) == 4
+
+
+def host_processes(cluster, host, name):
+    """{pid in host's own namespace: state letter} of host's processes
+    running program name (by their command line: a restored process's
+    comm is ckpt-restart's)."""
+    r = cluster.run(host, ["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    procs = {}
+    for line in r.stdout.splitlines():
+        pid, state, args = line.split(None, 2)
+        if os.path.basename(args.split()[0]) == name:
+            procs[int(pid)] = state[0]
+    return procs
+
+
+def wait_state(cluster, host, name, state, timeout=60):
+    """The pid of the first of host's processes called name in state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [pid for pid, s in host_processes(cluster, host, name).items() if s == state]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, (host, name, cluster.run(
+            host, ["ps", "-eo", "pid,ppid,stat,comm,args"], capture_output=True, text=True).stdout)
+        time.sleep(0.1)
+
+
+def test_stopped_rank_on_another_host_stays_stopped_through_checkpoint_and_restart(
+        cluster, jobs, request):
+    """A rank on h2 stopped from inside h2 (kill -STOP): h2's agent thaws it
+    for the checkpoint and stops it again; it is still stopped afterwards,
+    and once continued the job ends with the uninterrupted run's result.
+    Restarted on h3, h4, the rank comes back stopped on h4 (as on one
+    host) and, continued there, the job ends with the same result."""
+    args = (300, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args).start()
+    ranks = host_processes(cluster, "h2", "ring")
+    assert len(ranks) == 2 and set(ranks.values()) <= {"R", "S"}, ranks
+    victim = min(ranks)
+    assert cluster.run("h2", ["kill", "-STOP", str(victim)]).returncode == 0
+    assert wait_state(cluster, "h2", "ring", "T") == victim
+    path = job.ckpt("h3", "checkpoint", job.id).stdout.strip()
+    assert image_hosts(path) == ["h1", "h2"]
+    assert host_processes(cluster, "h2", "ring")[victim] == "T"   # not "t": no tracer left
+    assert job.proc.poll() is None and "PASS" not in job.out.read_text()
+    assert cluster.run("h2", ["kill", "-CONT", str(victim)]).returncode == 0
+    job.finish()
+    finished = job.results()
+    job.restart(path, ["h3", "h4"], "moved")
+    wait_restored(job, "h3")
+    stopped = wait_state(cluster, "h4", "ring", "T")
+    assert list(host_processes(cluster, "h4", "ring").values()).count("T") == 1
+    assert "PASS" not in job.out.read_text()
+    assert cluster.run("h4", ["kill", "-CONT", str(stopped)]).returncode == 0
+    job.finish()
+    expected = reference_result(cluster, "openmpi", "ring", args, job.dir)
+    assert {"finished": finished, "moved": job.results()} == \
+        {"finished": expected, "moved": expected}
