@@ -491,3 +491,33 @@ def test_stopped_rank_on_another_host_stays_stopped_through_checkpoint_and_resta
     expected = reference_result(cluster, "openmpi", "ring", args, job.dir)
     assert {"finished": finished, "moved": job.results()} == \
         {"finished": expected, "moved": expected}
+
+
+def test_restart_hostfile_slots_must_hold_the_old_hosts_processes(cluster, jobs, request):
+    """--hostfile lines `host slots=N` and `host:N`: a slot is one process of
+    the checkpoint (docs/DESIGN.md).  A host with fewer slots than the
+    host it replaces had processes is refused in one line naming it, exit
+    status 2, before anything starts; with enough, the job restarts and
+    ends with the uninterrupted run's result."""
+    args = (300, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args).start()
+    path = job.ckpt("h2", "checkpoint", "--kill", job.id).stdout.strip()
+    job.proc.wait(timeout=30)
+    counts = {host: 0 for host in ("h1", "h2")}
+    for proc in manifest_of(path)["processes"]:
+        counts[proc["host"]] += 1
+    assert counts["h2"] > 2   # two ranks and Open MPI's daemon at least
+    hostfile = job.dir / "hostfile"
+    for text, refused in ((f"h3 slots={counts['h1']}\nh4:{counts['h2'] - 1}\n", "host h4 "),
+                          (f"h3:{counts['h1'] - 1}   # too few\nh4\n", "host h3 "),
+                          ("h3 slots=two\nh4\n", "line 1")):
+        hostfile.write_text(text)
+        r = job.ckpt("h3", "restart", "--hostfile", str(hostfile), path, check=False)
+        assert r.returncode == 2 and refused in r.stderr, (text, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert_nothing_left(cluster, cluster.names)
+        assert not list(Path(path).parent.glob(".secret-*"))
+    hostfile.write_text(f"# new hosts\nh3 slots={counts['h1']} max_slots=64\nh4:{counts['h2']}\n")
+    job._run("h3", [CKPT, "restart", "--hostfile", str(hostfile), path], "slots")
+    job.finish()
+    assert job.results() == reference_result(cluster, "openmpi", "ring", args, job.dir)
