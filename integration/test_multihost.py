@@ -521,3 +521,60 @@ def test_restart_hostfile_slots_must_hold_the_old_hosts_processes(cluster, jobs,
     job._run("h3", [CKPT, "restart", "--hostfile", str(hostfile), path], "slots")
     job.finish()
     assert job.results() == reference_result(cluster, "openmpi", "ring", args, job.dir)
+
+
+def test_a_killed_launchers_secret_is_removed_by_a_later_command(cluster, jobs, request):
+    """A launcher killed by SIGKILL leaves its secret (`.secret-<host>-<pid>`)
+    and registry entries.  Its job id launched again from another host
+    (whose coordinator's port on the dead launcher's host is refused) or
+    `ckpt list` on the launcher's own host removes them; a live job's
+    secret survives every command of other hosts, and its id is refused."""
+    job = jobs(request.node.name, "openmpi", ["h1"], "ring", ())   # dirs and environment
+    registry = cluster.shared_dir / "registry" / f"{job.id}.json"
+    job_dir = job.dir / "img" / job.id
+
+    def launch(host):
+        job._run(host, [CKPT, "launch", "--job-id", job.id, "--ckpt-dir", str(job.dir / "img"),
+                        "--", "sleep", "600"], f"launch-{host}")
+        deadline = time.monotonic() + 60
+        while True:
+            entry = json.loads(registry.read_text()) if registry.exists() else {}
+            if entry.get("host") == host and os.path.exists(entry["secret_file"]):
+                job.ckpt("h4", "status", job.id)   # its secret works from another host
+                return entry
+            assert job.proc.poll() is None, job.err.read_text()
+            assert time.monotonic() < deadline, "the job did not register"
+            time.sleep(0.1)
+
+    def kill_launcher(host, entry):
+        sleeps = list(host_processes(cluster, host, "sleep"))
+        assert len(sleeps) == 1, sleeps
+        for pid in (entry["launcher_pid"], sleeps[0]):
+            assert cluster.run(host, ["kill", "-KILL", str(pid)]).returncode == 0
+        assert job.proc.wait(timeout=30) != 0
+        assert os.path.exists(entry["secret_file"]) and registry.exists()
+
+    def secrets():
+        return sorted(p.name for p in job_dir.glob(".secret-*"))
+
+    first = launch("h2")
+    kill_launcher("h2", first)
+    second = launch("h1")   # h2's coordinator is gone: its port is refused
+    assert secrets() == [os.path.basename(second["secret_file"])], secrets()
+    kill_launcher("h1", second)
+    job.ckpt("h3", "list")  # h3 cannot tell: h1's entry and secret stay
+    assert secrets() == [os.path.basename(second["secret_file"])]
+    job.ckpt("h1", "list")  # h1 can
+    assert secrets() == [] and not registry.exists()
+
+    live = launch("h2")
+    for host in ("h1", "h3"):
+        job.ckpt(host, "list")
+    r = job.ckpt("h3", "launch", "--job-id", job.id, "--ckpt-dir", str(job.dir / "img"),
+                 "--", "true", check=False)
+    assert r.returncode != 0 and "already running" in r.stderr and "on h2" in r.stderr, r.stderr
+    assert secrets() == [os.path.basename(live["secret_file"])]
+    job.ckpt("h4", "status", job.id)
+    job.ckpt("h3", "kill", job.id)
+    job.proc.wait(timeout=30)
+    assert secrets() == [] and not registry.exists()
