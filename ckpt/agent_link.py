@@ -9,7 +9,7 @@ line.  So the coordinator has one connection per host, not per process."""
 import asyncio
 import json
 
-from ckpt.barrier import PhaseError, Process
+from ckpt.barrier import AGENT_MARGIN, PhaseError, Process
 from ckpt.wire import split_line, unescape
 
 
@@ -104,8 +104,14 @@ class AgentLink:
         finally:
             self._requests.pop(ident, None)
 
-    async def _ask_or_fail(self, word, rest=""):
-        answer = await self._ask(word, rest)
+    async def _ask_or_fail(self, word, rest="", timeout=None):
+        """The agent's answer; PhaseError if it failed, is gone or (with a
+        timeout: a host that hangs) does not answer in time."""
+        try:
+            answer = await asyncio.wait_for(self._ask(word, rest), timeout)
+        except asyncio.TimeoutError:
+            raise PhaseError(f"the agent of host {self.host} did not answer {word} "
+                             f"within {timeout:g} s")
         if answer is None:
             raise PhaseError(f"lost the connection to the agent of host {self.host}")
         if answer.get("fail"):
@@ -122,19 +128,24 @@ class AgentLink:
         done = answer.get("done", {})
         return [(proc, done.get(proc.tag)) for proc in group]
 
-    # stopped processes (ckpt/stopped.py): the agent thaws its host's own
+    # stopped processes (ckpt/stopped.py): the agent thaws its host's own,
+    # in the time a barrier has
+
+    def _thaw_timeout(self):
+        return self.coord.barrier_timeout + AGENT_MARGIN
 
     async def thaw(self, group):
         """The agent thaws the stopped ones of group: returns them."""
-        answer = await self._ask_or_fail("THAW", ",".join(p.tag for p in group))
+        answer = await self._ask_or_fail("THAW", ",".join(p.tag for p in group),
+                                         self._thaw_timeout())
         stopped = set(answer.get("stopped", ()))
         return [proc for proc in group if proc.tag in stopped]
 
     async def freeze_app(self):
-        await self._ask_or_fail("FREEZE-APP")
+        await self._ask_or_fail("FREEZE-APP", timeout=self._thaw_timeout())
 
     async def freeze(self):
-        await self._ask_or_fail("FREEZE")
+        await self._ask_or_fail("FREEZE", timeout=self._thaw_timeout())
 
     def signal(self, signum):
         """Send signum to each of the host's processes (by the agent).

@@ -158,10 +158,14 @@ async def thaw(procs):
             t = Thawed(proc)
             thawed.append(t)
             await t.start()
-        for agent, group in by_agent.items():
-            t = AgentThawed(agent)
-            thawed.append(t)
-            await t.start(group)
+        # every host at once: one round trip, not one per host
+        remote = [AgentThawed(agent) for agent in by_agent]
+        thawed.extend(remote)
+        results = await asyncio.gather(*(t.start(by_agent[t.agent]) for t in remote),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
     except BaseException:
         await freeze(thawed)
         raise
