@@ -184,7 +184,7 @@ class HostAgent:
         """ANSWERS <id> {..., "fail": null} once work is done, or its failure."""
         try:
             answer = dict(await work or {}, fail=None)
-        except PhaseError as exc:
+        except (PhaseError, OSError) as exc:
             answer = {"fail": f"{exc} (on {self.host})"}
         self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")
 
