@@ -182,14 +182,16 @@ def coordinator_gone(entry):
     host, _, port = entry.address.rpartition(":")
     try:
         secret = auth.load_secret(entry.secret_file)
+    except (OSError, auth.AuthError):
+        secret = None   # the port can still be refused
+    try:
         with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT) as sock:
-            auth.client_handshake(sock.makefile("rwb"), secret)
-    except ConnectionRefusedError:
+            if secret is not None:
+                auth.client_handshake(sock.makefile("rwb"), secret)
+    except (ConnectionRefusedError, auth.AuthError):
         return True
-    except auth.AuthError as exc:
-        return "secret file" not in str(exc)   # our file's fault, not the listener's
     except (OSError, ValueError):
-        return False
+        pass
     return False
 
 
