@@ -3,7 +3,10 @@ on two hosts join one job over TCP through each host's agent; a checkpoint
 taken from any host covers every process of every host; connections that
 do not prove the job's secret are refused and change nothing; a job
 restarts on the same hosts, on other hosts and on the same hosts swapped,
-and goes on to the result of an uninterrupted run."""
+and goes on to the result of an uninterrupted run.  A process stopped on
+another host stays stopped through a checkpoint (its host's agent thaws
+it); slot counts of a hostfile are checked before a restart starts; a
+killed launcher's secret is removed by later commands."""
 import json
 import re
 import os
