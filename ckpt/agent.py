@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ckpt import auth
+from ckpt import stopped as stopped_processes
 from ckpt.barrier import PhaseError, barrier
 from ckpt.errors import CkptError
 from ckpt.headers import load_headers
@@ -45,6 +46,7 @@ class HostAgent:
         self._tasks = set()
         self.reader = self.writer = None
         self.child = None        # a restart's ckpt-restart (--run)
+        self.thawed = []         # this checkpoint's stopped processes, thawed
 
     async def run(self, command=()):
         """Serve the host until the coordinator closes the connection; with
@@ -67,6 +69,7 @@ class HostAgent:
             return 128 - status if status < 0 else status
         finally:
             link.cancel()
+            await stopped_processes.freeze(self.thawed)  # the checkpoint is over
             # ckpt-remote's lock next to the socket (native/remote/host_agent.c)
             Path(self.local.socket_path + ".lock").unlink(missing_ok=True)
             await self.local.close()
@@ -141,6 +144,13 @@ class HostAgent:
                 future.set_result(answer)
         elif word == "SIGNAL":
             self._signal(int(rest))
+        elif word == "THAW":    # THAW id tags
+            ident, _, tags = rest.partition(" ")
+            self._spawn(self._answer(ident, self._thaw(tags.split(","))))
+        elif word == "FREEZE-APP":
+            self._spawn(self._answer(ident=rest, work=stopped_processes.freeze_app(self.thawed)))
+        elif word == "FREEZE":
+            self._spawn(self._answer(ident=rest, work=self._freeze()))
 
     async def _barrier(self, ident, timeout, tags, line):
         """One barrier over the host's processes named by tags; one answer."""
@@ -156,6 +166,26 @@ class HostAgent:
                 answer["done"] = {proc.tag: keys for proc, keys in done.items()}
         except PhaseError as exc:
             answer["fail"] = f"{exc} (on {self.host})"
+        self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")
+
+    # ---- stopped processes: only this host can thaw them (/proc, ptrace) --
+
+    async def _thaw(self, tags):
+        await self._freeze()   # an earlier checkpoint's, had its FREEZE been lost
+        self.thawed = await stopped_processes.thaw(
+            [self.procs[t] for t in tags if t in self.procs])
+        return {"stopped": [proc.tag for t in self.thawed for proc in t.procs]}
+
+    async def _freeze(self):
+        thawed, self.thawed = self.thawed, []
+        await stopped_processes.freeze(thawed)
+
+    async def _answer(self, ident, work):
+        """ANSWERS <id> {..., "fail": null} once work is done, or its failure."""
+        try:
+            answer = dict(await work or {}, fail=None)
+        except (PhaseError, OSError) as exc:
+            answer = {"fail": f"{exc} (on {self.host})"}
         self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")
 
     def _signal(self, signum):

@@ -9,7 +9,7 @@ line.  So the coordinator has one connection per host, not per process."""
 import asyncio
 import json
 
-from ckpt.barrier import PhaseError, Process
+from ckpt.barrier import AGENT_MARGIN, PhaseError, Process
 from ckpt.wire import split_line, unescape
 
 
@@ -20,8 +20,8 @@ class AgentLink:
         self.reader = reader
         self.writer = writer
         self.procs = {}           # tag -> Process
-        self._barriers = {}       # barrier id -> future of the agent's answer
-        self._next_barrier = 0
+        self._requests = {}       # request id -> future of the agent's ANSWERS
+        self._next_request = 0
         self._tasks = set()
         self.lost = False
         self.address = _ip(writer.get_extra_info("peername"))        # the agent's host
@@ -42,7 +42,7 @@ class AgentLink:
         finally:
             self.lost = True
             self.coord.host_lost(self.host, len(self.procs))
-            for future in self._barriers.values():
+            for future in self._requests.values():
                 if not future.done():
                     future.set_result(None)
             for task in list(self._tasks):
@@ -63,7 +63,7 @@ class AgentLink:
                 await self.coord.remove_process(proc)
         elif word == "ANSWERS":  # ANSWERS id json
             ident, _, payload = rest.partition(" ")
-            future = self._barriers.get(int(ident))
+            future = self._requests.get(int(ident))
             if future is not None and not future.done():
                 future.set_result(json.loads(payload))
         elif word == "WARN":  # WARN tag message
@@ -89,31 +89,64 @@ class AgentLink:
         except (ConnectionError, OSError):
             pass
 
-    async def barrier(self, phase_line, group, timeout):
-        """`phase_line` to the group's processes through the agent:
-        [(proc, DONE keys or None if it disconnected)]."""
-        ident = self._next_barrier = self._next_barrier + 1
+    async def _ask(self, word, rest):
+        """`word <id> rest` to the agent: its `ANSWERS <id>` (a dict), or
+        None if the agent is gone."""
+        ident = self._next_request = self._next_request + 1
         future = asyncio.get_running_loop().create_future()
-        self._barriers[ident] = future
-        tags = ",".join(p.tag for p in group)
+        self._requests[ident] = future
         try:
-            if not self.lost:
-                await self.send(f"BARRIER {ident} {timeout:g} {tags} {phase_line}")
-                answer = await future
-            else:
-                answer = None
+            if self.lost:
+                return None
+            await self.send(f"{word} {ident} {rest}".rstrip())
+            return await future
         except (ConnectionError, OSError):
-            answer = None
+            return None
         finally:
-            self._barriers.pop(ident, None)
+            self._requests.pop(ident, None)
+
+    async def _ask_or_fail(self, word, rest="", timeout=None):
+        """The agent's answer; PhaseError if it failed, is gone or (with a
+        timeout: a host that hangs) does not answer in time."""
+        try:
+            answer = await asyncio.wait_for(self._ask(word, rest), timeout)
+        except asyncio.TimeoutError:
+            raise PhaseError(f"the agent of host {self.host} did not answer {word} "
+                             f"within {timeout:g} s")
         if answer is None:
             raise PhaseError(f"lost the connection to the agent of host {self.host}")
         if answer.get("fail"):
             raise PhaseError(answer["fail"])
+        return answer
+
+    async def barrier(self, phase_line, group, timeout):
+        """`phase_line` to the group's processes through the agent:
+        [(proc, DONE keys or None if it disconnected)]."""
+        tags = ",".join(p.tag for p in group)
+        answer = await self._ask_or_fail("BARRIER", f"{timeout:g} {tags} {phase_line}")
         if answer.get("all"):
             return [(proc, {}) for proc in group]
         done = answer.get("done", {})
         return [(proc, done.get(proc.tag)) for proc in group]
+
+    # stopped processes (ckpt/stopped.py): the agent thaws its host's own,
+    # in the time a barrier has
+
+    def _thaw_timeout(self):
+        return self.coord.barrier_timeout + AGENT_MARGIN
+
+    async def thaw(self, group):
+        """The agent thaws the stopped ones of group: returns them."""
+        answer = await self._ask_or_fail("THAW", ",".join(p.tag for p in group),
+                                         self._thaw_timeout())
+        stopped = set(answer.get("stopped", ()))
+        return [proc for proc in group if proc.tag in stopped]
+
+    async def freeze_app(self):
+        await self._ask_or_fail("FREEZE-APP", timeout=self._thaw_timeout())
+
+    async def freeze(self):
+        await self._ask_or_fail("FREEZE", timeout=self._thaw_timeout())
 
     def signal(self, signum):
         """Send signum to each of the host's processes (by the agent).

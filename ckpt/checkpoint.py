@@ -55,13 +55,12 @@ class CheckpointRun:
         self.coord.forget_names_of_checkpoint(self.number)
         try:
             # stopped processes take part through a tracer: they stay stopped
-            # (this host's: another host's pids are not ours to look at)
-            self.thawed = await stopped_processes.thaw([p for p in self.procs if p.agent is None])
+            self.thawed = await stopped_processes.thaw(self.procs)
         except PhaseError as exc:
             manifests.discard(self.tmp)
             raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {exc}")
-        for t in self.thawed:
-            self.coord._put(f"stopped:{self.number}:{t.proc.host}:{t.proc.pid}", "1")
+        for proc in (proc for t in self.thawed for proc in t.procs):
+            self.coord._put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")
         try:
             # plugins with hardware that cannot be imaged let go of it while
             # the application still runs (docs/PROTOCOL.md)

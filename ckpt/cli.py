@@ -90,25 +90,31 @@ def kill(job_id):
 @click.argument("image_dir", type=click.Path())
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
 @click.option("--hosts", help="New hosts, comma-separated: the checkpoint's i-th host goes to the i-th.")
-@click.option("--hostfile", type=click.File(), help="New hosts, one per line (# comments).")
+@click.option("--hostfile", type=click.File(),
+              help="New hosts, one per line (# comments; `host slots=N` or `host:N`).")
 def restart(image_dir, interval, hosts, hostfile):
     """Restart a job from a checkpoint (or a job directory's latest)."""
-    from ckpt.restart import restart as run_restart
+    from ckpt.restart import host_spec, restart as run_restart
 
     def config_for(ckpt_dir):
         return load_config(ckpt_dir=str(ckpt_dir), interval=interval)
     if hosts and hostfile:
         raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
-    new_hosts = [h for h in (hosts or "").split(",") if h.strip()] or _hostfile(hostfile)
-    sys.exit(run_restart(image_dir, config_for, [h.strip() for h in new_hosts] or None))
+    if hosts:
+        specs = [host_spec(word.split(), "--hosts") for word in hosts.split(",") if word.strip()]
+    else:
+        specs = _hostfile(hostfile)
+    sys.exit(run_restart(image_dir, config_for, [name for name, _ in specs] or None,
+                         {name: slots for name, slots in specs if slots is not None}))
 
 
 def _hostfile(stream):
-    """Host names, one per line; `#` starts a comment; `host slots=N` is host."""
+    """(host, slots or None), one host a line; `#` starts a comment."""
+    from ckpt.restart import host_spec
     if stream is None:
         return []
-    names = [line.split("#", 1)[0].split() for line in stream]
-    return [words[0] for words in names if words]
+    lines = ((number, line.split("#", 1)[0].split()) for number, line in enumerate(stream, 1))
+    return [host_spec(words, f"{stream.name}, line {number}") for number, words in lines if words]
 
 
 @main.command(hidden=True)

@@ -7,9 +7,13 @@ launcher; entries whose launcher died are removed whenever the registry is
 read.  A copy of each entry also goes to the shared registry
 (`$CKPT_SHARED_STATE_DIR`, else `~/.local/state/ckpt/jobs`, on the
 cluster's shared filesystem), so that the same user's CLI on any host finds
-the coordinator's TCP address and the job's secret file.
+the coordinator's TCP address and the job's secret file.  A launcher that
+was killed leaves its entries and secret behind: its own host removes them
+(pid and start time tell), another host only once the coordinator's port
+is refused or answered by someone without the job's secret.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -19,8 +23,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ckpt import auth
 from ckpt.errors import CkptError
 
+PROBE_TIMEOUT = 5.0  # another host's coordinator: connect and handshake
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the NUL
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
 
@@ -144,12 +150,54 @@ def _read_entry(path):
 
 
 def _remove_stale(path, entry):
-    for victim in (path, Path(entry.socket) if entry else None):
-        if victim is not None:
-            try:
-                victim.unlink()
-            except OSError:
-                pass
+    """A dead launcher's entry, socket, secret and shared entry."""
+    _unlink(path)
+    if entry is not None:
+        _unlink(entry.socket)
+        forget_shared(entry)
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def forget_shared(entry):
+    """Remove the job's shared entry if it is entry's (never a successor's),
+    and entry's secret."""
+    if entry.secret_file:
+        _unlink(entry.secret_file)
+    if not entry.address:
+        return
+    try:
+        shared = _entry_path(entry.job_id, shared_state_dir())
+    except (CkptError, OSError):
+        return
+    current = _read_entry(shared)
+    if current is not None and (current.host, current.launcher_pid) == (entry.host, entry.launcher_pid):
+        _unlink(shared)
+
+
+def coordinator_gone(entry):
+    """Whether another host's job surely ended: nothing listens on its
+    coordinator's port, or what does cannot prove the job's secret.  A
+    host that does not answer proves nothing."""
+    host, _, port = entry.address.rpartition(":")
+    try:
+        secret = auth.load_secret(entry.secret_file)
+    except (OSError, auth.AuthError):
+        secret = None   # the port can still be refused
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT) as sock:
+            if secret is not None:
+                auth.client_handshake(sock.makefile("rwb"), secret)
+    except (ConnectionRefusedError, auth.AuthError):
+        return True
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def list_jobs(directory=None):
@@ -203,14 +251,22 @@ def wait_until_gone(job_id, seconds, directory=None):
         time.sleep(0.05)
 
 
+def refuse_if_running(job_id, directory=None):
+    """A job id runs once: CkptError if it does.  Another host's entry
+    whose coordinator is surely gone is removed (with its secret)."""
+    directory = directory if directory is not None else state_dir()
+    for other in list_jobs(directory):
+        if other.job_id == job_id and not is_local(other) and coordinator_gone(other):
+            forget_shared(other)
+    if not wait_until_gone(job_id, 5.0, directory):
+        other = find_job(job_id, directory)
+        where = f" on {other.host}" if other.host else ""
+        raise CkptError(f"job {job_id} is already running (launcher pid {other.launcher_pid}{where})")
+
+
 def register(entry, directory=None):
     """Add a running job; refuse an id that is already running."""
-    directory = directory if directory is not None else state_dir()
-    if not wait_until_gone(entry.job_id, 5.0, directory):
-        other = find_job(entry.job_id, directory)
-        raise CkptError(
-            f"job {entry.job_id} is already running (launcher pid {other.launcher_pid})"
-        )
+    refuse_if_running(entry.job_id, directory)
     rewrite(entry, directory)
 
 
@@ -238,16 +294,6 @@ def unregister(entry, directory=None):
     current = _read_entry(path)
     # only remove our own entry, never a successor's
     if current is not None and current.launcher_pid == entry.launcher_pid:
-        _remove_stale(path, None)
-    if entry.address:
-        try:
-            shared = _entry_path(entry.job_id, shared_state_dir())
-        except (CkptError, OSError):
-            shared = None
-        current = _read_entry(shared) if shared else None
-        if current is not None and (current.host, current.launcher_pid) == (entry.host, entry.launcher_pid):
-            _remove_stale(shared, None)
-    try:
-        os.unlink(entry.socket)
-    except OSError:
-        pass
+        _unlink(path)
+    forget_shared(dataclasses.replace(entry, secret_file=""))  # the secret is the session's
+    _unlink(entry.socket)

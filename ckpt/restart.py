@@ -41,6 +41,37 @@ def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(
     return argv + [str(path) for path, _xxh3 in images]
 
 
+def host_spec(words, where):
+    """(host, slots or None) of `h3`, `h3:2` (Open MPI's --host form) or a
+    hostfile line `h3 slots=2` (other `key=value` words are ignored)."""
+    name, colon, count = words[0].partition(":")
+    given = [word[len("slots="):] for word in words[1:] if word.startswith("slots=")]
+    if given:
+        colon, count = ":", given[-1]
+    if not colon:
+        return name, None
+    if not name or not count.isdigit() or int(count) < 1:
+        raise CkptError(f"{where}: bad slot count in {' '.join(words)!r} "
+                        "(host, host:N or host slots=N, N at least 1)", exit_code=2)
+    return name, int(count)
+
+
+def check_slots(manifest, mapping, slots):
+    """A slot is one process of the checkpoint (its image): ranks and the
+    processes that started them there (the MPI daemon, ckpt-remote's
+    server) alike; what the manifest tells apart is the host, not the
+    role.  Refuse a new host with fewer slots than its old host had."""
+    counts = {}
+    for proc in manifest["processes"]:
+        counts[proc["host"]] = counts.get(proc["host"], 0) + 1
+    for old_host, new_host in mapping.items():
+        have = slots.get(new_host)
+        if have is not None and have < counts.get(old_host, 0):
+            raise CkptError(f"host {new_host} has {have} slots; the checkpoint has "
+                            f"{counts[old_host]} processes on {old_host}, which it replaces",
+                            exit_code=2)
+
+
 def host_mapping(manifest, new_hosts):
     """{old host: new host}: the i-th host of the checkpoint on the i-th new one."""
     old_hosts = host_list(manifest)
@@ -103,11 +134,13 @@ def images_by_host(checkpoint_dir, processes):
     return hosts
 
 
-def restart(image_dir, config_for, new_hosts=None, launcher="ssh", on_session=None):
+def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
+            on_session=None):
     """Restore the checkpoint at image_dir; returns the job's exit status.
 
     config_for(ckpt_dir) gives the settings; the job keeps its directory.
-    new_hosts: where the checkpoint's hosts go, in its order; launcher:
+    new_hosts: where the checkpoint's hosts go, in its order; slots:
+    {new host: how many processes it takes} where the user said; launcher:
     how other hosts' ckpt-restart start ("ssh" or "srun").  on_session(job):
     called once the job's session runs."""
     checkpoint_dir = resolve_checkpoint(image_dir)
@@ -118,6 +151,7 @@ def restart(image_dir, config_for, new_hosts=None, launcher="ssh", on_session=No
     job_dir = checkpoint_dir.parent
     config = config_for(job_dir.parent)
     mapping = host_mapping(manifest, new_hosts)
+    check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)
     hosts = HostPlan(mapping, addr_map, LAUNCHERS[launcher])
     return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session))

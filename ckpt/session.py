@@ -8,12 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from ckpt import auth
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
-from ckpt.jobs import (JobEntry, process_start_time, register, rewrite, socket_path_for,
-                       state_dir, this_host, unregister)
+from ckpt.jobs import (JobEntry, process_start_time, refuse_if_running, rewrite,
+                       socket_path_for, state_dir, this_host, unregister)
 from ckpt.native import cli_path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -71,7 +72,7 @@ class JobSession:
             job_id=job_id, socket_path=self.socket_path, job_dir=job_dir, command=command,
             barrier_timeout=config.barrier_timeout, keep=config.keep,
             restarted_from=restarted_from, on_kill=self.kill_children,
-            forked_write=config.forked_write, secret=_create_secret(self.secret_file))
+            forked_write=config.forked_write)
         self.entry = JobEntry(job_id=job_id, socket=self.socket_path, launcher_pid=os.getpid(),
                               command=list(command), ckpt_dir=str(job_dir),
                               restarted_from=str(restarted_from or ""),
@@ -90,10 +91,15 @@ class JobSession:
         self.loop.add_signal_handler(signal.SIGCHLD, self._reap)
         for signum in FORWARDED_SIGNALS:
             self.loop.add_signal_handler(signum, self._forward, signum)
+        refuse_if_running(self.entry.job_id, self.directory)
+        # the job runs nowhere else: a secret left in its directory is a
+        # killed launcher's (its name may even be ours: pids repeat)
+        remove_stale_secrets(self.coordinator.job_dir)
+        self.coordinator.secret = _create_secret(self.secret_file)
         try:
             await self.coordinator.start()
             self.entry.address = f"{self.entry.host}:{self.coordinator.tcp_port}"
-            register(self.entry, self.directory)
+            rewrite(self.entry, self.directory)
         except BaseException:
             await self.coordinator.close()
             _remove(self.secret_file)
@@ -256,6 +262,17 @@ def secret_file_for(job_dir):
     """This coordinator's secret, in the job's directory on the shared
     filesystem: other hosts' agents read it there."""
     return job_dir / f".secret-{this_host()}-{os.getpid()}"
+
+
+def remove_stale_secrets(job_dir):
+    """Every coordinator's secret in job_dir (`.secret-<host>-<pid>`): for
+    a job that runs nowhere, they are all stale."""
+    try:
+        stale = list(Path(job_dir).glob(".secret-*"))
+    except OSError:
+        return
+    for path in stale:
+        _remove(path)
 
 
 def _create_secret(path):

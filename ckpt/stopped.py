@@ -1,6 +1,8 @@
-"""The coordinator's side of stopped processes: each one found stopped at
-the start of a checkpoint is thawed by a tracer of its own (ckpt/thaw.py)
-for the checkpoint, and frozen again before its application could run."""
+"""Stopped processes: each one found stopped at the start of a checkpoint
+is thawed by a tracer of its own (ckpt/thaw.py) for the checkpoint, and
+frozen again before its application could run.  Only its own host can
+look at it (/proc, ptrace): the coordinator thaws its host's, each other
+host's agent that host's (AgentThawed, docs/PROTOCOL.md "Host agents")."""
 
 import asyncio
 import os
@@ -61,6 +63,7 @@ class Thawed:
             [sys.executable, "-m", "ckpt.thaw", str(proc.real_pid)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        self.procs = [proc]
         self.app_frozen = False
         self.done = False
 
@@ -99,26 +102,74 @@ class Thawed:
             await self._answer("freeze-ckpt")
         finally:
             self.tracer.stdin.close()
+            # reaped: an agent, unlike the launcher, reaps no stray children
+            await asyncio.get_running_loop().run_in_executor(None, self._reap)
+
+    def _reap(self):
+        try:
+            self.tracer.wait(THAW_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.tracer.kill()   # its tracees are detached, still stopped
+            self.tracer.wait()
+
+
+class AgentThawed:
+    """Another host's stopped processes, thawed by its agent."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.procs = []
+        self.app_frozen = False
+        self.done = False
+
+    async def start(self, group):
+        self.procs = await self.agent.thaw(group)
+
+    async def freeze_app(self):
+        if not self.app_frozen and not self.done and self.procs:
+            self.app_frozen = True
+            await self.agent.freeze_app()
+
+    async def freeze(self):
+        if self.done:
+            return
+        self.done = True
+        if self.procs:
+            await self.agent.freeze()
 
 
 async def thaw(procs):
-    """Thaw the stopped ones among procs; a refusal or failure raises
-    PhaseError (nothing is left thawed)."""
-    stopped = [p for p in procs if is_stopped(p.real_pid)]
+    """Thaw the stopped ones among procs (another host's: by its agent);
+    a refusal or failure raises PhaseError (nothing is left thawed).
+    Returns the thawed, each with the processes it stands for (.procs)."""
+    here = [p for p in procs if p.agent is None]
+    stopped = [p for p in here if is_stopped(p.real_pid)]
     for proc in stopped:
         why = refusal(proc)
         if why:
             raise PhaseError(why)
+    by_agent = {}
+    for proc in procs:
+        if proc.agent is not None:
+            by_agent.setdefault(proc.agent, []).append(proc)
     thawed = []
     try:
         for proc in stopped:
             t = Thawed(proc)
             thawed.append(t)
             await t.start()
+        # every host at once: one round trip, not one per host
+        remote = [AgentThawed(agent) for agent in by_agent]
+        thawed.extend(remote)
+        results = await asyncio.gather(*(t.start(by_agent[t.agent]) for t in remote),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
     except BaseException:
         await freeze(thawed)
         raise
-    return thawed
+    return [t for t in thawed if t.procs]
 
 
 async def freeze_app(thawed):

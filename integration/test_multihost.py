@@ -3,7 +3,10 @@ on two hosts join one job over TCP through each host's agent; a checkpoint
 taken from any host covers every process of every host; connections that
 do not prove the job's secret are refused and change nothing; a job
 restarts on the same hosts, on other hosts and on the same hosts swapped,
-and goes on to the result of an uninterrupted run."""
+and goes on to the result of an uninterrupted run.  A process stopped on
+another host stays stopped through a checkpoint (its host's agent thaws
+it); slot counts of a hostfile are checked before a restart starts; a
+killed launcher's secret is removed by later commands."""
 import json
 import re
 import os
@@ -432,3 +435,149 @@ def test_ud_mesh_over_softverbs_restarted_on_two_other_hosts(cluster, jobs, requ
         env=job.env, capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr
     assert mesh_results(moved) == mesh_results(reference.stdout) and len(mesh_results(moved)) == 4
+
+
+def host_processes(cluster, host, name):
+    """{pid in host's own namespace: state letter} of host's processes
+    running program name (by their command line: a restored process's
+    comm is ckpt-restart's)."""
+    r = cluster.run(host, ["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    procs = {}
+    for line in r.stdout.splitlines():
+        pid, state, args = line.split(None, 2)
+        if os.path.basename(args.split()[0]) == name:
+            procs[int(pid)] = state[0]
+    return procs
+
+
+def wait_state(cluster, host, name, state, timeout=60):
+    """The pid of the first of host's processes called name in state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [pid for pid, s in host_processes(cluster, host, name).items() if s == state]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, (host, name, cluster.run(
+            host, ["ps", "-eo", "pid,ppid,stat,comm,args"], capture_output=True, text=True).stdout)
+        time.sleep(0.1)
+
+
+def test_stopped_rank_on_another_host_stays_stopped_through_checkpoint_and_restart(
+        cluster, jobs, request):
+    """A rank on h2 stopped from inside h2 (kill -STOP): h2's agent thaws it
+    for the checkpoint and stops it again; it is still stopped afterwards,
+    and once continued the job ends with the uninterrupted run's result.
+    Restarted on h3, h4, the rank comes back stopped on h4 (as on one
+    host) and, continued there, the job ends with the same result."""
+    args = (300, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args).start()
+    ranks = host_processes(cluster, "h2", "ring")
+    assert len(ranks) == 2 and set(ranks.values()) <= {"R", "S"}, ranks
+    victim = min(ranks)
+    assert cluster.run("h2", ["kill", "-STOP", str(victim)]).returncode == 0
+    assert wait_state(cluster, "h2", "ring", "T") == victim
+    path = job.ckpt("h3", "checkpoint", job.id).stdout.strip()
+    assert image_hosts(path) == ["h1", "h2"]
+    assert host_processes(cluster, "h2", "ring")[victim] == "T"   # not "t": no tracer left
+    assert job.proc.poll() is None and "PASS" not in job.out.read_text()
+    assert cluster.run("h2", ["kill", "-CONT", str(victim)]).returncode == 0
+    job.finish()
+    finished = job.results()
+    job.restart(path, ["h3", "h4"], "moved")
+    wait_restored(job, "h3")
+    stopped = wait_state(cluster, "h4", "ring", "T")
+    assert list(host_processes(cluster, "h4", "ring").values()).count("T") == 1
+    assert "PASS" not in job.out.read_text()
+    assert cluster.run("h4", ["kill", "-CONT", str(stopped)]).returncode == 0
+    job.finish()
+    expected = reference_result(cluster, "openmpi", "ring", args, job.dir)
+    assert {"finished": finished, "moved": job.results()} == \
+        {"finished": expected, "moved": expected}
+
+
+def test_restart_hostfile_slots_must_hold_the_old_hosts_processes(cluster, jobs, request):
+    """--hostfile lines `host slots=N` and `host:N`: a slot is one process of
+    the checkpoint (docs/DESIGN.md).  A host with fewer slots than the
+    host it replaces had processes is refused in one line naming it, exit
+    status 2, before anything starts; with enough, the job restarts and
+    ends with the uninterrupted run's result."""
+    args = (300, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args).start()
+    path = job.ckpt("h2", "checkpoint", "--kill", job.id).stdout.strip()
+    job.proc.wait(timeout=30)
+    counts = {host: 0 for host in ("h1", "h2")}
+    for proc in manifest_of(path)["processes"]:
+        counts[proc["host"]] += 1
+    assert counts["h2"] > 2   # two ranks and Open MPI's daemon at least
+    hostfile = job.dir / "hostfile"
+    for text, refused in ((f"h3 slots={counts['h1']}\nh4:{counts['h2'] - 1}\n", "host h4 "),
+                          (f"h3:{counts['h1'] - 1}   # too few\nh4\n", "host h3 "),
+                          ("h3 slots=two\nh4\n", "line 1")):
+        hostfile.write_text(text)
+        r = job.ckpt("h3", "restart", "--hostfile", str(hostfile), path, check=False)
+        assert r.returncode == 2 and refused in r.stderr, (text, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert_nothing_left(cluster, cluster.names)
+        assert not list(Path(path).parent.glob(".secret-*"))
+    hostfile.write_text(f"# new hosts\nh3 slots={counts['h1']} max_slots=64\nh4:{counts['h2']}\n")
+    job._run("h3", [CKPT, "restart", "--hostfile", str(hostfile), path], "slots")
+    job.finish()
+    assert job.results() == reference_result(cluster, "openmpi", "ring", args, job.dir)
+
+
+def test_a_killed_launchers_secret_is_removed_by_a_later_command(cluster, jobs, request):
+    """A launcher killed by SIGKILL leaves its secret (`.secret-<host>-<pid>`)
+    and registry entries.  Its job id launched again from another host
+    (whose coordinator's port on the dead launcher's host is refused) or
+    `ckpt list` on the launcher's own host removes them; a live job's
+    secret survives every command of other hosts, and its id is refused."""
+    job = jobs(request.node.name, "openmpi", ["h1"], "ring", ())   # dirs and environment
+    registry = cluster.shared_dir / "registry" / f"{job.id}.json"
+    job_dir = job.dir / "img" / job.id
+
+    def launch(host):
+        job._run(host, [CKPT, "launch", "--job-id", job.id, "--ckpt-dir", str(job.dir / "img"),
+                        "--", "sleep", "600"], f"launch-{host}")
+        deadline = time.monotonic() + 60
+        while True:
+            entry = json.loads(registry.read_text()) if registry.exists() else {}
+            if entry.get("host") == host and os.path.exists(entry["secret_file"]):
+                job.ckpt("h4", "status", job.id)   # its secret works from another host
+                return entry
+            assert job.proc.poll() is None, job.err.read_text()
+            assert time.monotonic() < deadline, "the job did not register"
+            time.sleep(0.1)
+
+    def kill_launcher(host, entry):
+        sleeps = list(host_processes(cluster, host, "sleep"))
+        assert len(sleeps) == 1, sleeps
+        for pid in (entry["launcher_pid"], sleeps[0]):
+            assert cluster.run(host, ["kill", "-KILL", str(pid)]).returncode == 0
+        assert job.proc.wait(timeout=30) != 0
+        assert os.path.exists(entry["secret_file"]) and registry.exists()
+
+    def secrets():
+        return sorted(p.name for p in job_dir.glob(".secret-*"))
+
+    first = launch("h2")
+    kill_launcher("h2", first)
+    second = launch("h1")   # h2's coordinator is gone: its port is refused
+    assert secrets() == [os.path.basename(second["secret_file"])], secrets()
+    kill_launcher("h1", second)
+    job.ckpt("h3", "list")  # h3 cannot tell: h1's entry and secret stay
+    assert secrets() == [os.path.basename(second["secret_file"])]
+    job.ckpt("h1", "list")  # h1 can
+    assert secrets() == [] and not registry.exists()
+
+    live = launch("h2")
+    for host in ("h1", "h3"):
+        job.ckpt(host, "list")
+    r = job.ckpt("h3", "launch", "--job-id", job.id, "--ckpt-dir", str(job.dir / "img"),
+                 "--", "true", check=False)
+    assert r.returncode != 0 and "already running" in r.stderr and "on h2" in r.stderr, r.stderr
+    assert secrets() == [os.path.basename(live["secret_file"])]
+    job.ckpt("h4", "status", job.id)
+    job.ckpt("h3", "kill", job.id)
+    job.proc.wait(timeout=30)
+    assert secrets() == [] and not registry.exists()

@@ -298,3 +298,19 @@ def test_restart_reports_an_early_ckpt_restart_failure(env, tmp_path, fake_nativ
     # ckpt-restart's own line is the one error line
     assert result.stderr.splitlines() == ["ckpt-restart: cannot enter a new user namespace"]
     assert "Traceback" not in result.stderr
+
+
+def test_host_slots_forms_and_too_few_slots():
+    from ckpt.errors import CkptError
+    from ckpt.restart import check_slots, host_spec
+    assert host_spec(["h3"], "f") == ("h3", None)
+    assert host_spec(["h3:2"], "f") == ("h3", 2)
+    assert host_spec(["h3", "slots=4", "max_slots=8"], "f") == ("h3", 4)
+    for bad in (["h3:x"], ["h3", "slots=0"], [":2"]):
+        with pytest.raises(CkptError, match="f, line 2: bad slot count") as info:
+            host_spec(bad, "f, line 2")
+        assert info.value.exit_code == 2
+    manifest = {"processes": [{"host": "a"}, {"host": "a"}, {"host": "b"}]}
+    check_slots(manifest, {"a": "x", "b": "y"}, {"x": 2, "y": 1})
+    with pytest.raises(CkptError, match="host x has 1 slots; the checkpoint has 2 processes on a"):
+        check_slots(manifest, {"a": "x", "b": "y"}, {"x": 1})

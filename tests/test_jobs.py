@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import shutil
@@ -64,3 +65,36 @@ def test_reused_pid_is_not_our_launcher(state):
 def test_job_id_validation(bad):
     with pytest.raises(CkptError, match="invalid job id"):
         jobs.check_job_id(bad)
+
+
+def test_a_dead_launchers_secret_and_shared_entry_go_with_its_entry(state, monkeypatch):
+    shared = state / "shared"
+    monkeypatch.setenv("CKPT_SHARED_STATE_DIR", str(shared))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    secret = state / f".secret-{jobs.this_host()}-{dead.pid}"
+    secret.write_bytes(os.urandom(32))
+    stale = entry("gone", dead.pid, state)
+    stale.host, stale.address, stale.secret_file = jobs.this_host(), "127.0.0.1:1", str(secret)
+    jobs.rewrite(stale, state)
+    assert (shared / "gone.json").exists()
+    assert jobs.list_jobs(state) == []
+    assert not secret.exists() and not (shared / "gone.json").exists()
+
+
+def test_another_hosts_coordinator_is_gone_when_its_port_is_refused(state):
+    import socket
+    with socket.socket() as probe:       # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    secret = state / "secret"
+    secret.write_bytes(os.urandom(32))
+    os.chmod(secret, 0o600)
+    gone = jobs.JobEntry(job_id="j", socket="", launcher_pid=1, command=[], ckpt_dir="/x",
+                         host="elsewhere", address=f"127.0.0.1:{port}", secret_file=str(secret))
+    assert jobs.coordinator_gone(gone)
+    with socket.socket() as listener:    # someone listens who does not know the secret
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        other = jobs.JobEntry(**{**gone.__dict__, "address": f"127.0.0.1:{listener.getsockname()[1]}"})
+        assert not jobs.coordinator_gone(dataclasses.replace(other, secret_file=str(state / "none")))
