@@ -154,3 +154,46 @@ def test_requeued_running_job_runs_again_with_restart_count(slurm, workdir):
     lines = runs.read_text().splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["run", "0"], ["run", "1"]], lines
     assert lines[2:] == ["done"], lines
+
+
+def test_prolog_epilog_task_prolog_and_a_clean_stop(slurm):
+    """A second Slurm, on its own 2-host cluster, with Prolog, Epilog and
+    TaskProlog scripts: they run on every node of a job (the TaskProlog's
+    `export` reaches the task); stop() leaves no Slurm process on any host
+    and no /etc/slurm mount, and may be called again."""
+    from cluster import Cluster
+    from slurm_cluster import SlurmCluster
+    root_etc = sorted(os.listdir("/etc/slurm")) if os.path.isdir("/etc/slurm") else None
+    with Cluster(n=2) as c:
+        marks = c.shared_dir / "marks"
+        hooks = c.shared_dir / "hooks"
+        hooks.mkdir()
+        for name in ("prolog", "epilog"):
+            _script(hooks / name, f'echo "{name} $(hostname) $SLURM_JOB_ID" >> {marks}\n')
+        _script(hooks / "task_prolog", 'echo "export FROM_TASK_PROLOG=$(hostname)"\n')
+        s = SlurmCluster(c, prolog=hooks / "prolog", epilog=hooks / "epilog",
+                         task_prolog=hooks / "task_prolog")
+        try:
+            s.start()
+            out = c.shared_dir / "job.out"
+            job = s.sbatch("h1", ["-N", "2", "-o", str(out), "--wrap",
+                                  'srun sh -c \'echo "$(hostname) $FROM_TASK_PROLOG"\''])
+            assert s.wait_job(job, ("COMPLETED", "FAILED"))["JobState"] == "COMPLETED", \
+                _text(out)
+            assert sorted(out.read_text().splitlines()) == ["h1 h1", "h2 h2"]
+            # the epilog runs as the job ends: bounded wait for both nodes'
+            deadline = time.monotonic() + 30
+            want = sorted(f"{k} {h} {job}" for k in ("prolog", "epilog") for h in ("h1", "h2"))
+            while sorted(_text(marks).splitlines()) != want and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert sorted(_text(marks).splitlines()) == want
+        finally:
+            s.stop()
+        s.stop()
+        for host in c.names:
+            assert s.job_processes(host) == [] and s._slurm_pids(host) == []
+            mounts = c.run(host, ["grep", " /etc/slurm ", "/proc/self/mounts"],
+                           capture_output=True, text=True)
+            assert mounts.stdout == ""
+    # the root namespace's /etc/slurm was never written
+    assert root_etc == (sorted(os.listdir("/etc/slurm")) if os.path.isdir("/etc/slurm") else None)
