@@ -139,7 +139,7 @@ class SlurmCluster:
             "JobCompType=jobcomp/none",
             "SwitchType=switch/none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
+            "SelectTypeParameters=CR_Core",   # with OverSubscribe=FORCE: jobs share nodes
             "SlurmdParameters=config_overrides",   # CPUs= may exceed the machine's
             "ReturnToService=2",
             "JobRequeue=1",
@@ -175,7 +175,7 @@ class SlurmCluster:
         for h in c.hosts:
             lines.append(f"NodeName={h.name} NodeAddr={h.address} CPUs={cpus} State=UNKNOWN")
         lines.append(f"PartitionName=all Nodes={','.join(names)} Default=YES "
-                     "MaxTime=INFINITE State=UP OverSubscribe=YES")
+                     "MaxTime=INFINITE State=UP OverSubscribe=FORCE:4")
         return "\n".join(lines) + "\n"
 
     def _host_sh(self, host, script):

@@ -1,9 +1,10 @@
 """Slurm on the test cluster (slurm_cluster.py): batch jobs whose steps run
-on two hosts, MPICH and Open MPI jobs that mpirun starts through Slurm
-inside an allocation (no ssh) across two hosts with the result of a run on
-one host, and a running batch job requeued by `scontrol requeue` that runs
-again with SLURM_RESTART_COUNT=1.  After every test no job process is left
-on any host and no node is drained or down."""
+on two hosts; two jobs sharing nodes and `srun --overlap` in a running job;
+MPICH and Open MPI jobs that mpirun starts through Slurm inside an
+allocation (no ssh) across two hosts, with the result of a run on one host;
+a running batch job requeued by `scontrol requeue` runs again with
+SLURM_RESTART_COUNT=1; Prolog, Epilog and TaskProlog run.  After every test
+no job process is left on any host and no node is drained or down."""
 import os
 import time
 
@@ -85,6 +86,20 @@ def test_batch_job_steps_run_on_two_hosts(slurm, workdir):
     assert set(hosts) <= set(slurm.cluster.names)
     # munge and Slurm talk over TCP between hosts, never through a shared socket
     assert slurm.cluster.cross_host_unix_connections() == []
+
+
+def test_two_jobs_share_nodes_and_an_overlap_step_joins_a_running_job(slurm, workdir):
+    jobs = [slurm.sbatch("h1", ["-N", "2", "-w", "h1,h2", "--ntasks-per-node=2",
+                                "-o", str(workdir / f"{i}.out"), "--wrap", "srun sleep 600"])
+            for i in range(2)]
+    for job in jobs:      # both at once on the same nodes, each using every core
+        slurm.wait_job(job, ("RUNNING",), timeout=60)
+    r = slurm.run("h3", ["srun", f"--jobid={jobs[0]}", "--overlap", "-N", "2", "hostname"])
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == ["h1", "h2"]
+    slurm.check("h1", ["scancel", *jobs])
+    for job in jobs:
+        slurm.wait_job(job, ("CANCELLED",))
 
 
 def _reference(slurm, stack, workdir):
