@@ -19,6 +19,7 @@ API (pytest: the session fixture `slurm` in conftest.py, marker slurm):
     s.sbatch(host, args) -> job id;  s.job(jobid) -> {"JobState": ...}
     s.wait_job(jobid, states) -> job;  s.node_states() -> {"h1": "idle"}
     s.job_processes(host) -> pids of the host that are not Slurm's daemons
+    s.revive(host) -> daemons of a host that died started again, node idle
     s.logs() -> tail of every daemon's log
 By hand (from the repository root, on a cluster made by `cluster up`):
     python3 -m integration.slurm_cluster up [--id ID]
@@ -64,7 +65,7 @@ class SlurmCluster:
         self.cluster = cluster
         self.prolog, self.epilog, self.task_prolog = prolog, epilog, task_prolog
         self.daemons = {}        # host name -> [root-namespace pid of a daemon]
-        self._popens = []
+        self._popens = {}        # host name -> [Popen of nsenter + daemon]
         self._mounted = set()    # hosts whose /etc/slurm is ours
 
     # -- names ------------------------------------------------------------------
@@ -194,7 +195,7 @@ class SlurmCluster:
             p = self.cluster.popen(host, argv, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=out, env=self.slurm_env(),
                                    start_new_session=True)
-        self._popens.append(p)
+        self._popens.setdefault(host, []).append(p)
         self.daemons.setdefault(host, []).append(p.pid)
         # nsenter forks into the host's pid namespace: the daemon is its child
         deadline = time.monotonic() + 10
@@ -235,7 +236,7 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         states = {}
         while time.monotonic() < deadline:
-            for p in self._popens:     # a daemon that died says why in its log
+            for p in self._all_popens():   # a daemon that died says why in its log
                 if p.poll() is not None:
                     raise SlurmError(f"{' '.join(p.args[p.args.index('--') + 1:])} exited "
                                      f"{p.returncode}\n" + self.logs())
@@ -261,7 +262,7 @@ class SlurmCluster:
                 pass
         for host in hosts:
             self._kill_slurm(host)
-        for p in self._popens:
+        for p in self._all_popens():
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -274,7 +275,23 @@ class SlurmCluster:
                                         "/run/slurmd.pid"],
                                  capture_output=True, timeout=30)
         self._mounted.clear()
-        self._popens, self.daemons = [], {}
+        self._popens, self.daemons = {}, {}
+
+    def _all_popens(self):
+        return [p for ps in self._popens.values() for p in ps]
+
+    def revive(self, host, timeout=START_TIMEOUT):
+        """Start munged and slurmd again on a host whose daemons were killed
+        (a node that died and came back), until Slurm finds it idle."""
+        self._kill_slurm(host)
+        for p in self._popens.pop(host, []):
+            p.wait()
+        self.daemons[host] = []
+        self._start_munged(host)
+        if host == "h1":
+            self._start_daemon(host, ["slurmctld", "-D"], "slurmctld")
+        self._start_daemon(host, ["slurmd", "-D", "-N", host], f"slurmd-{host}")
+        self._wait_idle(timeout)
 
     def _host_alive(self, host):
         try:

@@ -3,7 +3,8 @@ on two hosts; two jobs sharing nodes and `srun --overlap` in a running job;
 MPICH and Open MPI jobs that mpirun starts through Slurm inside an
 allocation (no ssh) across two hosts, with the result of a run on one host;
 a running batch job requeued by `scontrol requeue` runs again with
-SLURM_RESTART_COUNT=1; Prolog, Epilog and TaskProlog run.  After every test
+SLURM_RESTART_COUNT=1, and so does one whose node dies (on another node);
+Prolog, Epilog and TaskProlog run.  After every test
 no job process is left on any host and no node is drained or down."""
 import os
 import time
@@ -169,6 +170,27 @@ def test_requeued_running_job_runs_again_with_restart_count(slurm, workdir):
     lines = runs.read_text().splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["run", "0"], ["run", "1"]], lines
     assert lines[2:] == ["done"], lines
+
+
+def test_a_node_that_dies_requeues_its_job_elsewhere_and_comes_back(slurm, workdir):
+    runs = workdir / "runs"
+    script = _script(workdir / "job.sh",
+                     f'echo "run ${{SLURM_RESTART_COUNT:-0}} $(hostname)" >> {runs}\n'
+                     '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\n'
+                     'exec sleep 600\n')
+    # not on h1: its slurmctld must live on
+    job = slurm.sbatch("h1", ["--requeue", "-N", "1", "-x", "h1", "-o",
+                              str(workdir / "job.out"), str(script)])
+    first = slurm.wait_job(job, ("RUNNING",), until=lambda j: runs.exists())["BatchHost"]
+    slurm.cluster.kill_all(first)         # the node dies: daemons and job
+    done = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=180)
+    assert done["JobState"] == "COMPLETED" and done["Restarts"] == "1"
+    lines = [line.split() for line in runs.read_text().splitlines()]
+    assert lines[0] == ["run", "0", first] and lines[1][:2] == ["run", "1"], lines
+    assert lines[1][2] not in (first, "h1") and len(lines) == 2, lines
+    assert slurm.node_states()[first].startswith("down")
+    slurm.revive(first)                   # and comes back (ReturnToService=2)
+    assert slurm.node_states()[first] == "idle"
 
 
 def test_prolog_epilog_task_prolog_and_a_clean_stop(slurm):
