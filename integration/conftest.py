@@ -58,3 +58,18 @@ def cluster():
     atexit.register(c.stop)    # interrupted runs too (stop() is idempotent)
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster):
+    """Slurm (slurmctld on h1, munged and slurmd on every host) on the
+    session's test cluster (integration/slurm_cluster.py)."""
+    import atexit
+    from slurm_cluster import SlurmCluster, why_unavailable
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    s = SlurmCluster(cluster).start()
+    atexit.register(s.stop)    # before cluster.stop (atexit runs in reverse)
+    yield s
+    s.stop()
