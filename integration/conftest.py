@@ -63,13 +63,16 @@ def cluster():
 @pytest.fixture(scope="session")
 def slurm(cluster):
     """Slurm (slurmctld on h1, munged and slurmd on every host) on the
-    session's test cluster (integration/slurm_cluster.py)."""
+    session's test cluster (integration/slurm_cluster.py), with the
+    project's prolog, epilog and task prolog."""
     import atexit
     from slurm_cluster import SlurmCluster, why_unavailable
     reason = why_unavailable()
     if reason:
         pytest.skip(reason)
-    s = SlurmCluster(cluster).start()
+    hooks = REPO / "plugins" / "slurm"
+    s = SlurmCluster(cluster, prolog=hooks / "prolog", epilog=hooks / "epilog",
+                     task_prolog=hooks / "task_prolog").start()
     atexit.register(s.stop)    # before cluster.stop (atexit runs in reverse)
     yield s
     s.stop()
