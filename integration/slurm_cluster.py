@@ -282,8 +282,11 @@ class SlurmCluster:
 
     def revive(self, host, timeout=START_TIMEOUT):
         """Start munged and slurmd again on a host whose daemons were killed
-        (a node that died and came back), until Slurm finds it idle."""
+        (a node that died and came back), until Slurm finds it idle.  A
+        reboot empties the host's tmpfs: so does this (but Slurm's and
+        sshd's own files in /run)."""
         self._kill_slurm(host)
+        self._host_sh(host, "rm -rf /run/ckpt /tmp/* /tmp/.[!.]* /dev/shm/* 2>/dev/null; true")
         for p in self._popens.pop(host, []):
             p.wait()
         self.daemons[host] = []

@@ -63,15 +63,22 @@ static int is_job_variable(const char *entry)
 /* exec env CKPT_PRELOAD=... CKPT_...=... ckpt-remote --serve HOST:PORT 'COMMAND':
  * the server loads the shim itself once the job can be joined on its host
  * (host_agent.c) */
-static char *server_command(const char *back, int argc, char **argv, int first)
+/* This program's path, for the remote side to run. */
+static void own_program(char self[4096])
 {
-	char self[4096], *buf = NULL, *words = NULL;
-	size_t len = 0, words_len = 0;
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	ssize_t n = readlink("/proc/self/exe", self, 4095);
 
 	if (n <= 0)
 		die("cannot find its own program: %s", strerror(errno));
 	self[n] = 0;
+}
+
+static char *server_command(const char *back, int argc, char **argv, int first)
+{
+	char self[4096], *buf = NULL, *words = NULL;
+	size_t len = 0, words_len = 0;
+
+	own_program(self);
 	buf = strdup("exec env ");
 	len = strlen(buf);
 	for (char **e = environ; *e; e++) {
@@ -220,13 +227,10 @@ static pid_t start_srun(const char *program, char **argv, int command, const cha
 {
 	char found[4096], self[4096], **args, **env = srun_environment(token);
 	const char *path = find_program(program, found, sizeof(found));
-	ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	int argc = 0, k = 0, null;
 	pid_t pid;
 
-	if (len <= 0)
-		die("cannot find its own program: %s", strerror(errno));
-	self[len] = 0;
+	own_program(self);
 	while (argv[argc])
 		argc++;
 	args = calloc(argc + 4, sizeof(char *));

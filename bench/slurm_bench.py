@@ -1,0 +1,154 @@
+"""Benchmark of a Slurm batch job under `ckpt slurm run` (issue 12), on the
+test cluster with real slurmctld/slurmd (integration/slurm_cluster.py; root).
+
+A 2-node MPICH job, 4 ranks x 512 MiB (bench/mpi/mpimem: rank 0 prints a
+tick every 50 ms).  Each round: USR1 to the batch shell; the times to the
+checkpoint written and to the allocation given back (the job pending
+again); the requeued job is kept off its first nodes, and the time from its
+start (RUNNING) to the application running again (its first tick after the
+restart).  Baselines in the same run: one sequential write()+fsync and a
+read() of the same bytes on the same filesystem (no job running), and the
+first run's start to READY (a launch from scratch that fills its memory).
+
+    python3 bench/slurm_bench.py [--reps 2] [--mib 512]
+"""
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "integration"))
+
+from engine_bench import baseline, fmt, table  # noqa: E402
+
+MPIMEM = REPO / "bench" / "mpi" / "bin" / "mpimem"
+CKPT = str(REPO / "bin" / "ckpt")
+HOOKS = REPO / "plugins" / "slurm"
+POLL = 0.01
+
+
+class BatchJob:
+    def __init__(self, slurm, mib):
+        self.slurm = slurm
+        self.dir = slurm.cluster.shared_dir / "slurm-bench"
+        self.dir.mkdir(exist_ok=True)
+        self.out = self.dir / "job.out"
+        script = self.dir / "job.sh"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"export CKPT_SHARED_STATE_DIR={self.dir / 'registry'}\n"
+            f"exec {CKPT} slurm run --ckpt-dir {self.dir / 'img'} -- "
+            f"mpirun.mpich -np 4 {MPIMEM} {mib}\n")
+        script.chmod(0o755)
+        self.script = script
+        self.id = None
+
+    def text(self):
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def state(self):
+        return (self.slurm.job(self.id) or {}).get("JobState")
+
+    def until(self, what, test, timeout=600):
+        deadline = time.monotonic() + timeout
+        while not test():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slurm bench: no {what} within {timeout} s:\n{self.text()}")
+            time.sleep(POLL)
+        return time.monotonic()
+
+    def submit(self):
+        self.id = self.slurm.sbatch("h1", ["-N", "2", "--ntasks-per-node=2", "--requeue",
+                                           "--open-mode=append", "--exclude=h3,h4",
+                                           "-o", str(self.out), str(self.script)])
+        running = self.until("start", lambda: self.state() == "RUNNING")
+        return self.until("READY", lambda: "READY" in self.text()) - running
+
+    def usr1_round(self, restarts, away):
+        """(USR1 -> checkpoint written, USR1 -> allocation given back,
+        requeued start -> application running)."""
+        marker = f"ckpt: job {self.id}: checkpoint /"
+        before = self.text().count(marker)
+        sent = time.monotonic()
+        self.slurm.check("h1", ["scancel", "--signal=USR1", "--batch", self.id])
+        written = self.until("checkpoint", lambda: self.text().count(marker) > before)
+        given_back = self.until("pending", lambda: self.state() == "PENDING")
+        self.slurm.check("h1", ["scontrol", "update", f"JobId={self.id}",
+                                f"ExcNodeList={','.join(away)}"])
+        restarted = f"requeued run {restarts}:"
+        started = self.until("requeued start", lambda: self.state() == "RUNNING")
+        running = self.until("tick after the restart", lambda: "tick" in
+                             self.text().split(restarted, 1)[-1] and restarted in self.text())
+        return written - sent, given_back - sent, running - started
+
+    def cancel(self):
+        self.slurm.run("h1", ["scancel", self.id])
+        self.until("end", lambda: self.state() not in ("RUNNING", "COMPLETING", "PENDING"),
+                   timeout=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--mib", type=int, default=512)
+    args = parser.parse_args()
+    from cluster import Cluster, ClusterUnavailable
+    from slurm_cluster import SlurmCluster, why_unavailable
+    reason = why_unavailable()
+    if reason:
+        print(f"\nSlurm job: skipped ({reason})")
+        return
+    try:
+        cluster = Cluster(n=4).start()
+    except ClusterUnavailable as exc:
+        print(f"\nSlurm job: skipped ({exc})")
+        return
+    try:
+        subprocess.run(["make", "-s", "-C", str(REPO / "bench" / "mpi")], check=True)
+        with SlurmCluster(cluster, prolog=HOOKS / "prolog", epilog=HOOKS / "epilog",
+                          task_prolog=HOOKS / "task_prolog") as slurm:
+            run(slurm, args.mib, args.reps)
+    finally:
+        cluster.stop()
+
+
+def run(slurm, mib, reps):
+    total = 4 * mib
+    data = slurm.cluster.shared_dir / "baseline.bin"
+    writes, reads = [], []
+    for _ in range(reps):
+        writes.append(baseline("write", data, total))
+        reads.append(baseline("read", data))
+        data.unlink()
+    job = BatchJob(slurm, mib)
+    launch = job.submit()
+    rounds = []
+    nodes = (["h1", "h2"], ["h3", "h4"])
+    for r in range(reps):
+        rounds.append(job.usr1_round(r + 1, away=nodes[r % 2]))
+    job.cancel()
+    med = statistics.median
+    written, back, running = (med(x[i] for x in rounds) for i in range(3))
+    bw, br = med(writes), med(reads)
+    table(f"Slurm batch job under ckpt slurm run, 2 nodes, 4 ranks x {mib} MiB (MPICH), "
+          f"median of {reps} requeues",
+          ["what", "seconds", "baseline", "baseline s", "ratio"],
+          [["USR1 -> checkpoint written", f"{written:.2f}", "write+fsync", f"{bw:.2f}",
+            f"{bw / written:.2f}"],
+           ["USR1 -> allocation given back", f"{back:.2f}", "write+fsync", f"{bw:.2f}",
+            f"{bw / back:.2f}"],
+           ["requeued start -> app running", f"{running:.2f}", "read", f"{br:.2f}",
+            f"{br / running:.2f}"],
+           ["first start -> READY (launch)", f"{launch:.2f}", "", "", ""]])
+    print(f"  baselines: write = one sequential write()+fsync of {total} MiB to the shared "
+          "filesystem with no job running, read = read() of it back")
+    print(f"  all rounds, s: written {fmt([x[0] for x in rounds])}  given back "
+          f"{fmt([x[1] for x in rounds])}  running again {fmt([x[2] for x in rounds])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Batch jobs under `ckpt slurm run` on real Slurm daemons (slurm_cluster.py),
+with the project's prolog, epilog and task prolog: USR1 checkpoints and
+requeues the job, which restarts on other nodes of its new allocation
+(twice in one job); a time limit's USR1; a requeue (preemption) restarts
+from the latest periodic checkpoint; a node that dies gets the job
+requeued by Slurm and restarted on the nodes left.  Every job ends with
+the result of an uninterrupted run, and after each one no job process,
+node-local directory or drained node is left, and every checkpoint is
+still there."""
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import REPO
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
+CKPT = str(REPO / "bin" / "ckpt")
+MPI_BIN = REPO / "integration" / "mpi" / "bin"
+STACKS = ("openmpi", "mpich")
+FINALIZE_WAIT = 15   # MPICH over UCX may hang in MPI_Finalize (openucx/ucx#8738)
+
+
+def mpirun(slurm, stack):
+    """mpirun inside an allocation: it launches through srun (no ssh)."""
+    if stack == "mpich":
+        return ["mpirun.mpich", "-np", "4"]
+    subnet = slurm.cluster.subnet
+    return ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "4",
+            "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet]
+
+
+class BatchJob:
+    """A 2-node batch job whose script ends in `exec ckpt slurm run -- mpirun ...`."""
+
+    def __init__(self, slurm, directory, stack, args, ckpt_options=(), sbatch_options=()):
+        self.slurm, self.dir, self.stack, self.args = slurm, directory, stack, args
+        directory.mkdir(parents=True, exist_ok=True)
+        self.out = directory / "job.out"
+        self.img = directory / "img"
+        command = mpirun(slurm, stack) + [str(MPI_BIN / stack / "ring")] + [str(a) for a in args]
+        script = directory / "job.sh"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"export CKPT_SHARED_STATE_DIR={slurm.cluster.shared_dir / 'registry'}\n"
+            f"exec {CKPT} slurm run --ckpt-dir {self.img} {' '.join(ckpt_options)} -- "
+            + " ".join(command) + "\n")
+        os.chmod(script, 0o755)
+        self.sbatch = ["-N", "2", "--ntasks-per-node=2", "--requeue", "--open-mode=append",
+                       "-o", str(self.out), *sbatch_options, str(script)]
+        self.id = None
+
+    def submit(self, exclude=("h3", "h4")):
+        self.id = self.slurm.sbatch("h1", [f"--exclude={','.join(exclude)}"] + self.sbatch)
+        return self
+
+    def text(self):
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def results(self):
+        return [line for line in self.text().splitlines() if line.startswith("RESULT")]
+
+    def checkpoints(self):
+        return sorted(p.name for p in (self.img / self.id).glob("ckpt-*"))
+
+    def checkpoints_named(self):
+        """The checkpoints the job's output says it wrote or restarted from."""
+        paths = []
+        for line in self.text().splitlines():
+            for marker in (": checkpoint /", "restarting from /"):
+                if line.startswith("ckpt: job") and marker in line:
+                    paths.append("/" + line.split(marker, 1)[1].strip())
+        return paths
+
+    def wait_text(self, word, count=1, timeout=120):
+        deadline = time.monotonic() + timeout
+        while self.text().count(word) < count:
+            state = self.slurm.job(self.id) or {}
+            assert state.get("JobState") not in ("FAILED", "CANCELLED", "COMPLETED"), \
+                f"job ended before {word!r} x{count}: {self.text()}"
+            assert time.monotonic() < deadline, \
+                f"no {word!r} x{count} within {timeout} s: {self.text()}\n{self.slurm.logs()}"
+            time.sleep(0.1)
+
+    def usr1(self):
+        self.slurm.check("h1", ["scancel", "--signal=USR1", "--batch", self.id])
+
+    def wait_pending(self, restarts):
+        return self.slurm.wait_job(self.id, ("PENDING",),
+                                   until=lambda j: j.get("Restarts") == str(restarts))
+
+    def keep_off(self, hosts):
+        """While pending: the next allocation avoids hosts."""
+        self.slurm.check("h1", ["scontrol", "update", f"JobId={self.id}",
+                                f"ExcNodeList={','.join(hosts)}"])
+
+    def wait_running(self, restarts):
+        job = self.slurm.wait_job(self.id, ("RUNNING",), timeout=120,
+                                  until=lambda j: j.get("Restarts") == str(restarts))
+        return self.nodes(job)
+
+    def nodes(self, job):
+        return self.slurm.check("h1", ["scontrol", "show", "hostnames",
+                                       job["NodeList"]]).split()
+
+    def finish(self, timeout=180):
+        """Until the job ended; an MPICH job hung in MPI_Finalize after PASS
+        is ended with `ckpt kill`.  Returns the final JobState."""
+        self.wait_text("PASS", timeout=timeout)
+        try:
+            return self.slurm.wait_job(self.id, ("COMPLETED", "FAILED", "CANCELLED"),
+                                       timeout=FINALIZE_WAIT)["JobState"]
+        except Exception:
+            assert self.stack == "mpich", f"Open MPI job did not end: {self.text()}"
+            r = self.slurm.run("h2", [CKPT, "kill", self.id],
+                               env=self.slurm.slurm_env(
+                                   CKPT_SHARED_STATE_DIR=str(self.slurm.cluster.shared_dir /
+                                                             "registry")))
+            assert r.returncode == 0, r.stderr
+            return self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))["JobState"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mpi_built():
+    subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
+
+
+@pytest.fixture
+def jobs(slurm, request):
+    """Makes BatchJobs; afterwards checks what the hooks promise: no job
+    process and no node-local directory left on any node, no node drained
+    or down, every checkpoint still there."""
+    made = []
+    directory = slurm.cluster.shared_dir / "slurm-ckpt" / \
+        request.node.name.replace("[", "-").rstrip("]")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def make(stack, args, **kw):
+        job = BatchJob(slurm, directory / f"job{len(made)}", stack, args, **kw)
+        made.append(job)
+        return job
+    yield make
+    problems = _leftovers(slurm, timeout=60)
+    if problems:
+        slurm.run("h1", ["scancel", "--user=root"])
+        for host in slurm.cluster.names:
+            for pid in slurm.job_processes(host):
+                _kill(pid)
+    assert not problems, f"{problems}\n{slurm.logs()}"
+    for job in made:
+        used = job.checkpoints_named()
+        assert all((Path(path) / "manifest.yaml").exists() for path in used), \
+            f"job {job.id}: a checkpoint it wrote or restarted from is gone: {used}"
+
+
+def _leftovers(slurm, timeout):
+    """What the hooks should have left clean, after at most timeout s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = {}
+        if slurm.queue():
+            problems["queued"] = slurm.queue()
+        for host in slurm.cluster.names:
+            pids = slurm.job_processes(host)
+            if pids:
+                problems[f"processes on {host}"] = [_cmdline(p) for p in pids]
+            r = slurm.run(host, ["sh", "-c", "ls /run/ckpt 2>/dev/null"])
+            if r.stdout.split():
+                problems[f"/run/ckpt on {host}"] = r.stdout.split()
+        states = {h: s for h, s in slurm.node_states().items() if s != "idle"}
+        if states:
+            problems["nodes"] = states
+        if not problems or time.monotonic() > deadline:
+            return problems
+        time.sleep(0.5)
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
+    except OSError:
+        return str(pid)
+
+
+_references = {}
+
+
+def reference(slurm, stack, args):
+    """The RESULT line of an uninterrupted run of the same ring on one host."""
+    key = (stack, tuple(args))
+    if key not in _references:
+        argv = {"mpich": ["mpirun.mpich", "-np", "4"],
+                "openmpi": ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe",
+                            "-np", "4"]}[stack]
+        r = slurm.run("h4", argv + [str(MPI_BIN / stack / "ring"), *map(str, args)],
+                      timeout=300)
+        assert r.returncode == 0, r.stderr
+        _references[key] = [line for line in r.stdout.splitlines() if line.startswith("RESULT")]
+    return _references[key]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs, stack):
+    args = (1500, 20)
+    job = jobs(stack, args).submit(exclude=("h3", "h4"))
+    assert job.wait_running(0) == ["h1", "h2"]
+    job.wait_text("READY")
+    # two requeues: h1,h2 -> h3,h4 -> h1,h2
+    for restarts, (away, to) in enumerate(((["h1", "h2"], ["h3", "h4"]),
+                                           (["h3", "h4"], ["h1", "h2"])), start=1):
+        time.sleep(2)
+        job.usr1()
+        job.wait_pending(restarts)
+        job.keep_off(away)
+        assert job.wait_running(restarts) == to
+        job.wait_text("requeued run", count=restarts)
+        job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
+    job.finish()
+    text = job.text()
+    assert text.count("USR1: checkpoint and requeue") == 2 and "failed" not in text, text
+    assert job.results() == reference(slurm, stack, args), text
+
+
+def test_time_limit_signal_requeues_and_the_job_finishes(slurm, jobs):
+    """--time=1 with --signal=B:USR1@50: Slurm signals the batch shell
+    10-40 s into each 1-minute run; the ring needs about 70 s."""
+    args = (3500, 20)
+    job = jobs("openmpi", args, sbatch_options=["--time=1", "--signal=B:USR1@50"]).submit()
+    state = job.finish(timeout=600)
+    text = job.text()
+    restarts = int(slurm.job(job.id)["Restarts"])
+    assert state == "COMPLETED" and restarts >= 1, text
+    assert text.count("USR1: checkpoint and requeue") == restarts, text
+    assert job.results() == reference(slurm, "openmpi", args), text
+
+
+def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jobs):
+    """scontrol requeue (what a preemption with PreemptMode=REQUEUE does):
+    every process of the job gets SIGTERM; the requeued run restarts from
+    the latest periodic checkpoint."""
+    args = (1500, 20)
+    job = jobs("openmpi", args, ckpt_options=["--interval", "2"]).submit()
+    job.wait_text("READY")
+    deadline = time.monotonic() + 60
+    while len(job.checkpoints()) < 2:
+        assert time.monotonic() < deadline, "no periodic checkpoints"
+        time.sleep(0.2)
+    slurm.check("h1", ["scontrol", "requeue", job.id])
+    job.wait_running(1)
+    job.finish()
+    text = job.text()
+    assert "TERM: the job ends" in text and "requeued run 1: restarting from" in text, text
+    assert job.results() == reference(slurm, "openmpi", args), text
+
+
+def test_node_failure_requeues_and_restarts_on_the_nodes_left(slurm, jobs):
+    """h2 dies (slurmd and every process there killed): the job fails on
+    h1, waits for Slurm to find h2 down (NODE_FAIL), which requeues it; it
+    restarts from the latest periodic checkpoint on nodes without h2."""
+    args = (2500, 20)
+    job = jobs("openmpi", args, ckpt_options=["--interval", "3"]).submit()
+    job.wait_text("READY")
+    deadline = time.monotonic() + 60
+    while len(job.checkpoints()) < 2:
+        assert time.monotonic() < deadline, "no periodic checkpoints"
+        time.sleep(0.2)
+    assert job.wait_running(0) == ["h1", "h2"]
+    try:
+        slurm.cluster.kill_all("h2")
+        job.wait_pending(1)
+        job.keep_off(["h2"])     # it was kept off h3, h4 so far
+        assert "h2" not in job.wait_running(1)
+        job.finish()
+    finally:
+        slurm.revive("h2")
+    text = job.text()
+    assert "lost host h2" in text and "NODE FAILURE" in text, text
+    assert job.results() == reference(slurm, "openmpi", args), text
