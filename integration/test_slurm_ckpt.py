@@ -35,12 +35,15 @@ def mpirun(slurm, stack):
 class BatchJob:
     """A 2-node batch job whose script ends in `exec ckpt slurm run -- mpirun ...`."""
 
-    def __init__(self, slurm, directory, stack, args, ckpt_options=(), sbatch_options=()):
+    def __init__(self, slurm, directory, stack, args, ckpt_options=(), sbatch_options=(),
+                 command=None):
         self.slurm, self.dir, self.stack, self.args = slurm, directory, stack, args
         directory.mkdir(parents=True, exist_ok=True)
         self.out = directory / "job.out"
         self.img = directory / "img"
-        command = mpirun(slurm, stack) + [str(MPI_BIN / stack / "ring")] + [str(a) for a in args]
+        if command is None:
+            command = mpirun(slurm, stack) + [str(MPI_BIN / stack / "ring")] + \
+                [str(a) for a in args]
         script = directory / "job.sh"
         script.write_text(
             "#!/bin/sh\n"
@@ -285,3 +288,27 @@ def test_node_failure_requeues_and_restarts_on_the_nodes_left(slurm, jobs):
     text = job.text()
     assert "lost host h2" in text and "NODE FAILURE" in text, text
     assert job.results() == reference(slurm, "openmpi", args), text
+
+
+def test_srun_as_the_command_runs_its_tasks_inside_the_job(slurm, jobs):
+    """`ckpt slurm run -- srun ./app`: srun's tasks (four self-checking
+    counters, two per node) are in the job, are checkpointed on USR1 and
+    come back on the requeued job's other nodes; each ends with the hash of
+    an uninterrupted run."""
+    counter = REPO / "integration" / "apps" / "bin" / "counter"
+    args = (1500, 10)
+    job = jobs("srun", args, command=["srun", "-N", "2", "-n", "4", str(counter),
+                                      *map(str, args)]).submit()
+    assert job.wait_running(0) == ["h1", "h2"]
+    job.wait_text("READY", count=4)
+    time.sleep(2)
+    job.usr1()
+    job.wait_pending(1)
+    job.keep_off(["h1", "h2"])
+    assert job.wait_running(1) == ["h3", "h4"]
+    assert job.slurm.wait_job(job.id, ("COMPLETED",), timeout=120)
+    r = slurm.run("h4", [str(counter), *map(str, args)], timeout=120)
+    expected = [line for line in r.stdout.splitlines() if line.startswith("RESULT")]
+    text = job.text()
+    assert len(expected) == 1 and job.results() == expected * 4, text
+    assert text.count("PASS") == 4 and "checkpoint /" in text, text
