@@ -87,6 +87,13 @@ class BatchJob:
                 f"no {word!r} x{count} within {timeout} s: {self.text()}\n{self.slurm.logs()}"
             time.sleep(0.1)
 
+    def wait_checkpoints(self, count, timeout=60):
+        """Until count periodic checkpoints are there."""
+        deadline = time.monotonic() + timeout
+        while len(self.checkpoints()) < count:
+            assert time.monotonic() < deadline, f"no {count} periodic checkpoints: {self.text()}"
+            time.sleep(0.2)
+
     def usr1(self):
         self.slurm.check("h1", ["scancel", "--signal=USR1", "--batch", self.id])
 
@@ -253,10 +260,7 @@ def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jo
     args = (1500, 20)
     job = jobs("openmpi", args, ckpt_options=["--interval", "2"]).submit()
     job.wait_text("READY")
-    deadline = time.monotonic() + 60
-    while len(job.checkpoints()) < 2:
-        assert time.monotonic() < deadline, "no periodic checkpoints"
-        time.sleep(0.2)
+    job.wait_checkpoints(2)
     slurm.check("h1", ["scontrol", "requeue", job.id])
     job.wait_running(1)
     job.finish()
@@ -272,10 +276,7 @@ def test_node_failure_requeues_and_restarts_on_the_nodes_left(slurm, jobs):
     args = (2500, 20)
     job = jobs("openmpi", args, ckpt_options=["--interval", "3"]).submit()
     job.wait_text("READY")
-    deadline = time.monotonic() + 60
-    while len(job.checkpoints()) < 2:
-        assert time.monotonic() < deadline, "no periodic checkpoints"
-        time.sleep(0.2)
+    job.wait_checkpoints(2)
     assert job.wait_running(0) == ["h1", "h2"]
     try:
         slurm.cluster.kill_all("h2")
