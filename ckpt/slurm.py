@@ -23,7 +23,7 @@ import time
 
 from ckpt.errors import CkptError
 from ckpt.jobs import this_host
-from ckpt.manifest import resolve_checkpoint
+from ckpt.manifest import read_manifest, resolve_checkpoint
 
 def slurm_job_id(environ=None):
     environ = os.environ if environ is None else environ
@@ -174,6 +174,11 @@ def run(command, config):
     job_dir = config.ckpt_dir / job_id
     latest = latest_checkpoint(job_dir) if restart_count() > 0 else None
     if latest is not None:
+        taken_of = read_manifest(latest).get("command") or []
+        if list(taken_of) != list(command):
+            raise CkptError(f"{latest} is a checkpoint of another command "
+                            f"({' '.join(taken_of)}); not restarting it as this job",
+                            exit_code=2)
         _say(f"job {job_id}: requeued run {restart_count()}: restarting from {latest}")
         status = restart(latest, lambda _ckpt_dir: config, allocation_hosts(),
                          launcher="srun", on_session=signals.attach)
