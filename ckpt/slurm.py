@@ -25,6 +25,7 @@ from ckpt.errors import CkptError
 from ckpt.jobs import this_host
 from ckpt.manifest import read_manifest, resolve_checkpoint
 
+
 def slurm_job_id(environ=None):
     environ = os.environ if environ is None else environ
     job_id = environ.get("SLURM_JOB_ID")
@@ -85,6 +86,7 @@ def wait_for_node_failure(job_id, hosts):
     """The job failed because hosts were lost: Slurm will find them down,
     end this job (NODE_FAIL) and requeue it; if it does not, requeue."""
     bound = slurmd_timeout() + NODE_FAIL_MARGIN
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)   # nothing left to checkpoint
     _say(f"job {job_id}: lost host {', '.join(hosts)}; waiting up to {bound} s for Slurm "
          "to find it down and requeue the job")
     time.sleep(bound)
