@@ -1,7 +1,8 @@
 /*
- * While the remote side is being started, the job has an ssh session in
- * flight that no image can hold (an ssh process outside the job, pipes to
- * sshd): a checkpoint then fails cleanly and the job goes on; the next one
+ * While the remote side is being started, the job has an ssh session (or
+ * an srun step) in flight that no image can hold (an ssh process outside
+ * the job, pipes to sshd): a checkpoint then fails cleanly and the job goes
+ * on; the next one
  * finds every connection between job processes.  STOP refuses early;
  * SUSPEND, whose hooks run with the process parked, catches a launch
  * that began after STOP.
@@ -20,7 +21,7 @@ static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	if ((ctx->phase != CKPT_PHASE_STOP && ctx->phase != CKPT_PHASE_SUSPEND) || !starting)
 		return 0;
 	if (hook_fail)
-		hook_fail("a remote command is being started through ssh/rsh; try again");
+		hook_fail("a remote command is being started through ssh, rsh or srun; try again");
 	return EBUSY;
 }
 
