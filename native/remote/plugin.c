@@ -2,8 +2,8 @@
  * While the remote side is being started, the job has an ssh session (or
  * an srun step) in flight that no image can hold (an ssh process outside
  * the job, pipes to sshd): a checkpoint then fails cleanly and the job goes
- * on; the next one
- * finds every connection between job processes.  STOP refuses early;
+ * on; the next one finds every connection between job processes.  STOP
+ * refuses early;
  * SUSPEND, whose hooks run with the process parked, catches a launch
  * that began after STOP.
  */
