@@ -198,41 +198,43 @@ def two_host_job(mib, reps):
 
 
 def _two_host_job(cluster, mib, reps):
+    """Each round pairs a measurement with its baseline taken moments
+    before (the disk and the page cache drift a lot between minutes): a
+    write+fsync of the job's bytes with no job running (MPICH's ranks
+    busy-poll and would take the CPU it needs), then the job, its
+    checkpoint, a read of the bytes back, and the restart."""
     job = ClusterJob(cluster, mib)
     data = job.dir / "baseline.bin"
     total = 4 * mib
-    # the baseline writes with the job not running: MPICH's ranks busy-poll
-    # and would take the CPU it needs (the checkpoint runs with them parked)
-    base_write = []
+    base_write, base_read, walls, stops, restarts = [], [], [], [], []
     for _ in range(reps):
         base_write.append(baseline("write", data, total))
         data.unlink()
-    job.launch()
-    walls, stops = [], []
-    for _ in range(reps):
+        job.launch()
         path, wall, procs = job.checkpoint()
         walls.append(wall)
         ranks = sorted((p for p in procs if p["size"] > mib << 19), key=lambda p: (p["host"], p["pid"]))
         stops.append([p["stopped_ns"] / 1e9 for p in ranks])
-    job.kill()
-    base_read, restarts = [], []
-    for _ in range(reps):
+        job.kill()
         baseline("write", data, total)
         base_read.append(baseline("read", data))
         data.unlink()
         restarts.append(job.restart(path))
         job.kill()
     med = statistics.median
-    bw, br = med(base_write), med(base_read)
+    write_ratio = med(b / w for b, w in zip(base_write, walls))
+    read_ratio = med(b / r for b, r in zip(base_read, restarts))
     per_rank = [med(s[i] for s in stops) for i in range(len(stops[0]))]
-    table(f"2-host MPICH job (h1, h2), 4 ranks x {mib} MiB, median of {reps}",
+    table(f"2-host MPICH job (h1, h2), 4 ranks x {mib} MiB, median of {reps} rounds",
           ["what", "seconds", "baseline s", "ratio (>=0.8)"],
-          [["checkpoint, wall", f"{med(walls):.2f}", f"{bw:.2f}", f"{bw / med(walls):.2f}"],
-           ["restart to running", f"{med(restarts):.2f}", f"{br:.2f}", f"{br / med(restarts):.2f}"]]
+          [["checkpoint, wall", f"{med(walls):.2f}", f"{med(base_write):.2f}", f"{write_ratio:.2f}"],
+           ["restart to running", f"{med(restarts):.2f}", f"{med(base_read):.2f}",
+            f"{read_ratio:.2f}"]]
           + [[f"rank {i} stopped", f"{s:.2f}", "", ""] for i, s in enumerate(per_rank)])
     print(f"  baselines: write = one sequential write()+fsync of {total} MiB to the shared "
-          "filesystem, with no job running; read = read() of it back")
-    print(f"  all runs, s: baseline write {fmt(base_write)}  checkpoint {fmt(walls)}  "
+          "filesystem, with no job running; read = read() of it back; each taken just "
+          "before its measurement, ratio = median of the rounds' ratios")
+    print(f"  all rounds, s: baseline write {fmt(base_write)}  checkpoint {fmt(walls)}  "
           f"baseline read {fmt(base_read)}  restart {fmt(restarts)}")
 
 
