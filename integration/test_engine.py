@@ -32,6 +32,7 @@ PROGRAMS = {
     "fifos": ["300", "10", "."],
     "tcpflood": ["400", "10"],
     "guard_pages": ["300", "10", "."],
+    "private_maps": ["300", "10", "."],
 }
 
 
@@ -50,7 +51,7 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood",
-                                 "guard_pages"])
+                                 "guard_pages", "private_maps"])
 def test_forked_checkpoints(session, app):
     """A copy-on-write child writes the image while the job runs on; its
     image must be as good as one written with the job stopped."""

@@ -107,6 +107,10 @@ struct ckpt_vma {
 /* Shared memory mapped alike by several processes is saved by one: the
  * others' records say where its pages are. */
 #define CKPT_VMA_PAGES_ELSEWHERE 1	/* in another image of the same host */
+/* A private map of an unlinked file (or memfd): restored as a private map
+ * of a new memfd of file_size bytes (the file's end, to a page), so the
+ * map keeps its length, its name and SIGBUS past the file's end. */
+#define CKPT_VMA_FILE_END 2
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or
  * come from the mapped file. */

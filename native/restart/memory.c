@@ -107,6 +107,34 @@ static int in_zone(uint64_t start, uint64_t end)
 	return start >= CKPT_RESERVE_START && end <= CKPT_RESERVE_END;
 }
 
+/*
+ * The stand-in for an unlinked file mapped privately: a memfd as long as
+ * the file was (to a page), named after it.  Its pages are zero; the
+ * saved ones are read over them as private copies.
+ */
+static int deleted_file_stand_in(const struct loaded_vma *lv)
+{
+	char name[CKPT_PATH_MAX];
+	const char *p = lv->path;
+	size_t n;
+	int fd, high;
+
+	p = !strncmp(p, "/memfd:", 7) ? p + 7 : (strrchr(p, '/') ? strrchr(p, '/') + 1 : p);
+	snprintf(name, sizeof(name) < 240 ? sizeof(name) : 240, "%s", p);
+	n = strlen(name);
+	if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
+		name[n - 10] = '\0';
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, lv->v.file_size))
+		die("mapped unlinked file %s: a memfd of %llu bytes: %s", lv->path,
+		    (unsigned long long)lv->v.file_size, strerror(errno));
+	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
+	if (high < 0)
+		die("mapped unlinked file %s: %s", lv->path, strerror(errno));
+	close(fd);
+	return high;
+}
+
 /* Open every file the image maps, and check it is still the same file. */
 static void check_files(struct image *img)
 {
@@ -118,6 +146,10 @@ static void check_files(struct image *img)
 		int fd;
 
 		file_fds[i] = -1;
+		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
+			file_fds[i] = deleted_file_stand_in(lv);
+			continue;
+		}
 		if (lv->v.kind != CKPT_VMA_FILE && lv->v.kind != CKPT_VMA_SHARED_FILE)
 			continue;
 		if (i > 0 && file_fds[i - 1] >= 0 && !strcmp(img->vmas[i - 1].path, lv->path) &&
@@ -228,6 +260,11 @@ static void map_region(struct image *img, unsigned idx)
 	case CKPT_VMA_FILE:
 	case CKPT_VMA_SHARED_FILE:
 		fd = file_fds[idx];
+		break;
+	case CKPT_VMA_DELETED_FILE:
+		fd = file_fds[idx];
+		if (fd < 0)		/* an image from before CKPT_VMA_FILE_END */
+			flags |= MAP_ANONYMOUS;
 		break;
 	case CKPT_VMA_STACK:
 		flags |= MAP_GROWSDOWN | MAP_ANONYMOUS;

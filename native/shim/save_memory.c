@@ -290,6 +290,22 @@ static int any_page_present(struct mem_saver *s, uint64_t start, uint64_t end)
 	return 0;
 }
 
+/*
+ * Where the unlinked file behind [start, end) ends, as a file offset
+ * rounded up to a page: the end of the last page that can be read (past
+ * the file's end a read faults, process_vm_readv fails).  Its stat is out
+ * of reach without privileges (map_files), its pages are not.
+ */
+static uint64_t deleted_file_end(const struct region *r, uint64_t start, uint64_t end)
+{
+	char byte;
+
+	for (uint64_t a = end; a > start; a -= CKPT_PAGE_SIZE)
+		if (copy_self(&byte, a - CKPT_PAGE_SIZE, 1) == 1)
+			return r->pgoff + (a - r->start);
+	return r->pgoff + (start - r->start);
+}
+
 static void file_identity(const struct region *r, struct ckpt_vma *v)
 {
 	struct stat st;
@@ -361,6 +377,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 			return -nruns;
 	}
 	file_identity(r, &v);
+	if (r->kind == CKPT_VMA_DELETED_FILE) {
+		v.file_size = deleted_file_end(r, start, end);
+		v.flags |= CKPT_VMA_FILE_END;
+	}
 	if (r->kind == CKPT_VMA_SYSV_SHM) {
 		err = sysv_identify(r, &sysv);
 		if (err)
