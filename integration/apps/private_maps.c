@@ -194,7 +194,7 @@ static int anon_kind(long pg)
 
 struct maps {
 	int f_fd, c_fd, pm_fd, sm_fd, ds_fd, e_fd;
-	char *f, *c, *pm, *sm, *dp, *ds, *e, *ed, *a, *r, *rf;
+	char *f, *c, *pm, *sm, *dp, *ds, *dk, *e, *ed, *a, *r, *rf;
 	int c0_new;			/* what page 0 of the changed file's map shows */
 };
 
@@ -231,7 +231,12 @@ static void setup(struct maps *m, const char *dir)
 	unlink_file(dir, "deleted-private");
 	m->ds_fd = make_file(dir, "deleted-shared", 6, D_PAGES * PS);
 	m->ds = map(D_PAGES, PROT_READ | PROT_WRITE, MAP_SHARED, m->ds_fd);
+	/* and privately too, its fd kept */
+	m->dk = map(D_PAGES, PROT_READ | PROT_WRITE, MAP_PRIVATE, m->ds_fd);
+	memset(m->dk, 0, PS);		/* a private copy of zeros */
 	unlink_file(dir, "deleted-shared");
+	/* a page of an unlinked library's text */
+	zdtm_check(mprotect(m->dp + 3 * PS, PS, PROT_READ | PROT_EXEC) == 0, "mprotect exec");
 
 	/* maps longer than their file (1.5 pages of 4): one kept, one unlinked */
 	m->e_fd = make_file(dir, "short", 7, E_LEN);
@@ -278,6 +283,8 @@ static void step_write(struct maps *m, long step)
 	write_proc(m->sm + PS, 4, step, 1);
 	write_proc(m->dp, 5, step, 0);
 	write_proc(m->ds + PS, 6, step, 1);
+	write_proc(m->dk + 2 * PS, 6, step, 2);
+	memset(m->e + PS + PS / 2, (int)(step | 1) & 0xff, PS / 2);	/* past EOF, same page */
 	write_proc(m->e, 7, step, 0);
 	write_proc(m->ed, 8, step, 0);
 	for (long pg = 0; pg < A_PAGES; pg++)
@@ -327,12 +334,18 @@ static void step_check(struct maps *m, long step)
 		else
 			check_file("shared map of an unlinked file", m->ds + pg * PS, 6, pg, PS);
 	}
+	/* page 1 is the shared map's: what the private one shows there is open */
+	check_proc("private map of an unlinked file, fd kept", m->dk + 2 * PS, 6, step, 2);
+	check_zero("private map of an unlinked file, fd kept, zeroed", m->dk, 0, PS);
+	check_file("private map of an unlinked file, fd kept", m->dk + 3 * PS, 6, 3, PS);
 	zdtm_check(pread(m->ds_fd, page, PS, PS) == PS, "pread unlinked file");
 	check_proc("unlinked file under a shared map, read", page, 6, step, 1);
 
 	check_proc("map longer than its file", m->e, 7, step, 0);
 	check_file("map longer than its file", m->e + PS, 7, 1, PS / 2);
-	check_zero("map longer than its file, past the end", m->e + PS, PS / 2, PS);
+	for (long i = PS / 2; i < PS; i += 256)
+		zdtm_check((unsigned char)m->e[PS + i] == ((step | 1) & 0xff),
+			   "map longer than its file, past the end: %02x", (unsigned char)m->e[PS + i]);
 	check_proc("map longer than its unlinked file", m->ed, 8, step, 0);
 	check_file("map longer than its unlinked file", m->ed + PS, 8, 1, PS / 2);
 
@@ -393,6 +406,19 @@ static void final_check(struct maps *m, long steps)
 	write_proc(m->c, 13, steps, 0);
 	for (long pg = 0; pg < F_PAGES; pg++)
 		check_file_unchanged("file behind a private map", m->f_fd, 1, pg);
+	/* private copies dropped: the file's (memfd's) bytes again (madvise(2)) */
+	zdtm_check(madvise(m->f, F_PAGES * PS, MADV_DONTNEED) == 0, "MADV_DONTNEED file map");
+	for (long pg = 0; pg < F_PAGES; pg++)
+		check_file("private file map after MADV_DONTNEED", m->f + pg * PS, 1, pg, PS);
+	zdtm_check(madvise(m->pm, M_PAGES * PS, MADV_DONTNEED) == 0, "MADV_DONTNEED memfd map");
+	for (long pg = 0; pg < M_PAGES; pg++)
+		check_file("private memfd map after MADV_DONTNEED", m->pm + pg * PS, 3, pg, PS);
+	zdtm_check(madvise(m->dk + 2 * PS, PS, MADV_DONTNEED) == 0 &&
+		   madvise(m->dk, PS, MADV_DONTNEED) == 0, "MADV_DONTNEED unlinked");
+	check_file("private map of an unlinked file after MADV_DONTNEED", m->dk, 6, 0, PS);
+	check_file("private map of an unlinked file after MADV_DONTNEED", m->dk + 2 * PS, 6, 2, PS);
+	zdtm_check(madvise(m->e, PS, MADV_DONTNEED) == 0, "MADV_DONTNEED short map");
+	check_file("map longer than its file after MADV_DONTNEED", m->e, 7, 0, PS);
 	check_file_unchanged("memfd behind a private map", m->pm_fd, 3, 0);
 	check_file_unchanged("memfd behind a private map", m->pm_fd, 3, 2);
 	check_file_unchanged("changed file behind a private map", m->c_fd, 12, 0);
@@ -411,7 +437,8 @@ static void final_check(struct maps *m, long steps)
 	zdtm_check(maps_length(m->ed) == E_PAGES * PS,
 		   "the map longer than its unlinked file is %ld bytes long", maps_length(m->ed));
 
-	zdtm_check(maps_length(m->pm) == M_PAGES * PS && maps_length(m->dp) == D_PAGES * PS,
+	check_file("unlinked library text", m->dp + 3 * PS, 5, 3, PS);
+	zdtm_check(maps_length(m->pm) == M_PAGES * PS && maps_length(m->dp) == 3 * PS,
 		   "a private map of a memfd or an unlinked file changed length");
 
 	/* PROT_NONE pages fault, and hold what was written before */

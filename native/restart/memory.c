@@ -20,6 +20,9 @@
 #include "restart.h"
 #include "sys.h"
 
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
 #define MAX_CUR 4096
 #define VDSO_PARTS 4
 #define ZONE_VDSO_TMP (CKPT_RESERVE_START + 0x68000000UL)
@@ -125,12 +128,47 @@ static int deleted_file_stand_in(const struct loaded_vma *lv)
 	if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
 		name[n - 10] = '\0';
 	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 && errno == EACCES)	/* vm.memfd_noexec = 2 */
+		fd = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
 	if (fd < 0 || ftruncate(fd, lv->v.file_size))
 		die("mapped unlinked file %s: a memfd of %llu bytes: %s", lv->path,
 		    (unsigned long long)lv->v.file_size, strerror(errno));
 	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
 	if (high < 0)
 		die("mapped unlinked file %s: %s", lv->path, strerror(errno));
+	close(fd);
+	return high;
+}
+
+/*
+ * The unlinked file (or memfd) itself, when the job still has it: a shared
+ * map of it made it again (shared.c), or an fd of this process did
+ * (restore_fds() ran before).  Read-only: the map is private.  Else -1.
+ */
+static int deleted_file_object(const struct image *img, const struct loaded_vma *lv)
+{
+	char path[64];
+	int fd = -1, high;
+
+	if (!lv->v.shm_id)
+		return -1;
+	if (shared_shm_fd(lv->v.shm_id) >= 0)
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", shared_shm_fd(lv->v.shm_id));
+	else {
+		unsigned j;
+
+		for (j = 0; j < img->nfds; j++)
+			if (img->fds[j].f.kind == CKPT_FD_DELETED_FILE &&
+			    img->fds[j].f.object_id == lv->v.shm_id)
+				break;
+		if (j == img->nfds)
+			return -1;
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", img->fds[j].f.fd);
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
 	close(fd);
 	return high;
 }
@@ -147,7 +185,9 @@ static void check_files(struct image *img)
 
 		file_fds[i] = -1;
 		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
-			file_fds[i] = deleted_file_stand_in(lv);
+			file_fds[i] = deleted_file_object(img, lv);
+			if (file_fds[i] < 0)
+				file_fds[i] = deleted_file_stand_in(lv);
 			continue;
 		}
 		if (lv->v.kind != CKPT_VMA_FILE && lv->v.kind != CKPT_VMA_SHARED_FILE)

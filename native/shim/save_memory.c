@@ -201,6 +201,12 @@ static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable
 		uint64_t page[CKPT_PAGE_SIZE / 8];
 		unsigned char in_core = 1;
 
+		/* a page copied on write over an unlinked file: the restart's
+		 * stand-in of the file may hold other bytes there, even zeros */
+		if (kind == CKPT_VMA_DELETED_FILE &&
+		    ((pm & PM_SWAPPED) || ((pm & PM_PRESENT) && !(pm & PM_FILE))))
+			return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page);
+
 		/* a hole of shared memory would be allocated by reading it;
 		 * mincore sees pages any process touched */
 		if (shared_memory_kind(kind) &&
@@ -328,7 +334,7 @@ static int saved_elsewhere(const struct mem_saver *s, const struct ckpt_vma *v)
 {
 	char key[256], value[16], owner[64];
 
-	if (!s->shared_key || !v->shm_id)
+	if (!s->shared_key || !v->shm_id || !shared_memory_kind(v->kind))
 		return 0;
 	snprintf(key, sizeof(key), "%s:%llx:%llx:%llx", s->shared_key,
 		 (unsigned long long)v->shm_id, (unsigned long long)v->pgoff,
@@ -344,7 +350,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.start = start, .end = end, .prot = r->prot, .shared = r->shared,
 		.kind = r->kind, .path_len = strlen(r->path),
 		.pgoff = r->pgoff + (start - r->start),
-		.shm_id = shared_memory_kind(r->kind) ? shim_object_id(r->dev, r->inode) : 0,
+		/* an unlinked file's too: the restart maps the same object if
+		 * an fd or a shared map brings it back */
+		.shm_id = shared_memory_kind(r->kind) || r->kind == CKPT_VMA_DELETED_FILE ?
+			shim_object_id(r->dev, r->inode) : 0,
 	};
 	struct ckpt_vma sysv;
 	int readable = r->prot & PROT_READ;
