@@ -70,7 +70,7 @@ def test_forked_checkpoints(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos",
-                                 "tcpflood"])
+                                 "tcpflood", "private_maps"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]
@@ -124,7 +124,8 @@ def test_session_outside_the_namespace(session):
     assert restart_and_finish(session, first, job) == reference.output()
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files", "join", "rseq_vdso"])
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "join", "rseq_vdso",
+                                 "private_maps"])
 def test_unprivileged_user(unprivileged_session, app):
     """The whole cycle as a non-root user: restart needs no privilege."""
     s = unprivileged_session

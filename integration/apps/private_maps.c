@@ -272,6 +272,9 @@ static void setup(struct maps *m, const char *dir)
 		munmap(old + (F_PAGES - 1) * PS, PS);
 		munmap(to, PS);
 		munmap(to + F_PAGES * PS, 2 * PS);
+		/* PROT_NONE over a private copy, and over an untouched file page */
+		zdtm_check(mprotect(m->rf + 2 * PS, PS, PROT_NONE) == 0 &&
+			   mprotect(m->f + 6 * PS, PS, PROT_NONE) == 0, "mprotect file map");
 	}
 }
 
@@ -373,9 +376,7 @@ static void step_check(struct maps *m, long step)
 	for (long pg = 0; pg < F_PAGES - 1; pg++) {
 		if (pg == 4)
 			check_proc("moved file map", m->rf + pg * PS, 11, step, pg);
-		else if (pg == 2)
-			check_proc("moved file map", m->rf + pg * PS, 11, 0, pg);
-		else
+		else if (pg != 2)
 			check_file("moved file map", m->rf + pg * PS, 1, pg, PS);
 	}
 	zdtm_check(!is_mapped(m->rf - PS, PS) && !is_mapped(m->rf + (F_PAGES - 1) * PS, PS),
@@ -394,6 +395,12 @@ static void final_check(struct maps *m, long steps)
 	zdtm_check(sigaction(SIGSEGV, &sa, NULL) == 0 && sigaction(SIGBUS, &sa, NULL) == 0,
 		   "sigaction");
 
+	/* PROT_NONE pages of file maps: fault, then the copy or the file's bytes */
+	zdtm_check(read_fault(m->rf + 2 * PS) == SIGSEGV && read_fault(m->f + 6 * PS) == SIGSEGV,
+		   "a PROT_NONE page of a file map can be read");
+	zdtm_check(mprotect(m->rf + 2 * PS, PS, PROT_READ) == 0 &&
+		   mprotect(m->f + 6 * PS, PS, PROT_READ | PROT_WRITE) == 0, "mprotect back");
+	check_proc("PROT_NONE copy in a file map", m->rf + 2 * PS, 11, 0, 2);
 	/* pages never touched come from the file */
 	check_file("private file map, untouched", m->f + 6 * PS, 1, 6, PS);
 	check_file("private file map, untouched", m->f + 7 * PS, 1, 7, PS);
