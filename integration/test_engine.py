@@ -138,6 +138,19 @@ def test_unprivileged_user(unprivileged_session, app):
     assert restart_and_finish(s, job.images[0], job) == reference
 
 
+def test_unlinked_private_map_is_named(session):
+    """A private map of an unlinked file no fd holds: the file's bytes under
+    the process's copies cannot be saved unprivileged, and the checkpoint
+    says so once per map; a file still open is mapped again at restart."""
+    job = Job(session, "w-private_maps", "private_maps", *PROGRAMS["private_maps"])
+    job.wait_ready()
+    stderr = session.ckpt("checkpoint", job.id).stderr
+    job.kill()
+    named = [line for line in stderr.splitlines() if "deleted-private" in line]
+    assert len(named) == 1 and "not open" in named[0], stderr
+    assert "deleted-shared" not in stderr and "memfd:" not in stderr, stderr
+
+
 def test_exec_with_a_scrubbed_environment(session):
     """`env -i` drops LD_PRELOAD and CKPT_*: the shim's exec wrappers put
     them back, so the program it runs is part of the job and restarts."""

@@ -42,11 +42,14 @@ struct region {
 struct mem_saver {
 	struct image_writer *w;
 	const char *shared_key;
+	const struct fd_table *fds;	/* as the process stopped */
 	int pagemap_fd;
 	uint64_t *pagemap;		/* WINDOW_PAGES entries */
 	struct ckpt_run *runs;		/* WINDOW_PAGES / 2 + 1 entries */
 	struct ckpt_run *guards;	/* as many */
 	long nguards;			/* of the window find_runs looked at */
+	uint64_t copied;		/* pages copied on write over an unlinked
+					 * file, in the region being saved */
 };
 
 static int page_is_zero(const void *p)
@@ -259,6 +262,9 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 	for (uint64_t i = 0; i < npages; i++) {
 		uint64_t addr = start + i * CKPT_PAGE_SIZE;
 
+		if (r->kind == CKPT_VMA_DELETED_FILE && (s->pagemap[i] & PM_PRESENT) &&
+		    !(s->pagemap[i] & PM_FILE))
+			s->copied++;
 		if (s->pagemap[i] & PM_GUARD)
 			add_to_runs(s->guards, &s->nguards, addr - start);
 		else if (wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
@@ -433,6 +439,21 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	return err;
 }
 
+/*
+ * Under pages copied on write, the bytes of an unlinked file nobody holds
+ * open are out of reach unprivileged (/proc/self/map_files needs
+ * CAP_CHECKPOINT_RESTORE): the restart has the process's bytes, but a page
+ * it drops later (MADV_DONTNEED) reads as zeros, not as the file's.
+ */
+static void warn_lost_file_bytes(const struct region *r, uint64_t copied)
+{
+	ckpt_warn("private map %llx-%llx of unlinked %s: the file is not open: after "
+		  "restart, its copied-on-write pages (%llu) read as zeros, not as the "
+		  "file's bytes, once dropped (MADV_DONTNEED)",
+		  (unsigned long long)r->start, (unsigned long long)r->end, r->path,
+		  (unsigned long long)copied);
+}
+
 /* Saved in windows, around the scratch buffers that may hide inside. */
 static int save_region(struct mem_saver *s, struct region *r)
 {
@@ -441,6 +462,7 @@ static int save_region(struct mem_saver *s, struct region *r)
 	int err = 0;
 
 	r->kind = classify(r);
+	s->copied = 0;
 	if (r->kind == CKPT_VMA_VDSO)
 		return save_window(s, r, r->start, r->end);
 	while (!err && a < r->end) {
@@ -458,6 +480,8 @@ static int save_region(struct mem_saver *s, struct region *r)
 		err = save_window(s, r, a, end);
 		a = end;
 	}
+	if (!err && s->copied && !fds_hold(s->fds, r->dev, r->inode))
+		warn_lost_file_bytes(r, s->copied);
 	return err;
 }
 
@@ -502,9 +526,9 @@ static ssize_t read_maps(char *buf, size_t size)
 	return len;
 }
 
-int save_memory(struct image_writer *w, const char *shared_key)
+int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds)
 {
-	struct mem_saver s = { .w = w, .shared_key = shared_key };
+	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds };
 	char *maps = scratch_map(MAPS_MAX);
 	size_t pm_size = WINDOW_PAGES * 8;
 	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);
