@@ -32,6 +32,7 @@ PROGRAMS = {
     "fifos": ["300", "10", "."],
     "tcpflood": ["400", "10"],
     "guard_pages": ["300", "10", "."],
+    "private_maps": ["300", "10", "."],
 }
 
 
@@ -50,7 +51,7 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood",
-                                 "guard_pages"])
+                                 "guard_pages", "private_maps"])
 def test_forked_checkpoints(session, app):
     """A copy-on-write child writes the image while the job runs on; its
     image must be as good as one written with the job stopped."""
@@ -69,7 +70,7 @@ def test_forked_checkpoints(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos",
-                                 "tcpflood"])
+                                 "tcpflood", "private_maps"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]
@@ -123,7 +124,8 @@ def test_session_outside_the_namespace(session):
     assert restart_and_finish(session, first, job) == reference.output()
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files", "join", "rseq_vdso"])
+@pytest.mark.parametrize("app", ["counter", "threads", "files", "join", "rseq_vdso",
+                                 "private_maps"])
 def test_unprivileged_user(unprivileged_session, app):
     """The whole cycle as a non-root user: restart needs no privilege."""
     s = unprivileged_session
@@ -134,6 +136,19 @@ def test_unprivileged_user(unprivileged_session, app):
     job.checkpoint_at_random_moments(2)
     job.kill()
     assert restart_and_finish(s, job.images[0], job) == reference
+
+
+def test_unlinked_private_map_is_named(session):
+    """A private map of an unlinked file no fd holds: the file's bytes under
+    the process's copies cannot be saved unprivileged, and the checkpoint
+    says so once per map; a file still open is mapped again at restart."""
+    job = Job(session, "w-private_maps", "private_maps", *PROGRAMS["private_maps"])
+    job.wait_ready()
+    stderr = session.ckpt("checkpoint", job.id).stderr
+    job.kill()
+    named = [line for line in stderr.splitlines() if "deleted-private" in line]
+    assert len(named) == 1 and "not open" in named[0], stderr
+    assert "deleted-shared" not in stderr and "memfd:" not in stderr, stderr
 
 
 def test_exec_with_a_scrubbed_environment(session):

@@ -107,6 +107,11 @@ struct ckpt_vma {
 /* Shared memory mapped alike by several processes is saved by one: the
  * others' records say where its pages are. */
 #define CKPT_VMA_PAGES_ELSEWHERE 1	/* in another image of the same host */
+/* A private map of an unlinked file (or memfd), file_size bytes long (its
+ * end, to a page): restored as a private map of the same object when an fd
+ * or a shared map of the job brings it back (shm_id), else of a new memfd
+ * of that size, so the map keeps its length and SIGBUS past the end. */
+#define CKPT_VMA_FILE_END 2
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or
  * come from the mapped file. */

@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
@@ -119,6 +120,25 @@ void write_all(int fd, const char *p, size_t len, const char *what)
 		p += n;
 		len -= n;
 	}
+}
+
+/* A memfd: a new one of the same name and contents (a file named
+ * "/memfd:..." in / would need root), opened again with the fd's flags. */
+static int open_memfd(const struct loaded_fd *lf)
+{
+	char path[64];
+	int mfd, fd;
+
+	mfd = memfd_create(lf->path + 7, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (mfd < 0)
+		die("cannot recreate memfd %s: %s", lf->path, strerror(errno));
+	write_all(mfd, lf->data, lf->f.data_size, lf->path);
+	if (ftruncate(mfd, lf->f.data_size) < 0)
+		die("cannot recreate memfd %s: %s", lf->path, strerror(errno));
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
+	fd = open(path, (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC | O_NOFOLLOW)) | O_CLOEXEC);
+	close(mfd);
+	return fd;
 }
 
 /* An unlinked file: recreate it with its contents, open it, unlink it. */
@@ -333,7 +353,8 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 	}
 	case CKPT_FD_DELETED_FILE: {
 		int shm = shared_shm_fd(lf->f.object_id);
-		int fd = shm >= 0 ? open_shm(lf, shm) : open_deleted(lf);
+		int fd = shm >= 0 ? open_shm(lf, shm) :
+			 !strncmp(lf->path, "/memfd:", 7) ? open_memfd(lf) : open_deleted(lf);
 
 		if (fd < 0 || lseek(fd, lf->f.offset, SEEK_SET) < 0)
 			die("cannot restore deleted file %s: %s", lf->path, strerror(errno));

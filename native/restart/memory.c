@@ -20,6 +20,9 @@
 #include "restart.h"
 #include "sys.h"
 
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
 #define MAX_CUR 4096
 #define VDSO_PARTS 4
 #define ZONE_VDSO_TMP (CKPT_RESERVE_START + 0x68000000UL)
@@ -107,6 +110,69 @@ static int in_zone(uint64_t start, uint64_t end)
 	return start >= CKPT_RESERVE_START && end <= CKPT_RESERVE_END;
 }
 
+/*
+ * The stand-in for an unlinked file mapped privately: a memfd as long as
+ * the file was (to a page), named after it.  Its pages are zero; the
+ * saved ones are read over them as private copies.
+ */
+static int deleted_file_stand_in(const struct loaded_vma *lv)
+{
+	char name[CKPT_PATH_MAX];
+	const char *p = lv->path;
+	size_t n;
+	int fd, high;
+
+	p = !strncmp(p, "/memfd:", 7) ? p + 7 : (strrchr(p, '/') ? strrchr(p, '/') + 1 : p);
+	snprintf(name, sizeof(name) < 240 ? sizeof(name) : 240, "%s", p);
+	n = strlen(name);
+	if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
+		name[n - 10] = '\0';
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 && errno == EACCES)	/* vm.memfd_noexec = 2 */
+		fd = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
+	if (fd < 0 || ftruncate(fd, lv->v.file_size))
+		die("mapped unlinked file %s: a memfd of %llu bytes: %s", lv->path,
+		    (unsigned long long)lv->v.file_size, strerror(errno));
+	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
+	if (high < 0)
+		die("mapped unlinked file %s: %s", lv->path, strerror(errno));
+	close(fd);
+	return high;
+}
+
+/*
+ * The unlinked file (or memfd) itself, when the job still has it: a shared
+ * map of it made it again (shared.c), or an fd of this process did
+ * (restore_fds() ran before).  Read-only: the map is private.  Else -1.
+ */
+static int deleted_file_object(const struct image *img, const struct loaded_vma *lv)
+{
+	char path[64];
+	int fd = -1, high;
+
+	if (!lv->v.shm_id)
+		return -1;
+	if (shared_shm_fd(lv->v.shm_id) >= 0)
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", shared_shm_fd(lv->v.shm_id));
+	else {
+		unsigned j;
+
+		for (j = 0; j < img->nfds; j++)
+			if (img->fds[j].f.kind == CKPT_FD_DELETED_FILE &&
+			    img->fds[j].f.object_id == lv->v.shm_id)
+				break;
+		if (j == img->nfds)
+			return -1;
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", img->fds[j].f.fd);
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
+	close(fd);
+	return high;
+}
+
 /* Open every file the image maps, and check it is still the same file. */
 static void check_files(struct image *img)
 {
@@ -118,6 +184,12 @@ static void check_files(struct image *img)
 		int fd;
 
 		file_fds[i] = -1;
+		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
+			file_fds[i] = deleted_file_object(img, lv);
+			if (file_fds[i] < 0)
+				file_fds[i] = deleted_file_stand_in(lv);
+			continue;
+		}
 		if (lv->v.kind != CKPT_VMA_FILE && lv->v.kind != CKPT_VMA_SHARED_FILE)
 			continue;
 		if (i > 0 && file_fds[i - 1] >= 0 && !strcmp(img->vmas[i - 1].path, lv->path) &&
@@ -228,6 +300,11 @@ static void map_region(struct image *img, unsigned idx)
 	case CKPT_VMA_FILE:
 	case CKPT_VMA_SHARED_FILE:
 		fd = file_fds[idx];
+		break;
+	case CKPT_VMA_DELETED_FILE:
+		fd = file_fds[idx];
+		if (fd < 0)		/* an image from before CKPT_VMA_FILE_END */
+			flags |= MAP_ANONYMOUS;
 		break;
 	case CKPT_VMA_STACK:
 		flags |= MAP_GROWSDOWN | MAP_ANONYMOUS;

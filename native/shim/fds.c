@@ -522,6 +522,16 @@ static void release_pipes(void)
 	npipes = 0;
 }
 
+/* Whether an fd of the process had the file (dev, ino) open when it
+ * stopped (the checkpointer's own fd table is not the app's). */
+int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino)
+{
+	for (int i = 0; t && i < t->n; i++)
+		if (t->fi[i].dev == dev && t->fi[i].ino == ino)
+			return 1;
+	return 0;
+}
+
 /* The first read end of each pipe carries the pipe's bytes in the image. */
 static int copy_pipes(void)
 {

@@ -42,11 +42,14 @@ struct region {
 struct mem_saver {
 	struct image_writer *w;
 	const char *shared_key;
+	const struct fd_table *fds;	/* as the process stopped */
 	int pagemap_fd;
 	uint64_t *pagemap;		/* WINDOW_PAGES entries */
 	struct ckpt_run *runs;		/* WINDOW_PAGES / 2 + 1 entries */
 	struct ckpt_run *guards;	/* as many */
 	long nguards;			/* of the window find_runs looked at */
+	uint64_t copied;		/* pages copied on write over an unlinked
+					 * file, in the region being saved */
 };
 
 static int page_is_zero(const void *p)
@@ -201,6 +204,12 @@ static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable
 		uint64_t page[CKPT_PAGE_SIZE / 8];
 		unsigned char in_core = 1;
 
+		/* a page copied on write over an unlinked file: the restart's
+		 * stand-in of the file may hold other bytes there, even zeros */
+		if (kind == CKPT_VMA_DELETED_FILE &&
+		    ((pm & PM_SWAPPED) || ((pm & PM_PRESENT) && !(pm & PM_FILE))))
+			return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page);
+
 		/* a hole of shared memory would be allocated by reading it;
 		 * mincore sees pages any process touched */
 		if (shared_memory_kind(kind) &&
@@ -253,6 +262,9 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 	for (uint64_t i = 0; i < npages; i++) {
 		uint64_t addr = start + i * CKPT_PAGE_SIZE;
 
+		if (r->kind == CKPT_VMA_DELETED_FILE && (s->pagemap[i] & PM_PRESENT) &&
+		    !(s->pagemap[i] & PM_FILE))
+			s->copied++;
 		if (s->pagemap[i] & PM_GUARD)
 			add_to_runs(s->guards, &s->nguards, addr - start);
 		else if (wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
@@ -290,6 +302,22 @@ static int any_page_present(struct mem_saver *s, uint64_t start, uint64_t end)
 	return 0;
 }
 
+/*
+ * Where the unlinked file behind [start, end) ends, as a file offset
+ * rounded up to a page: the end of the last page that can be read (past
+ * the file's end a read faults, process_vm_readv fails).  Its stat is out
+ * of reach without privileges (map_files), its pages are not.
+ */
+static uint64_t deleted_file_end(const struct region *r, uint64_t start, uint64_t end)
+{
+	char byte;
+
+	for (uint64_t a = end; a > start; a -= CKPT_PAGE_SIZE)
+		if (copy_self(&byte, a - CKPT_PAGE_SIZE, 1) == 1)
+			return r->pgoff + (a - r->start);
+	return r->pgoff + (start - r->start);
+}
+
 static void file_identity(const struct region *r, struct ckpt_vma *v)
 {
 	struct stat st;
@@ -312,7 +340,7 @@ static int saved_elsewhere(const struct mem_saver *s, const struct ckpt_vma *v)
 {
 	char key[256], value[16], owner[64];
 
-	if (!s->shared_key || !v->shm_id)
+	if (!s->shared_key || !v->shm_id || !shared_memory_kind(v->kind))
 		return 0;
 	snprintf(key, sizeof(key), "%s:%llx:%llx:%llx", s->shared_key,
 		 (unsigned long long)v->shm_id, (unsigned long long)v->pgoff,
@@ -328,7 +356,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.start = start, .end = end, .prot = r->prot, .shared = r->shared,
 		.kind = r->kind, .path_len = strlen(r->path),
 		.pgoff = r->pgoff + (start - r->start),
-		.shm_id = shared_memory_kind(r->kind) ? shim_object_id(r->dev, r->inode) : 0,
+		/* an unlinked file's too: the restart maps the same object if
+		 * an fd or a shared map brings it back */
+		.shm_id = shared_memory_kind(r->kind) || r->kind == CKPT_VMA_DELETED_FILE ?
+			shim_object_id(r->dev, r->inode) : 0,
 	};
 	struct ckpt_vma sysv;
 	int readable = r->prot & PROT_READ;
@@ -361,6 +392,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 			return -nruns;
 	}
 	file_identity(r, &v);
+	if (r->kind == CKPT_VMA_DELETED_FILE) {
+		v.file_size = deleted_file_end(r, start, end);
+		v.flags |= CKPT_VMA_FILE_END;
+	}
 	if (r->kind == CKPT_VMA_SYSV_SHM) {
 		err = sysv_identify(r, &sysv);
 		if (err)
@@ -404,6 +439,21 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	return err;
 }
 
+/*
+ * Under pages copied on write, the bytes of an unlinked file nobody holds
+ * open are out of reach unprivileged (/proc/self/map_files needs
+ * CAP_CHECKPOINT_RESTORE): the restart has the process's bytes, but a page
+ * it drops later (MADV_DONTNEED) reads as zeros, not as the file's.
+ */
+static void warn_lost_file_bytes(const struct region *r, uint64_t copied)
+{
+	ckpt_warn("private map %llx-%llx of unlinked %s: the file is not open: after "
+		  "restart, its copied-on-write pages (%llu) read as zeros, not as the "
+		  "file's bytes, once dropped (MADV_DONTNEED)",
+		  (unsigned long long)r->start, (unsigned long long)r->end, r->path,
+		  (unsigned long long)copied);
+}
+
 /* Saved in windows, around the scratch buffers that may hide inside. */
 static int save_region(struct mem_saver *s, struct region *r)
 {
@@ -412,6 +462,7 @@ static int save_region(struct mem_saver *s, struct region *r)
 	int err = 0;
 
 	r->kind = classify(r);
+	s->copied = 0;
 	if (r->kind == CKPT_VMA_VDSO)
 		return save_window(s, r, r->start, r->end);
 	while (!err && a < r->end) {
@@ -429,6 +480,8 @@ static int save_region(struct mem_saver *s, struct region *r)
 		err = save_window(s, r, a, end);
 		a = end;
 	}
+	if (!err && s->copied && !fds_hold(s->fds, r->dev, r->inode))
+		warn_lost_file_bytes(r, s->copied);
 	return err;
 }
 
@@ -473,9 +526,9 @@ static ssize_t read_maps(char *buf, size_t size)
 	return len;
 }
 
-int save_memory(struct image_writer *w, const char *shared_key)
+int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds)
 {
-	struct mem_saver s = { .w = w, .shared_key = shared_key };
+	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds };
 	char *maps = scratch_map(MAPS_MAX);
 	size_t pm_size = WINDOW_PAGES * 8;
 	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);

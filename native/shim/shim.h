@@ -210,10 +210,13 @@ SHIM_HIDDEN int restore_exe_link(void);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);
 /* shared_key: "shm:<checkpoint>:<host>", under which processes claim the
  * shared memory they save; NULL: every process saves what it maps */
-SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key);
+struct fd_table;
+SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
+			    const struct fd_table *fds);
 struct fd_table;
 SHIM_HIDDEN struct fd_table *fds_collect(void);	/* while the process is stopped */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
+SHIM_HIDDEN int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino);
 SHIM_HIDDEN void fds_release(struct fd_table *t);
 SHIM_HIDDEN int shim_is_scratch_path(const char *path);	/* under /tmp, /var/tmp, /dev/shm */
 

@@ -73,7 +73,7 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 	if (!err)
 		err = save_fds(w, snap->fds);
 	if (!err)
-		err = save_memory(w, shared_key);
+		err = save_memory(w, shared_key, snap->fds);
 	if (!err)
 		err = iw_record(w, CKPT_REC_END, end_marker, sizeof(end_marker));
 	return err;
