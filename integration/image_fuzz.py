@@ -316,9 +316,10 @@ def manifest_text(manifest):
     """As ckpt writes it: JSON, one process per line."""
     head = {k: v for k, v in manifest.items() if k != "processes"}
     lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
-    procs = ",\n  ".join(json.dumps(p) for p in manifest.get("processes", ()) or ())
-    if "processes" not in manifest:
-        return "{\n" + "\n".join(lines).rstrip(",") + "\n}\n"
+    procs = manifest.get("processes")
+    if not isinstance(procs, list):
+        return json.dumps(manifest)
+    procs = ",\n  ".join(json.dumps(p) for p in procs)
     return "{\n" + "\n".join(lines) + f'\n "processes": [\n  {procs}\n ]\n}}\n'
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
-from ckpt.manifest import resolve_checkpoint
+from ckpt.manifest import read_manifest, resolve_checkpoint
 from ckpt.native import restart_binary
 from ckpt.restart import restart_command
 from harness import APPS, Job, reap_orphans, restart_and_finish
@@ -107,7 +107,7 @@ def restart_verification(directory):
 def run_restart_binary(directory, work, env):
     """ckpt-restart on the mutant, without a coordinator: ('refused', line),
     ('restored', None) once its memory is back, or ('bad', why)."""
-    manifest = json.loads((directory / "manifest.yaml").read_text())
+    manifest = read_manifest(directory)     # as `ckpt restart` reads it
     images = [(directory / p["image"], p["xxh3"]) for p in manifest["processes"]]
     argv = restart_command(restart_binary(), str(work / "no-coordinator"), "fuzzed", images)
     proc = subprocess.Popen(argv, cwd=work, env=dict(env, CKPT_RESTART_TIMING="1"),
@@ -220,7 +220,9 @@ def restart_whole(session, directory):
     """`ckpt restart` of a mutant that ckpt-restart accepts or refuses:
     either the job runs to its end, or one line and a non-zero exit."""
     try:
-        proc = session.ckpt("restart", directory, check=False, timeout=120)
+        proc = subprocess.run(session.ckpt_argv("restart", directory), cwd=session.work,
+                              env=session.env(), capture_output=True, text=True,
+                              errors="replace", timeout=120)
     except subprocess.TimeoutExpired:
         return ["hang"]
     finally:
