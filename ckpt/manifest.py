@@ -156,11 +156,16 @@ def _is_int(value):
 
 
 def _is_str(value):
-    return isinstance(value, str) and value != ""
+    """A name that fits in a one-line message."""
+    return isinstance(value, str) and value != "" and value.isprintable()
 
 
 def _is_str_list(value):
     return isinstance(value, list) and all(_is_str(item) for item in value)
+
+
+def _is_command(value):
+    return isinstance(value, list) and all(isinstance(word, str) for word in value)
 
 
 # what each key must be, so nothing later trips over a type it did not expect
@@ -168,7 +173,7 @@ _MANIFEST_TYPES = {
     "job_id": (lambda v: isinstance(v, str) and JOB_ID_RE.match(v) is not None, "a job id"),
     "checkpoint": (lambda v: _is_int(v) and v >= 0, "a checkpoint number"),
     "engine_version": (_is_str, "a version"),
-    "command": (_is_str_list, "a list of words"),
+    "command": (_is_command, "a list of words"),
     "hosts": (_is_str_list, "a list of host names"),
     "addresses": (lambda v: isinstance(v, dict) and all(map(_is_str, [*v, *v.values()])),
                   "a mapping of hosts to addresses"),
@@ -192,7 +197,7 @@ def _check_manifest(data, path):
         if key not in data:
             raise CkptError(f"{path} is corrupt (no {key})")
     if data["format"] != MANIFEST_FORMAT:
-        raise CkptError(f"{path} has manifest format {str(data['format'])[:40]}, "
+        raise CkptError(f"{path} has manifest format {data['format']!r:.40}, "
                         f"this ckpt reads {MANIFEST_FORMAT}")
     for key, (valid, meaning) in _MANIFEST_TYPES.items():
         if key in data and not valid(data[key]):

@@ -22,7 +22,7 @@ RECORD_STRUCTS = {1: "struct ckpt_process", 2: "struct ckpt_thread",
                   3: "struct ckpt_vma", 4: "struct ckpt_fd"}
 REC_VMA, REC_FD, REC_END = 3, 4, 6
 ODD_VALUES = [None, -1, 0, 1, 2 ** 31, 2 ** 64, -(2 ** 63), 1.5, "", "x", "../x", "/etc/passwd",
-              [], {}, True, "é", "a" * 5000, ["a"], {"a": 1}]
+              [], {}, True, "é", "a" * 5000, ["a"], {"a": 1}, "a\nb", ["a\nb"]]
 ODD_NAMES = ["../ckpt-0001/{img}", "/etc/passwd", "/{abs}", "sub/{img}", ".{img}", "..", ".",
              "", "{img}\n", "{img}/", "./{img}", "{img}\x00x", "x" * 300]
 

@@ -4,7 +4,8 @@
 ckpt-restart itself.  Each must end in one clear line and a non-zero exit
 (or restore, when the change is harmless), never a traceback, a signal, a
 hang or a restored process left behind.  CKPT_FUZZ_SEED repeats a run,
-CKPT_FUZZ_MUTANTS sets how many.
+CKPT_FUZZ_MUTANTS sets how many, CKPT_FUZZ_REPORT names a file for every
+finding.
 
 Also: a manifest or image that points outside its checkpoint directory
 is refused, named in one line."""
@@ -212,6 +213,8 @@ def test_fuzzed_checkpoints_fail_cleanly(session, checkpoint, tmp_path):
                 failures.append(f"{where}: restored processes {leftover} left running")
         shutil.rmtree(job_dir)
     print("outcomes:", tally)
+    if os.environ.get("CKPT_FUZZ_REPORT"):     # every finding, for a longer run
+        Path(os.environ["CKPT_FUZZ_REPORT"]).write_text("\n".join(failures) + "\n")
     assert sum(tally.values()) == MUTANTS
     assert not failures, f"{len(failures)} of {MUTANTS} mutants misbehaved:\n" + "\n".join(failures[:30])
 
