@@ -305,3 +305,18 @@ def test_manifest_symlink_is_refused(session, checkpoint):
     os.symlink(elsewhere, copy / "manifest.yaml")
     line, why = one_line_error(session.ckpt("restart", copy, check=False).stderr)
     assert line and "symbolic link" in line, why or line
+
+
+@pytest.mark.parametrize("which", ["manifest", "image"])
+def test_fifo_in_place_of_a_file_is_refused_not_waited_on(session, checkpoint, which):
+    original, _job = checkpoint
+    copy = original.parent / "ckpt-0002"
+    shutil.copytree(original, copy)
+    target = copy / ("manifest.yaml" if which == "manifest" else _manifest(copy)["processes"][0]["image"])
+    target.unlink()
+    os.mkfifo(target)
+    for command in ("restart", "images"):
+        proc = session.ckpt(command, copy, check=False, timeout=60)   # a hang fails here
+        assert proc.returncode != 0
+        text = proc.stderr if command == "restart" else proc.stdout
+        assert "not a regular file" in text and "Traceback" not in proc.stderr, text
