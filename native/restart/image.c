@@ -222,7 +222,7 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 /* The fixed part of an fd record: numbers and lengths used as indexes. */
 static void check_fd_fields(struct image *img, const struct ckpt_fd *f)
 {
-	if (f->fd < 0 || f->fd >= (1 << 20) || f->dup_of < -1 || f->dup_of >= f->fd)
+	if (f->fd < 0 || f->fd >= (1 << 20) || f->dup_of < -1 || f->dup_of == f->fd)
 		die("%s: corrupt fd record (fd %d, dup of %d)", img->file, f->fd, f->dup_of);
 	if (f->kind < CKPT_FD_FILE || f->kind > CKPT_FD_FIFO || f->path_len >= CKPT_PATH_MAX)
 		die("%s: corrupt fd record for fd %d (kind or path)", img->file, f->fd);
