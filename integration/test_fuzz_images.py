@@ -37,13 +37,18 @@ RESTART_SECONDS = 20       # ckpt-restart refuses or restores within this
 COUNTER = ["counter", "30", "10"]
 
 
+WORK = {}   # the fuzzed job's working directory: its processes' cwd
+
+
 def leftover_processes():
-    """Restored test programs still running (they keep their exe)."""
+    """Restored copies of the fuzzed job still running: its exe and cwd
+    (other tests' programs run elsewhere)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "exe") == str(APPS / "counter"):
+                if (os.readlink(entry / "exe") == str(APPS / "counter")
+                        and os.readlink(entry / "cwd") == WORK.get("cwd")):
                     found.append(int(entry.name))
             except OSError:
                 pass
@@ -75,6 +80,7 @@ def kill_leftovers(grace=2.0):
 @pytest.fixture
 def checkpoint(session):
     """(checkpoint dir of the counter, just after READY, killed; its job)"""
+    WORK["cwd"] = str(session.work)
     job = Job(session, "fuzzed", *COUNTER)
     job.wait_ready()
     path = job.checkpoint("--kill")
