@@ -177,20 +177,22 @@ def _human_size(size):
 
 
 def _describe_checkpoint(path):
-    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    """(its line, whether it verifies)"""
+    size = sum(f.lstat().st_size for f in path.iterdir() if f.is_file())
     when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
     try:
         verify_checkpoint(path)
         verdict = "ok"
     except CkptError as exc:
         verdict = f"CORRUPT: {exc.message}"
-    return f"{path.name}\t{_human_size(size)}\t{when}\t{verdict}"
+    return f"{path.name}\t{_human_size(size)}\t{when}\t{verdict}", verdict == "ok"
 
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def images(directory):
-    """Checkpoints in a job or checkpoint directory, and whether they verify."""
+    """Checkpoints in a job or checkpoint directory, and whether they verify
+    (exit status 1 if one does not)."""
     directory = Path(directory)
     if (directory / MANIFEST_NAME).exists() or CKPT_RE.match(directory.name):
         paths = [directory]
@@ -200,8 +202,13 @@ def images(directory):
         paths += [p for p in directory.iterdir() if CKPT_RE.match(p.name) and p not in paths and p.is_dir()]
     if not paths:
         raise CkptError(f"{directory}: no checkpoints")
+    all_ok = True
     for path in sorted(paths):
-        click.echo(_describe_checkpoint(path))
+        line, ok = _describe_checkpoint(path)
+        click.echo(line)
+        all_ok = all_ok and ok
+    if not all_ok:
+        sys.exit(1)
 
 
 @main.group()

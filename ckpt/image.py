@@ -2,6 +2,7 @@
 
 import os
 import platform
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,11 +112,17 @@ def verify_process_image(directory, proc, headers=None, checksum=True):
     """Check one manifest process entry against its file: size, header, XXH3."""
     path = Path(directory) / str(proc["image"])
     try:
-        size = os.stat(path).st_size
+        info = os.lstat(path)
     except FileNotFoundError:
         raise CkptError(f"image {path} is missing")
     except OSError as exc:
         raise CkptError(f"cannot read image {path}: {exc.strerror}")
+    # an image is a file of its own checkpoint directory, never a way out of it
+    if stat.S_ISLNK(info.st_mode):
+        raise CkptError(f"image {path} is a symbolic link (an image must be a file in its checkpoint directory)")
+    if not stat.S_ISREG(info.st_mode):
+        raise CkptError(f"image {path} is not a regular file")
+    size = info.st_size
     if size != proc["size"]:
         raise CkptError(f"image {path} is truncated or damaged ({size} bytes, manifest says {proc['size']})")
     check_header(path, headers)

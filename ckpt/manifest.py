@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 
 from ckpt import ENGINE_VERSION
 from ckpt.errors import CkptError
+from ckpt.jobs import JOB_ID_RE
 
 MANIFEST_NAME = "manifest.yaml"
 MANIFEST_FORMAT = 1
@@ -118,12 +120,23 @@ def _parse(text):
 def read_manifest(directory):
     path = Path(directory) / MANIFEST_NAME
     try:
-        data = _parse(path.read_text())
+        info = os.lstat(path)
     except FileNotFoundError:
         raise CkptError(f"{directory}: not a checkpoint (no {MANIFEST_NAME})")
     except OSError as exc:
         raise CkptError(f"cannot read {path}: {exc.strerror}")
-    except yaml.YAMLError:
+    # a file of the checkpoint itself: not a link elsewhere, nor a FIFO that blocks
+    if stat.S_ISLNK(info.st_mode):
+        raise CkptError(f"{path} is a symbolic link (a manifest must be a file in its checkpoint directory)")
+    if not stat.S_ISREG(info.st_mode):
+        raise CkptError(f"{path} is not a regular file")
+    try:
+        data = _parse(path.read_text())
+    except OSError as exc:
+        raise CkptError(f"cannot read {path}: {exc.strerror}")
+    except UnicodeDecodeError:
+        raise CkptError(f"{path} is corrupt (not UTF-8 text)")
+    except (yaml.YAMLError, RecursionError):
         raise CkptError(f"{path} is corrupt (not valid YAML)")
     _check_manifest(data, path)
     return data
@@ -138,6 +151,45 @@ def host_list(manifest):
     return hosts
 
 
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str(value):
+    """A name that fits in a one-line message."""
+    return isinstance(value, str) and value != "" and value.isprintable()
+
+
+def _is_str_list(value):
+    return isinstance(value, list) and all(_is_str(item) for item in value)
+
+
+def _is_command(value):
+    return isinstance(value, list) and all(isinstance(word, str) for word in value)
+
+
+# what each key must be, so nothing later trips over a type it did not expect
+_MANIFEST_TYPES = {
+    "job_id": (lambda v: isinstance(v, str) and JOB_ID_RE.match(v) is not None, "a job id"),
+    "checkpoint": (lambda v: _is_int(v) and v >= 0, "a checkpoint number"),
+    "engine_version": (_is_str, "a version"),
+    "command": (_is_command, "a list of words"),
+    "hosts": (_is_str_list, "a list of host names"),
+    "addresses": (lambda v: isinstance(v, dict) and all(map(_is_str, [*v, *v.values()])),
+                  "a mapping of hosts to addresses"),
+    "restarted_from": (lambda v: v is None or (_is_int(v) and v >= 0), "a checkpoint number"),
+    "warnings": (lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v), "a list"),
+}
+_PROCESS_TYPES = {
+    "pid": (lambda v: _is_int(v) and 0 < v < 1 << 22, "a process id"),
+    "host": (_is_str, "a host name"),
+    "image": (_is_str, "a file name"),
+    "size": (lambda v: _is_int(v) and v >= 0, "a size"),
+    "xxh3": (lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-fA-F]{1,16}", v) is not None,
+             "hex digits"),
+}
+
+
 def _check_manifest(data, path):
     if not isinstance(data, dict):
         raise CkptError(f"{path} is corrupt (not a mapping)")
@@ -145,15 +197,28 @@ def _check_manifest(data, path):
         if key not in data:
             raise CkptError(f"{path} is corrupt (no {key})")
     if data["format"] != MANIFEST_FORMAT:
-        raise CkptError(f"{path} has manifest format {data['format']}, this ckpt reads {MANIFEST_FORMAT}")
+        raise CkptError(f"{path} has manifest format {data['format']!r:.40}, "
+                        f"this ckpt reads {MANIFEST_FORMAT}")
+    for key, (valid, meaning) in _MANIFEST_TYPES.items():
+        if key in data and not valid(data[key]):
+            raise CkptError(f"{path} is corrupt ({key} is not {meaning})")
     processes = data["processes"]
     if not isinstance(processes, list) or not processes:
         raise CkptError(f"{path} is corrupt (no processes)")
     for proc in processes:
-        if not isinstance(proc, dict) or not {"pid", "image", "size", "xxh3"} <= proc.keys():
+        if not isinstance(proc, dict) or not set(_PROCESS_TYPES) <= proc.keys():
             raise CkptError(f"{path} is corrupt (bad process entry)")
-        if "/" in str(proc["image"]) or str(proc["image"]).startswith("."):
-            raise CkptError(f"{path} is corrupt (bad image name {proc['image']!r})")
+        for key, (valid, meaning) in _PROCESS_TYPES.items():
+            if not valid(proc[key]):
+                raise CkptError(f"{path} is corrupt (process {key} is not {meaning})")
+        name = proc["image"]
+        # a plain name inside the checkpoint directory, no way out of it
+        if "/" in name or name.startswith(".") or "\0" in name or not name.isprintable():
+            raise CkptError(f"{path} is corrupt (bad image name {name[:80]!r})")
+    if len({(proc["host"], proc["pid"]) for proc in processes}) != len(processes):
+        raise CkptError(f"{path} is corrupt (a process is listed twice)")
+    if len({proc["image"] for proc in processes}) != len(processes):
+        raise CkptError(f"{path} is corrupt (an image is listed twice)")
 
 
 def _sync_tree(directory):

@@ -19,6 +19,7 @@ from ckpt.native import cli_path, restart_binary
 from ckpt.session import JobSession, announce
 
 RESTART_REFUSED = 2  # ckpt-restart's exit status before its point of no return
+RESTORE_FAILED = 70  # after it: the process is lost; ckpt-restart said why in one line
 
 
 def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(),
@@ -247,9 +248,9 @@ async def _restore(job, pids, expected, over):
             raise CkptError(f"restart on host {host} failed (status {code}"
                             + (": ssh could not reach it" if unreachable else "") + ")",
                             exit_code=code or 1)
-        # status 2: ckpt-restart refused the image and said why in one line
+        # status 2 or 70: ckpt-restart said why in one line
         raise CkptError(f"restart failed: ckpt-restart exited with status {code}",
-                        exit_code=code or 1, reported=code == RESTART_REFUSED)
+                        exit_code=code or 1, reported=code in (RESTART_REFUSED, RESTORE_FAILED))
     except BaseException:
         job.coordinator.kill()
         await asyncio.gather(*(job.wait_exit(pid) for pid in pids))

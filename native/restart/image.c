@@ -129,10 +129,67 @@ static int guards_supported(void)
 	return known;
 }
 
+#define PAGE_MASK_LOW ((uint64_t)CKPT_PAGE_SIZE - 1)
+/* x86-64 user space with 4-level page tables: a region above is refused
+ * here, not by mmap() after the point of no return */
+#define USER_SPACE_END (1ULL << 47)
+
+static int page_aligned(uint64_t x)
+{
+	return (x & PAGE_MASK_LOW) == 0;
+}
+
+/* Runs (or guard ranges) inside the region, in order, not overlapping;
+ * returns their bytes, or -1.  Written to overflow nowhere. */
+static int64_t check_runs(const struct ckpt_run *runs, uint64_t n, uint64_t len)
+{
+	uint64_t next = 0, bytes = 0;
+
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t off = runs[i].offset, pages = runs[i].npages;
+
+		if (!page_aligned(off) || off < next || off >= len || pages == 0 ||
+		    pages > (len - off) / CKPT_PAGE_SIZE)
+			return -1;
+		next = off + pages * CKPT_PAGE_SIZE;
+		bytes += pages * CKPT_PAGE_SIZE;
+	}
+	return bytes;
+}
+
+/* The fixed part of a memory record, before its runs are read. */
+static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64_t off,
+			     uint64_t size)
+{
+	uint64_t meta_max = size - sizeof(*v);
+
+	if (v->path_len > meta_max || v->path_len >= CKPT_PATH_MAX ||
+	    v->nruns > (meta_max - v->path_len) / sizeof(struct ckpt_run) ||
+	    v->nguards > (meta_max - v->path_len) / sizeof(struct ckpt_run) - v->nruns)
+		die("%s: corrupt memory record (lengths)", img->file);
+	if (v->end <= v->start || !page_aligned(v->start) || !page_aligned(v->end) ||
+	    v->end > USER_SPACE_END)
+		die("%s: corrupt memory record (range %#llx-%#llx)", img->file,
+		    (unsigned long long)v->start, (unsigned long long)v->end);
+	if (v->kind < CKPT_VMA_ANON || v->kind > CKPT_VMA_SYSV_SHM || v->shared > 1 ||
+	    (v->prot & ~(uint32_t)(PROT_READ | PROT_WRITE | PROT_EXEC)) ||
+	    (v->flags & ~(uint32_t)CKPT_VMA_PAGES_ELSEWHERE))
+		die("%s: corrupt memory record (kind, protection or flags)", img->file);
+	if (!page_aligned(v->pgoff) || v->pgoff > UINT64_MAX / 2 ||
+	    v->sysv_size > UINT64_MAX / 2)
+		die("%s: corrupt memory record (file offset)", img->file);
+	/* page data: page-aligned, after the record's own fields, inside the record */
+	if (v->data_offset < off || v->data_offset - off > size || v->data_size > size ||
+	    v->data_offset - off > size - v->data_size || !page_aligned(v->data_offset) ||
+	    v->data_offset - off < sizeof(*v) + v->path_len +
+					   (v->nruns + v->nguards) * sizeof(struct ckpt_run))
+		die("%s: corrupt memory record (page data)", img->file);
+}
+
 static void load_vma(struct image *img, uint64_t off, uint64_t size)
 {
 	struct loaded_vma *lv;
-	size_t meta;
+	int64_t run_bytes;
 
 	if (img->nvmas == img->max_vmas || img->nvmas == MAX_VMAS)
 		die("%s: too many memory regions", img->file);
@@ -140,27 +197,41 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	if (size < sizeof(lv->v))
 		die("%s: corrupt memory record", img->file);
 	read_exact_at(img, &lv->v, sizeof(lv->v), off);
-	meta = lv->v.path_len + (lv->v.nruns + lv->v.nguards) * sizeof(struct ckpt_run);
-	if (lv->v.nruns > size / sizeof(struct ckpt_run) ||
-	    lv->v.nguards > size / sizeof(struct ckpt_run) || sizeof(lv->v) + meta > size ||
-	    lv->v.end <= lv->v.start || lv->v.data_offset + lv->v.data_size > off + size)
-		die("%s: corrupt memory record", img->file);
+	check_vma_fields(img, &lv->v, off, size);
 	if (lv->v.start < CKPT_RESERVE_END && lv->v.end > CKPT_RESERVE_START &&
 	    lv->v.kind != CKPT_VMA_VDSO)
 		die("%s: a memory region overlaps the restart range", img->file);
+	if (img->nvmas > 1 && lv->v.start < img->vmas[img->nvmas - 2].v.end)
+		die("%s: corrupt memory record (regions out of order or overlapping)", img->file);
 	lv->path = read_payload(img, lv->v.path_len, off + sizeof(lv->v));
 	lv->runs = read_payload(img, lv->v.nruns * sizeof(struct ckpt_run),
 				off + sizeof(lv->v) + lv->v.path_len);
 	lv->guards = read_payload(img, lv->v.nguards * sizeof(struct ckpt_run),
 				  off + sizeof(lv->v) + lv->v.path_len +
 				  lv->v.nruns * sizeof(struct ckpt_run));
-	for (uint64_t i = 0; i < lv->v.nguards; i++)
-		if (lv->guards[i].offset + lv->guards[i].npages * CKPT_PAGE_SIZE >
-		    lv->v.end - lv->v.start)
-			die("%s: corrupt memory record (guard pages)", img->file);
+	run_bytes = check_runs(lv->runs, lv->v.nruns, lv->v.end - lv->v.start);
+	if (run_bytes < 0 || (uint64_t)run_bytes != lv->v.data_size)
+		die("%s: corrupt memory record (runs of saved pages)", img->file);
+	if (check_runs(lv->guards, lv->v.nguards, lv->v.end - lv->v.start) < 0)
+		die("%s: corrupt memory record (guard pages)", img->file);
 	if (lv->v.nguards && !guards_supported())
 		die("%s: the process has guard pages (MADV_GUARD_INSTALL), which this kernel "
 		    "cannot install (Linux 6.13 or later can)", img->file);
+}
+
+/* The fixed part of an fd record: numbers and lengths used as indexes. */
+static void check_fd_fields(struct image *img, const struct ckpt_fd *f)
+{
+	if (f->fd < 0 || f->fd >= (1 << 20) || f->dup_of < -1 || f->dup_of == f->fd)
+		die("%s: corrupt fd record (fd %d, dup of %d)", img->file, f->fd, f->dup_of);
+	if (f->kind < CKPT_FD_FILE || f->kind > CKPT_FD_FIFO || f->path_len >= CKPT_PATH_MAX)
+		die("%s: corrupt fd record for fd %d (kind or path)", img->file, f->fd);
+	if (f->sock_local.len > sizeof(f->sock_local.addr) ||
+	    f->sock_peer.len > sizeof(f->sock_peer.addr) || f->nsock_opts > CKPT_SOCK_OPTS)
+		die("%s: corrupt fd record for fd %d (socket addresses or options)", img->file, f->fd);
+	for (unsigned i = 0; i < f->nsock_opts; i++)
+		if (f->sock_opts[i].len > sizeof(f->sock_opts[i].value))
+			die("%s: corrupt fd record for fd %d (socket option)", img->file, f->fd);
 }
 
 static void load_fd(struct image *img, uint64_t off, uint64_t size)
@@ -175,12 +246,65 @@ static void load_fd(struct image *img, uint64_t off, uint64_t size)
 		die("%s: corrupt fd record", img->file);
 	payload = read_payload(img, size, off);
 	memcpy(&lf->f, payload, sizeof(lf->f));
-	if (sizeof(lf->f) + lf->f.path_len + lf->f.data_size != size)
+	/* path and data fill the record exactly (subtracted: no overflow) */
+	if (lf->f.path_len > size - sizeof(lf->f) ||
+	    lf->f.data_size != size - sizeof(lf->f) - lf->f.path_len)
 		die("%s: corrupt fd record", img->file);
+	check_fd_fields(img, &lf->f);
+	for (unsigned i = 0; i + 1 < img->nfds; i++)
+		if (img->fds[i].f.fd == lf->f.fd)
+			die("%s: corrupt fd records (fd %d twice)", img->file, lf->f.fd);
 	lf->path = arena_alloc(lf->f.path_len + 1);
 	memcpy((char *)lf->path, payload + sizeof(lf->f), lf->f.path_len);
 	((char *)lf->path)[lf->f.path_len] = '\0';
 	lf->data = payload + sizeof(lf->f) + lf->f.path_len;
+}
+
+static int has_nul(const char *s, size_t len)
+{
+	return memchr(s, '\0', len) != NULL;
+}
+
+/* The process record: counts inside their arrays, strings ended, the mm
+ * fields PR_SET_MM_MAP takes after the point of no return in order. */
+static void check_process(struct image *img, const struct ckpt_process *p)
+{
+	if (p->auxv_words > CKPT_AUXV_WORDS || p->nzombies > CKPT_MAX_ZOMBIES ||
+	    !has_nul(p->cwd, sizeof(p->cwd)) || !has_nul(p->exe, sizeof(p->exe)))
+		die("%s: corrupt process record", img->file);
+	if (p->start_code > p->end_code || p->start_data > p->end_data ||
+	    p->start_brk > p->brk || p->arg_start > p->arg_end || p->env_start > p->env_end ||
+	    p->end_code >= USER_SPACE_END || p->end_data >= USER_SPACE_END ||
+	    p->brk >= USER_SPACE_END || p->start_stack >= USER_SPACE_END ||
+	    p->arg_end >= USER_SPACE_END || p->env_end >= USER_SPACE_END)
+		die("%s: corrupt process record (memory layout)", img->file);
+}
+
+/* The main thread is there once, and the shim's restart info, written
+ * after the memory is back, lies in a writable region of the image. */
+static void check_threads_and_info(struct image *img)
+{
+	uint64_t info = img->hdr.restart_info, end = info + sizeof(struct ckpt_restart_info);
+	unsigned leaders = 0;
+	int inside = 0;
+
+	for (unsigned i = 0; i < img->nthreads; i++) {
+		if (img->threads[i].tid <= 0)
+			die("%s: corrupt thread record (tid %d)", img->file, img->threads[i].tid);
+		leaders += img->threads[i].tid == img->hdr.pid;
+	}
+	if (leaders != 1)
+		die("%s: corrupt image (%u main threads for pid %d)", img->file, leaders,
+		    img->hdr.pid);
+	for (unsigned i = 0; i < img->nvmas && !inside; i++) {
+		const struct ckpt_vma *v = &img->vmas[i].v;
+
+		inside = info >= v->start && end > info && end <= v->end &&
+			 (v->prot & PROT_WRITE) && v->kind != CKPT_VMA_VDSO;
+	}
+	if (!inside || info % _Alignof(struct ckpt_restart_info))
+		die("%s: corrupt image header (restart info at %#llx is not in a writable region)",
+		    img->file, (unsigned long long)info);
 }
 
 static void load_records(struct image *img, uint64_t file_size)
@@ -201,6 +325,7 @@ static void load_records(struct image *img, uint64_t file_size)
 			if (rec.size != sizeof(*img->proc))
 				die("%s: corrupt process record", img->file);
 			img->proc = read_payload(img, rec.size, off);
+			check_process(img, img->proc);
 			break;
 		case CKPT_REC_THREAD:
 			if (rec.size != sizeof(struct ckpt_thread) || img->nthreads == img->max_threads)
@@ -247,11 +372,17 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	memset(img, 0, sizeof(*img));
 	img->file = path;
 	/* restore_fds() moves it above every fd number of the image */
-	img->fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* never through a symbolic link out of the checkpoint directory, and
+	 * never blocked on a FIFO in the image's place */
+	img->fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (img->fd < 0 && errno == ELOOP)
+		die("%s: is a symbolic link, not an image", path);
 	if (img->fd < 0)
 		die("%s: %s", path, strerror(errno));
 	if (fstat(img->fd, &st))
 		die("%s: %s", path, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		die("%s: not a regular file", path);
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
 	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
@@ -270,4 +401,5 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	load_records(img, st.st_size);
 	if (!img->proc || !img->nthreads)
 		die("%s: image has no process or thread record", path);
+	check_threads_and_info(img);
 }

@@ -27,6 +27,14 @@ void set_error_fd(int fd)
 	error_fd = fd;
 }
 
+/* One line, whatever a path from an image holds: control bytes become '?'. */
+static void one_line(char *s, int n)
+{
+	for (int i = 0; i < n; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			s[i] = '?';
+}
+
 void die(const char *fmt, ...)
 {
 	char line[1024];
@@ -38,6 +46,7 @@ void die(const char *fmt, ...)
 	va_end(ap);
 	if (n > (int)sizeof(line) - 2)
 		n = sizeof(line) - 2;
+	one_line(line, n);
 	line[n++] = '\n';
 	sys3(SYS_write, error_fd, line, n);
 	if (on_failure)
@@ -57,6 +66,7 @@ void warn(const char *fmt, ...)
 	va_end(ap);
 	if (n > (int)sizeof(line) - 2)
 		n = sizeof(line) - 2;
+	one_line(line, n);
 	line[n++] = '\n';
 	sys3(SYS_write, error_fd, line, n);
 }

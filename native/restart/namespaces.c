@@ -82,6 +82,9 @@ int run_init(int (*init_main)(void))
 	if (init < 0)
 		die("cannot fork: %s", strerror(errno));
 	if (init == 0) {
+		/* the namespace ends with us: a ckpt-restart killed half way
+		 * leaves no partly restored process running */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		mount_proc();
 		_exit(init_main());
 	}
