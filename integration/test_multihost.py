@@ -85,7 +85,8 @@ class Job:
         while word not in self.out.read_text(errors="replace"):
             assert self.proc.poll() is None or word in self.out.read_text(errors="replace"), \
                 f"job ended before {word!r}: {self.err.read_text(errors='replace')}"
-            assert time.monotonic() < deadline, f"no {word!r} within {timeout} s"
+            assert time.monotonic() < deadline, \
+                f"no {word!r} within {timeout} s: {self.err.read_text(errors='replace')[-2000:]}"
             time.sleep(0.1)
 
     def finish(self, kill_host="h2"):
