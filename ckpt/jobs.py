@@ -180,6 +180,20 @@ def forget_shared(entry):
         _unlink(shared)
 
 
+def forget_job(job_id):
+    """For a caller that knows job_id runs nowhere (Slurm runs a job id once
+    at a time: a requeued run's predecessor is over, even if its host died
+    and cannot say so): its shared entry and that entry's secret go."""
+    try:
+        shared = _entry_path(job_id, shared_state_dir())
+    except (CkptError, OSError):
+        return
+    entry = _read_entry(shared)
+    if entry is not None:
+        forget_shared(entry)
+    _unlink(shared)
+
+
 def coordinator_gone(entry):
     """Whether another host's job surely ended: nothing listens on its
     coordinator's port, or what does cannot prove the job's secret.  A

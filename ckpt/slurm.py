@@ -22,7 +22,7 @@ import sys
 import time
 
 from ckpt.errors import CkptError
-from ckpt.jobs import this_host
+from ckpt.jobs import forget_job, this_host
 from ckpt.manifest import read_manifest, resolve_checkpoint
 
 
@@ -174,6 +174,8 @@ def run(command, config):
     job_id = slurm_job_id()
     signals = SlurmSignals(job_id)
     job_dir = config.ckpt_dir / job_id
+    if restart_count() > 0:
+        forget_job(job_id)   # the run before this one is over, even if its host died
     latest = latest_checkpoint(job_dir) if restart_count() > 0 else None
     if latest is not None:
         taken_of = read_manifest(latest).get("command") or []

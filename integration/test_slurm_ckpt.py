@@ -313,3 +313,26 @@ def test_srun_as_the_command_runs_its_tasks_inside_the_job(slurm, jobs):
     text = job.text()
     assert len(expected) == 1 and job.results() == expected * 4, text
     assert text.count("PASS") == 4 and "checkpoint /" in text, text
+
+
+def test_batch_host_failure_requeues_and_restarts_without_it(slurm, jobs):
+    """h2, where the batch script and the coordinator run (slurmctld is on
+    h1), dies: Slurm requeues the job (NODE_FAIL), and the requeued run, on
+    other nodes, restarts from the latest periodic checkpoint (its dead
+    predecessor's registry entry is no obstacle)."""
+    args = (2500, 20)
+    job = jobs("openmpi", args, ckpt_options=["--interval", "3"]).submit(exclude=("h1", "h4"))
+    job.wait_text("READY")
+    job.wait_checkpoints(2)
+    assert job.wait_running(0) == ["h2", "h3"]
+    try:
+        slurm.cluster.kill_all("h2")
+        job.wait_pending(1)
+        job.keep_off(["h2"])
+        assert "h2" not in job.wait_running(1)
+        job.finish()
+    finally:
+        slurm.revive("h2")
+    text = job.text()
+    assert "requeued run 1: restarting from" in text, text
+    assert job.results() == reference(slurm, "openmpi", args), text

@@ -98,3 +98,16 @@ def test_another_hosts_coordinator_is_gone_when_its_port_is_refused(state):
         listener.listen()
         other = jobs.JobEntry(**{**gone.__dict__, "address": f"127.0.0.1:{listener.getsockname()[1]}"})
         assert not jobs.coordinator_gone(dataclasses.replace(other, secret_file=str(state / "none")))
+
+
+def test_forget_job_removes_an_unreachable_hosts_entry_and_secret(state, monkeypatch):
+    shared = state / "shared"
+    monkeypatch.setenv("CKPT_SHARED_STATE_DIR", str(shared))
+    secret = state / ".secret-deadhost-12"
+    secret.write_bytes(os.urandom(32))
+    gone = jobs.JobEntry(job_id="77", socket="", launcher_pid=12, command=[], ckpt_dir="/x",
+                         host="deadhost", address="198.51.100.1:9", secret_file=str(secret))
+    shared.mkdir(mode=0o700)
+    (shared / "77.json").write_text(json.dumps(gone.__dict__))
+    jobs.forget_job("77")
+    assert not (shared / "77.json").exists() and not secret.exists()
