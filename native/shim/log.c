@@ -10,16 +10,18 @@
 #include <unistd.h>
 #include "shim.h"
 
-/* The checkpoint thread's own fd 2 is /dev/null: it reaches the
- * application's stderr through /proc (at the end of a file: O_APPEND). */
+/* The checkpoint thread's own fd 2 is /dev/null: it writes through a
+ * copy of the application's fd 2, so a file's offset moves on as if the
+ * application wrote the line (a file opened again through /proc has an
+ * offset of its own: the application's next write would cover the line). */
 static void write_stderr(const char *line, size_t n)
 {
 	int fd = STDERR_FILENO;
 
 	if (checkpointer_is_current()) {
-		fd = open("/proc/self/fd/2", O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC);
-		if (fd < 0)	/* a socket cannot be opened by path */
-			fd = app_getfd(STDERR_FILENO);
+		fd = app_getfd(STDERR_FILENO);
+		if (fd < 0)	/* no pidfd_getfd: at the end of the file */
+			fd = open("/proc/self/fd/2", O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC);
 	}
 	if (fd < 0)
 		return;
