@@ -269,24 +269,32 @@ def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jo
     assert job.results() == reference(slurm, "openmpi", args), text
 
 
+def _a_node_dies(slurm, job, nodes, dies):
+    """job runs on nodes (its first the batch host) with periodic
+    checkpoints; dies loses everything (slurmd too); the requeued job is
+    kept off it, finishes, and the node comes back.  The job's output."""
+    job.submit(exclude=[h for h in slurm.cluster.names if h not in nodes])
+    job.wait_text("READY")
+    job.wait_checkpoints(2)
+    assert job.wait_running(0) == list(nodes)
+    try:
+        slurm.cluster.kill_all(dies)
+        job.wait_pending(1)
+        job.keep_off([dies])
+        assert dies not in job.wait_running(1)
+        job.finish()
+    finally:
+        slurm.revive(dies)
+    return job.text()
+
+
 def test_node_failure_requeues_and_restarts_on_the_nodes_left(slurm, jobs):
     """h2 dies (slurmd and every process there killed): the job fails on
     h1, waits for Slurm to find h2 down (NODE_FAIL), which requeues it; it
     restarts from the latest periodic checkpoint on nodes without h2."""
     args = (2500, 20)
-    job = jobs("openmpi", args, ckpt_options=["--interval", "3"]).submit()
-    job.wait_text("READY")
-    job.wait_checkpoints(2)
-    assert job.wait_running(0) == ["h1", "h2"]
-    try:
-        slurm.cluster.kill_all("h2")
-        job.wait_pending(1)
-        job.keep_off(["h2"])     # it was kept off h3, h4 so far
-        assert "h2" not in job.wait_running(1)
-        job.finish()
-    finally:
-        slurm.revive("h2")
-    text = job.text()
+    job = jobs("openmpi", args, ckpt_options=["--interval", "3"])
+    text = _a_node_dies(slurm, job, nodes=("h1", "h2"), dies="h2")
     assert "lost host h2" in text and "NODE FAILURE" in text, text
     assert job.results() == reference(slurm, "openmpi", args), text
 
@@ -321,18 +329,7 @@ def test_batch_host_failure_requeues_and_restarts_without_it(slurm, jobs):
     other nodes, restarts from the latest periodic checkpoint (its dead
     predecessor's registry entry is no obstacle)."""
     args = (2500, 20)
-    job = jobs("openmpi", args, ckpt_options=["--interval", "3"]).submit(exclude=("h1", "h4"))
-    job.wait_text("READY")
-    job.wait_checkpoints(2)
-    assert job.wait_running(0) == ["h2", "h3"]
-    try:
-        slurm.cluster.kill_all("h2")
-        job.wait_pending(1)
-        job.keep_off(["h2"])
-        assert "h2" not in job.wait_running(1)
-        job.finish()
-    finally:
-        slurm.revive("h2")
-    text = job.text()
+    job = jobs("openmpi", args, ckpt_options=["--interval", "3"])
+    text = _a_node_dies(slurm, job, nodes=("h2", "h3"), dies="h2")
     assert "requeued run 1: restarting from" in text, text
     assert job.results() == reference(slurm, "openmpi", args), text
