@@ -187,7 +187,20 @@ class Restart:
                                      text=True)
 
     def wait(self, timeout=300):
-        out, err = self.proc.communicate(timeout=timeout)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # a hung restart must not outlive the test: it and what it restored
+            import psutil
+            for proc in psutil.Process(self.proc.pid).children(recursive=True) + \
+                    [psutil.Process(self.proc.pid)]:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            self.proc.communicate()
+            reap_orphans()
+            raise
         reap_orphans()
         self.stdout, self.stderr = out, err
         return self.proc.returncode
