@@ -107,10 +107,11 @@ def _pidns_pids(init_pid):
     return pids
 
 
-def _kill(pids):
+def kill_pids(pids, sig=signal.SIGKILL):
+    """Signal every pid; one that is gone already is no error."""
     for p in pids:
         try:
-            os.kill(p, signal.SIGKILL)
+            os.kill(p, sig)
         except ProcessLookupError:
             pass
 
@@ -147,7 +148,7 @@ def _clean(cid):
             pids = _netns_pids(n)
             if not pids:
                 break
-            _kill(pids)
+            kill_pids(pids)
             time.sleep(0.05)
         _sh("ip", "netns", "del", n, check=False)
     for link in _our_links(cid):
@@ -355,7 +356,7 @@ class Cluster:
             return
         for h in self.hosts:
             if h.init_pid:
-                _kill(_pidns_pids(h.init_pid) + [h.init_pid])
+                kill_pids(_pidns_pids(h.init_pid) + [h.init_pid])
             if h.holder:
                 try:
                     h.holder.kill()
@@ -418,7 +419,7 @@ class Cluster:
             pids = [p for p in self.processes(h) if p != sshd]
             if not pids:
                 break
-            _kill(pids)
+            kill_pids(pids)
             time.sleep(0.05)
         _drop_stale_rehash_lock()
 
@@ -592,7 +593,7 @@ def _main(argv):
         if a.cmd == "down":
             t = time.monotonic()
             for h in c.hosts:
-                _kill(_pidns_pids(h.init_pid) + [h.init_pid])
+                kill_pids(_pidns_pids(h.init_pid) + [h.init_pid])
             time.sleep(0.1)
             _clean(cid)
             shutil.rmtree(c.dir, ignore_errors=True)

@@ -306,12 +306,8 @@ class SlurmCluster:
     def _kill_slurm(self, host):
         """SIGTERM the daemons (they end their steps), then SIGKILL whatever
         of Slurm or its jobs is left on the host (everything but sshd)."""
-        daemons = [p for p in self._slurm_pids(host)]
-        for pid in daemons:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        daemons = self._slurm_pids(host)
+        cluster_mod.kill_pids(daemons, signal.SIGTERM)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(_running(p) for p in daemons):
             time.sleep(0.05)
@@ -319,11 +315,7 @@ class SlurmCluster:
             left = self._slurm_pids(host) + self.job_processes(host)
             if not left:
                 return
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            cluster_mod.kill_pids(left)
             time.sleep(0.05)
 
     def _slurm_pids(self, host):

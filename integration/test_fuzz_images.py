@@ -26,6 +26,7 @@ from ckpt.image import verify_checkpoint
 from ckpt.manifest import read_manifest, resolve_checkpoint
 from ckpt.native import restart_binary
 from ckpt.restart import restart_command
+from cluster import kill_pids
 from harness import APPS, Job, reap_orphans, restart_and_finish
 from image_fuzz import Fuzzer, write_mutant
 
@@ -64,11 +65,7 @@ def kill_leftovers(grace=2.0):
         reap_orphans()
         time.sleep(0.01)
     pids = leftover_processes()
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_pids(pids)
     deadline = time.monotonic() + 10
     while leftover_processes() and time.monotonic() < deadline:
         reap_orphans()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster import kill_pids
 from harness import REPO
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
@@ -156,8 +157,7 @@ def jobs(slurm, request):
     if problems:
         slurm.run("h1", ["scancel", "--user=root"])
         for host in slurm.cluster.names:
-            for pid in slurm.job_processes(host):
-                _kill(pid)
+            kill_pids(slurm.job_processes(host))
     assert not problems, f"{problems}\n{slurm.logs()}"
     for job in made:
         used = job.checkpoints_named()
@@ -185,13 +185,6 @@ def _leftovers(slurm, timeout):
         if not problems or time.monotonic() > deadline:
             return problems
         time.sleep(0.5)
-
-
-def _kill(pid):
-    try:
-        os.kill(pid, 9)
-    except OSError:
-        pass
 
 
 def _cmdline(pid):
