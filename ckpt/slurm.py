@@ -174,16 +174,17 @@ def run(command, config):
     job_id = slurm_job_id()
     signals = SlurmSignals(job_id)
     job_dir = config.ckpt_dir / job_id
-    if restart_count() > 0:
+    restarts = restart_count()
+    if restarts > 0:
         forget_job(job_id)   # the run before this one is over, even if its host died
-    latest = latest_checkpoint(job_dir) if restart_count() > 0 else None
+    latest = latest_checkpoint(job_dir) if restarts > 0 else None
     if latest is not None:
         taken_of = read_manifest(latest).get("command") or []
         if list(taken_of) != list(command):
             raise CkptError(f"{latest} is a checkpoint of another command "
                             f"({' '.join(taken_of)}); not restarting it as this job",
                             exit_code=2)
-        _say(f"job {job_id}: requeued run {restart_count()}: restarting from {latest}")
+        _say(f"job {job_id}: requeued run {restarts}: restarting from {latest}")
         status = restart(latest, lambda _ckpt_dir: config, allocation_hosts(),
                          launcher="srun", on_session=signals.attach)
     else:
