@@ -1,6 +1,7 @@
 """One checkpoint of a job: SUSPEND, DRAIN, FLUSH, WRITE, RESUME as barriers, then
 the manifest and the atomic publication of <job-dir>/ckpt-NNNN."""
 
+import asyncio
 import errno
 import os
 import secrets
@@ -30,6 +31,16 @@ def prepare_directory(job_dir):
     except OSError as exc:
         raise CkptError(f"cannot write checkpoint directory {job_dir}: {exc.strerror}")
     return number, tmp
+
+
+def _exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _pids(text):
@@ -86,7 +97,7 @@ class CheckpointRun:
             if self.forked:
                 # the children write while the job runs; a process that fell
                 # back to writing in place answered WRITE with the file keys
-                synced = await self._phase("SYNC")
+                synced = await self._sync(written)
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
             taken_part = set(self.procs)
@@ -113,6 +124,43 @@ class CheckpointRun:
         if not self.procs:
             raise PhaseError("every process of the job exited during the checkpoint")
         return answers
+
+    async def _sync(self, written):
+        """SYNC: the forked writers' results.  A process gone since RESUME
+        (it exited, execed or was killed) left its writer running, which
+        leaves the result next to the image."""
+        answers, gone = await self.coord.barrier("SYNC", self.procs, seq=self.number)
+        for proc in gone:
+            keys = await self._result_left(proc, written.get(proc, {}))
+            if keys is None:
+                self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
+            else:
+                answers[proc] = keys
+        self.procs = [p for p in self.procs if p in answers]
+        if not self.procs:
+            raise PhaseError("every process of the job exited during the checkpoint")
+        return answers
+
+    async def _result_left(self, proc, write_keys):
+        """The DONE keys in <image>.done once its writer is through; None if
+        it never gets there."""
+        if "forked" not in write_keys:  # written in place: complete already
+            return {}
+        done = self.tmp / f"{write_keys.get('file', '')}.done"
+        writer = write_keys["forked"]
+        deadline = time.monotonic() + self.coord.barrier_timeout
+        while time.monotonic() < deadline:
+            # a writer on this host that is gone and left nothing failed
+            given_up = proc.agent is None and writer.isdigit() and not _exists(int(writer))
+            try:
+                text = done.read_text()
+            except OSError:
+                if given_up:
+                    return None
+                await asyncio.sleep(0.02)
+                continue
+            return dict(word.split("=", 1) for word in text.split() if "=" in word)
+        return None
 
     async def _take_in_newcomers(self, suspended):
         """Every process is parked now, but some joined after the barriers

@@ -46,6 +46,15 @@ class CkptGroup(click.Group):
             ctx.exit(1)
 
 
+KEEP = click.option("--keep", metavar="K",
+                    help="Keep the newest K checkpoints of the job; older ones are deleted once "
+                         "a newer one is published (default: all).")
+WRITE_MODE = click.option(
+    "--forked/--in-place", default=None,
+    help="How the job's checkpoints are written: by a copy-on-write child of each process "
+         "while the job runs on (default), or with the job stopped until they are.")
+
+
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckpt")
 def main():
@@ -56,21 +65,23 @@ def main():
 @click.option("--job-id", help="Job id (default: <host>-<random>).")
 @click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
-@click.option("--forked", is_flag=True, default=None,
-              help="Periodic checkpoints are written by a copy-on-write child.")
+@KEEP
+@WRITE_MODE
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(job_id, ckpt_dir, interval, forked, command):
+def launch(job_id, ckpt_dir, interval, keep, forked, command):
     """Run COMMAND in the foreground under the checkpoint shim."""
     from ckpt.launch import launch as run_launch
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval, forked_write=forked)
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked)
     sys.exit(run_launch(list(command), config, job_id))
 
 
 @main.command()
 @click.argument("job_id")
 @click.option("--kill", is_flag=True, help="Kill the job once the checkpoint is written.")
-@click.option("--forked", is_flag=True,
-              help="A copy-on-write child writes the image; the job resumes at once.")
+@click.option("--forked/--in-place", default=None,
+              help="A copy-on-write child of each process writes its image while the job "
+                   "runs on (the job's default: forked), or the job stays stopped until "
+                   "every image is written.")
 def checkpoint(job_id, kill, forked):
     """Checkpoint a running job; prints the checkpoint directory."""
     path, warnings = client.checkpoint(job_id, kill=kill, forked=forked)
@@ -220,13 +231,13 @@ def slurm():
                                              "allow_interspersed_args": False})
 @click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
-@click.option("--forked", is_flag=True, default=None,
-              help="Periodic checkpoints are written by a copy-on-write child.")
+@KEEP
+@WRITE_MODE
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def slurm_run(ckpt_dir, interval, forked, command):
+def slurm_run(ckpt_dir, interval, keep, forked, command):
     """The batch script's last command: launch COMMAND, or restart it from
     its latest checkpoint when Slurm requeued the job; USR1 checkpoints and
     requeues it."""
     from ckpt.slurm import run as run_slurm
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval, forked_write=forked)
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked)
     sys.exit(run_slurm(list(command), config))

@@ -54,9 +54,10 @@ def request(job, command, timeout=None):
     raise CkptError(f"job {job.job_id}: the job ended before the coordinator answered")
 
 
-def checkpoint(job_id, kill=False, forked=False):
-    """Returns (checkpoint dir, warnings)."""
-    words = ["CHECKPOINT"] + (["kill"] if kill else []) + (["forked"] if forked else [])
+def checkpoint(job_id, kill=False, forked=None):
+    """Returns (checkpoint dir, warnings); forked None: the job's default."""
+    mode = {True: ["forked"], False: ["inplace"], None: []}[forked]
+    words = ["CHECKPOINT"] + (["kill"] if kill else []) + mode
     value = request(find_job(job_id), " ".join(words))
     path, *warnings = value.split(" ")
     return unescape(path), [unescape(w) for w in warnings]

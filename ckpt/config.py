@@ -25,7 +25,7 @@ class Config:
     interval: float = 0.0          # seconds between periodic checkpoints; 0 = off
     barrier_timeout: float = 120.0  # seconds each phase may take
     keep: int = 0                  # checkpoints kept per job; 0 = all
-    forked_write: bool = False     # a copy-on-write child writes; the job resumes at once
+    forked_write: bool = True      # a copy-on-write child writes; the job resumes at once
 
 
 def default_config():

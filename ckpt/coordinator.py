@@ -432,8 +432,8 @@ class Coordinator:
         command, *args = rest.split() or [""]
         if command == "CHECKPOINT":
             # shielded: a client that goes away does not cut a checkpoint short
-            task = self._spawn(self.checkpoint(kill="kill" in args,
-                                               forked=True if "forked" in args else None))
+            forked = True if "forked" in args else False if "inplace" in args else None
+            task = self._spawn(self.checkpoint(kill="kill" in args, forked=forked))
             try:
                 path, warnings = await asyncio.shield(task)
                 answer = " ".join(["OK", escape(path)] + [escape(w) for w in warnings])

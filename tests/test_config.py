@@ -10,7 +10,8 @@ from ckpt.errors import CkptError
 def config_file(tmp_path, monkeypatch):
     path = tmp_path / "config.yaml"
     monkeypatch.setenv("CKPT_CONFIG", str(path))
-    for name in ("CKPT_DIR", "CKPT_INTERVAL", "CKPT_BARRIER_TIMEOUT", "CKPT_KEEP"):
+    for name in ("CKPT_DIR", "CKPT_INTERVAL", "CKPT_BARRIER_TIMEOUT", "CKPT_KEEP",
+                 "CKPT_FORKED_WRITE"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -22,6 +23,15 @@ def test_defaults_without_file(config_file, tmp_path, monkeypatch):
     assert config.interval == 0
     assert config.barrier_timeout == 120
     assert config.keep == 0
+    assert config.forked_write  # the job runs on while its images are written
+
+
+def test_in_place_from_file_env_or_flag(config_file, monkeypatch):
+    config_file.write_text("forked_write: no\n")
+    assert not load_config().forked_write
+    monkeypatch.setenv("CKPT_FORKED_WRITE", "yes")
+    assert load_config().forked_write
+    assert not load_config(forked_write=False).forked_write
 
 
 def test_file_then_env_then_flags(config_file, monkeypatch):

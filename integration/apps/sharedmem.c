@@ -1,7 +1,9 @@
 /* Memory and files the process did not touch itself: a MAP_SHARED
  * anonymous region, a memfd written with pwrite and mapped shared, a
  * private map of a file unlinked afterwards and only partly read, and two
- * fds sharing one open file (dup) with one offset. */
+ * fds sharing one open file (dup) with one offset.  And shared memory that
+ * changes at every step, in step with the stack: an image must hold it as
+ * it was when the process stopped, not as a writer finds it later. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <string.h>
@@ -10,6 +12,19 @@
 
 #define MIB (1 << 20)
 #define PAGES 4
+#define STAMPED (32 * MIB)
+
+/* Every page of the stamped region holds the last step, checked first. */
+static void stamp(char *region, long step)
+{
+	for (size_t off = 0; off < STAMPED; off += 4096) {
+		long *slot = (long *)(region + off);
+
+		zdtm_check(*slot == step - 1, "shared page %zu holds step %ld at step %ld", off / 4096,
+			   *slot, step);
+		*slot = step;
+	}
+}
 
 static void fill(char *p, size_t len, uint64_t seed)
 {
@@ -34,7 +49,7 @@ static int same(const char *p, size_t len, uint64_t seed)
 int main(int argc, char **argv)
 {
 	long steps = 200, pace = 10;
-	char *shared, *memfd_map, *deleted_map, buf[PAGES * 4096];
+	char *shared, *memfd_map, *deleted_map, *stamped, buf[PAGES * 4096];
 	int memfd, f, log, log2;
 	uint64_t hash = 0;
 
@@ -43,6 +58,10 @@ int main(int argc, char **argv)
 		zdtm_check(chdir(argv[3]) == 0, "chdir");
 	shared = mmap(NULL, 8 * MIB, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	fill(shared, 4 * MIB, 1);		/* half touched, half never */
+	stamped = mmap(NULL, STAMPED, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	zdtm_check(stamped != MAP_FAILED, "mmap stamped");
+	for (size_t off = 0; off < STAMPED; off += 4096)
+		*(long *)(stamped + off) = -1;
 
 	memfd = memfd_create("ckpt-test", 0);
 	fill(buf, sizeof(buf), 2);
@@ -71,6 +90,7 @@ int main(int argc, char **argv)
 		snprintf(rec, sizeof(rec), "%015ld\n", step);
 		zdtm_check(write(step % 2 ? log2 : log, rec, 16) == 16, "write log");
 		shared[4 * MIB + step] = (char)step;	/* the untouched half, a bit */
+		stamp(stamped, step);
 		zdtm_pace(pace);
 	}
 	zdtm_check(lseek(log, 0, SEEK_CUR) == steps * 16 && lseek(log2, 0, SEEK_CUR) == steps * 16,

@@ -83,7 +83,7 @@ static void write_image(char *dir, unsigned seq, int forked)
 
 	unescape(dir);
 	if (forked)
-		err = image_write_forked(dir, &self_rec, detail, sizeof(detail));
+		err = image_write_forked(dir, seq, &self_rec, detail, sizeof(detail));
 	if (err == EAGAIN)	/* not forked, or not possible: write in place */
 		err = image_write_now(dir, seq, &self_rec, detail, sizeof(detail));
 	reply(CKPT_PHASE_WRITE, err, detail);

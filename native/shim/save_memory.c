@@ -43,6 +43,8 @@ struct mem_saver {
 	struct image_writer *w;
 	const char *shared_key;
 	const struct fd_table *fds;	/* as the process stopped */
+	const struct shm_snapshot *shm;	/* a forked writer's shared memory */
+	const char *copy;		/* the window's copy in it, or NULL */
 	int pagemap_fd;
 	uint64_t *pagemap;		/* WINDOW_PAGES entries */
 	struct ckpt_run *runs;		/* WINDOW_PAGES / 2 + 1 entries */
@@ -267,7 +269,8 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 			s->copied++;
 		if (s->pagemap[i] & PM_GUARD)
 			add_to_runs(s->guards, &s->nguards, addr - start);
-		else if (wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
+		else if (s->copy ? !page_is_zero(s->copy + (addr - start)) :
+			 wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
 			add_to_runs(s->runs, &nruns, addr - start);
 	}
 	return nruns;
@@ -349,6 +352,16 @@ static int saved_elsewhere(const struct mem_saver *s, const struct ckpt_vma *v)
 	return kv_claim(key, value, owner, sizeof(owner)) == EEXIST && atoi(owner) != getpid();
 }
 
+/* Whether another process saves this window: a forked writer's parent
+ * asked before the fork (snapshot_shared_memory). */
+static int window_elsewhere(struct mem_saver *s, const struct ckpt_vma *v)
+{
+	const struct shm_window *w = shm_snapshot_find(s->shm, v->start, v->end);
+
+	s->copy = w ? w->copy : NULL;
+	return w ? w->elsewhere : saved_elsewhere(s, v);
+}
+
 static int save_window(struct mem_saver *s, const struct region *r, uint64_t start,
 		       uint64_t end)
 {
@@ -371,7 +384,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	int err;
 
 	s->nguards = 0;
-	if (saved_elsewhere(s, &v)) {
+	if (window_elsewhere(s, &v)) {
 		v.flags |= CKPT_VMA_PAGES_ELSEWHERE;
 		err = find_guards(s, start, end);
 		if (err)
@@ -429,7 +442,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		void *p = (void *)(start + s->runs[i].offset);
 		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
 
-		if (copied_kind(r->kind))
+		if (s->copy)
+			err = iw_direct(s->w, s->copy + s->runs[i].offset, len);
+		else if (copied_kind(r->kind))
 			err = write_copied(s->w, (uint64_t)p, len);
 		else
 			err = ours ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
@@ -526,9 +541,10 @@ static ssize_t read_maps(char *buf, size_t size)
 	return len;
 }
 
-int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds)
+int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds,
+		const struct shm_snapshot *shm)
 {
-	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds };
+	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds, .shm = shm };
 	char *maps = scratch_map(MAPS_MAX);
 	size_t pm_size = WINDOW_PAGES * 8;
 	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);
@@ -571,4 +587,58 @@ out:
 	if (maps)
 		scratch_unmap(maps, MAPS_MAX);
 	return err;
+}
+
+/* The windows of one shared-memory region, as save_region cuts them. */
+static int snapshot_region(struct mem_saver *s, struct shm_snapshot *set, struct region *r)
+{
+	uint64_t step = WINDOW_PAGES * CKPT_PAGE_SIZE;
+	int err = 0;
+
+	r->kind = classify(r);
+	if (!shared_memory_kind(r->kind))
+		return 0;
+	for (uint64_t a = r->start, end; !err && a < r->end; a = end) {
+		struct ckpt_vma v = { .start = a, .kind = r->kind,
+				      .shm_id = shim_object_id(r->dev, r->inode) };
+
+		end = a + step < r->end ? a + step : r->end;
+		v.end = end;
+		v.pgoff = r->pgoff + (a - r->start);
+		err = shm_snapshot_add(set, a, end, saved_elsewhere(s, &v), r->prot & PROT_READ);
+	}
+	return err;
+}
+
+/*
+ * Before a forked write, while the job is stopped: claim the shared memory
+ * this process saves, as an in-place write would, and copy it.  NULL with
+ * *err set when that is not possible (too much of it, say).
+ */
+struct shm_snapshot *snapshot_shared_memory(const char *shared_key, int *err)
+{
+	struct mem_saver s = { .shared_key = shared_key };
+	char *maps = scratch_map(MAPS_MAX);
+	struct shm_snapshot *set = shm_snapshot_new(WINDOW_PAGES * CKPT_PAGE_SIZE);
+	ssize_t len = maps ? read_maps(maps, MAPS_MAX) : -ENOMEM;
+
+	*err = !set ? ENOMEM : len < 0 ? (int)-len : 0;
+	for (char *line = maps, *nl; !*err && *line; line = nl + 1) {
+		struct region r;
+
+		nl = strchr(line, '\n');
+		if (!nl)
+			break;
+		*nl = '\0';
+		*err = parse_maps_line(line, &r);
+		if (!*err && !skip_region(&r))
+			*err = snapshot_region(&s, set, &r);
+	}
+	if (maps)
+		scratch_unmap(maps, MAPS_MAX);
+	if (*err) {
+		shm_snapshot_free(set);
+		return NULL;
+	}
+	return set;
 }

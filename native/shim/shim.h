@@ -211,8 +211,25 @@ SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *s
 /* shared_key: "shm:<checkpoint>:<host>", under which processes claim the
  * shared memory they save; NULL: every process saves what it maps */
 struct fd_table;
+struct shm_snapshot;
 SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
-			    const struct fd_table *fds);
+			    const struct fd_table *fds, const struct shm_snapshot *shm);
+/* a forked writer's copies of the shared memory it saves (shm_snapshot.c) */
+SHIM_HIDDEN struct shm_snapshot *snapshot_shared_memory(const char *shared_key, int *err);
+
+/* shm_snapshot.c */
+struct shm_window {
+	uint64_t start, end;
+	char *copy;		/* its pages as the job stopped, or NULL */
+	int elsewhere;		/* another process saves it */
+};
+SHIM_HIDDEN struct shm_snapshot *shm_snapshot_new(size_t max_window);
+SHIM_HIDDEN int shm_snapshot_add(struct shm_snapshot *set, uint64_t start, uint64_t end,
+				 int elsewhere, int readable);
+SHIM_HIDDEN const struct shm_window *shm_snapshot_find(const struct shm_snapshot *set,
+						       uint64_t start, uint64_t end);
+SHIM_HIDDEN uint64_t shm_snapshot_bytes(const struct shm_snapshot *set);
+SHIM_HIDDEN void shm_snapshot_free(struct shm_snapshot *set);
 struct fd_table;
 SHIM_HIDDEN struct fd_table *fds_collect(void);	/* while the process is stopped */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
@@ -232,7 +249,7 @@ SHIM_HIDDEN void warnings_to_fd(int fd);
 /* writer.c: the image file, written in place or by a forked child */
 SHIM_HIDDEN int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
 				char *detail, size_t size);
-SHIM_HIDDEN int image_write_forked(const char *dir, const struct ckpt_thread *self,
+SHIM_HIDDEN int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *self,
 				   char *detail, size_t size);
 SHIM_HIDDEN int image_write_wait(char *detail, size_t size);
 SHIM_HIDDEN void image_write_cancel(void);

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,7 @@ struct snapshot {
 	struct ckpt_process *proc;
 	struct fd_table *fds;
 	const struct ckpt_thread *self;
+	struct shm_snapshot *shm;	/* forked: the shared memory to save */
 };
 
 static int write_records(struct image_writer *w, const struct snapshot *snap,
@@ -73,10 +75,15 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 	if (!err)
 		err = save_fds(w, snap->fds);
 	if (!err)
-		err = save_memory(w, shared_key, snap->fds);
+		err = save_memory(w, shared_key, snap->fds, snap->shm);
 	if (!err)
 		err = iw_record(w, CKPT_REC_END, end_marker, sizeof(end_marker));
 	return err;
+}
+
+static void image_name(char *name, size_t size, pid_t pid)
+{
+	snprintf(name, size, "%s-%d.img", shim_hostname(), pid);
 }
 
 /* Write <dir>/<host>-<pid>.img; detail gets the DONE keys or the error. */
@@ -89,7 +96,7 @@ static int write_file(const char *dir, const struct snapshot *snap, const char *
 	char name[128];
 	int dirfd, err;
 
-	snprintf(name, sizeof(name), "%s-%d.img", shim_hostname(), snap->pid);
+	image_name(name, sizeof(name), snap->pid);
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		err = errno;
@@ -129,6 +136,7 @@ static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
 	snap->pid = getpid();
 	snap->self = self;
 	snap->fds = NULL;
+	snap->shm = NULL;
 	snap->proc = scratch_map(sizeof(*snap->proc));
 	if (!snap->proc)
 		return ENOMEM;
@@ -149,12 +157,18 @@ static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
 
 static void drop_snapshot(struct snapshot *snap)
 {
+	shm_snapshot_free(snap->shm);
 	fds_release(snap->fds);
 	scratch_unmap(snap->proc, sizeof(*snap->proc));
 }
 
-/* Processes writing in place save shared memory once per host and
- * checkpoint (save_memory.c): seq is the checkpoint's number. */
+/* Shared memory is saved once per host and checkpoint: by the process
+ * that claims it under this key (save_memory.c). */
+static void shared_key(char *key, size_t size, unsigned seq)
+{
+	snprintf(key, size, "shm:%u:%s", seq, shim_hostname());
+}
+
 int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self, char *detail,
 		    size_t size)
 {
@@ -164,14 +178,15 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 
 	if (err)
 		return err;
-	snprintf(key, sizeof(key), "shm:%u:%s", seq, shim_hostname());
+	shared_key(key, sizeof(key), seq);
 	err = write_file(dir, &snap, key, detail, size);
 	drop_snapshot(&snap);
 	return err;
 }
 
 /* Memory a child would not see (MADV_DONTFORK, MADV_WIPEONFORK, as RDMA
- * libraries use for registered buffers) rules out a forked write. */
+ * libraries use for registered buffers) rules out a forked write.  (Shared
+ * memory, which would change under its feet, is copied for it.) */
 static int has_unforkable_memory(void)
 {
 	char *buf = scratch_map(SMAPS_MAX);
@@ -181,8 +196,6 @@ static int has_unforkable_memory(void)
 	if (len >= 0) {
 		buf[len] = '\0';
 		found = len == SMAPS_MAX - 1;	/* too big to tell: be safe */
-		/* writable shared memory keeps changing under a child's feet */
-		found |= strstr(buf, " rw-s ") || strstr(buf, " rwxs ");
 		for (char *l = strstr(buf, "VmFlags:"); l && !found; l = strstr(l + 1, "VmFlags:")) {
 			char *end = strchr(l, '\n');
 
@@ -198,16 +211,41 @@ static int has_unforkable_memory(void)
 	return found;
 }
 
+/*
+ * The DONE keys in <image>.done too: the process may be gone before SYNC
+ * (it exited, execed or was killed once resumed), its image is complete
+ * all the same, and the coordinator finds them there.
+ */
+static void leave_result(const char *dir, pid_t pid, const char *line, size_t len)
+{
+	char path[PATH_MAX], tmp[PATH_MAX + 8], name[128];
+	int fd, ok;
+
+	image_name(name, sizeof(name), pid);
+	snprintf(path, sizeof(path), "%s/%s.done", dir, name);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);	/* whole or not at all */
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	ok = write(fd, line, len) == (ssize_t)len;
+	close(fd);
+	if (!ok || rename(tmp, path))
+		unlink(tmp);
+}
+
 static void writer_child(const char *dir, const struct snapshot *snap, int report)
 {
 	char detail[600], line[640];
 	int err, n;
 
 	warnings_to_fd(report);
-	/* no claims from here: the control connection is the parent's */
+	/* no claims from here: the control connection is the parent's, which
+	 * claimed and copied the shared memory to save */
 	err = write_file(dir, snap, NULL, detail, sizeof(detail));
 	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
 		  snprintf(line, sizeof(line), "DONE %s\n", detail);
+	if (!err)
+		leave_result(dir, snap->pid, line + 5, n - 5);
 	if (write(report, line, n) != n)
 		err = EIO;
 	syscall(SYS_exit_group, err ? 1 : 0);
@@ -218,10 +256,12 @@ static void writer_child(const char *dir, const struct snapshot *snap, int repor
  * EAGAIN when a forked write is not possible here (the caller writes in
  * place), or another errno.
  */
-int image_write_forked(const char *dir, const struct ckpt_thread *self, char *detail,
-		       size_t size)
+int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *self,
+		       char *detail, size_t size)
 {
 	struct snapshot snap;
+	char key[128];
+	uint64_t copied;
 	int p[2], err;
 	long child;
 
@@ -230,6 +270,12 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 	err = take_snapshot(&snap, self, detail, size);
 	if (err)
 		return err;
+	shared_key(key, sizeof(key), seq);
+	snap.shm = snapshot_shared_memory(key, &err);
+	if (!snap.shm) {	/* too much shared memory to copy: in place */
+		drop_snapshot(&snap);
+		return EAGAIN;
+	}
 	if (pipe2(p, O_CLOEXEC)) {
 		err = errno;
 		snprintf(detail, size, "forked write: %s", shim_strerror(err));
@@ -243,6 +289,7 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 	}
 	err = child < 0 ? errno : 0;
 	close(p[1]);
+	copied = shm_snapshot_bytes(snap.shm);
 	drop_snapshot(&snap);
 	if (err) {
 		close(p[0]);
@@ -251,7 +298,9 @@ int image_write_forked(const char *dir, const struct ckpt_thread *self, char *de
 	}
 	writer_pid = child;
 	writer_pipe = p[0];
-	snprintf(detail, size, "forked=%ld", child);
+	image_name(key, sizeof(key), getpid());
+	snprintf(detail, size, "forked=%ld file=%s shm_copied=%llu", child, key,
+		 (unsigned long long)copied);
 	return 0;
 }
 
@@ -326,7 +375,7 @@ void image_write_cancel(void)
 	writer_reap();
 }
 
-/* After a restart: the writer belonged to the old process. */
+/* After a restart or a fork: the writer belonged to the old process. */
 void image_writer_forget(void)
 {
 	writer_pid = 0;
