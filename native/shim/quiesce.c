@@ -67,7 +67,8 @@ void thread_fill_record(struct ckpt_thread *rec)
 	rec->tid = syscall(SYS_gettid);
 	syscall(SYS_arch_prctl, ARCH_GET_FS, &fs);
 	rec->fs_base = fs;
-	if (prctl(PR_GET_TID_ADDRESS, &ctid, 0, 0, 0) == 0)
+	/* raw: the shim's prctl() may call dlsym, unsafe in a signal handler */
+	if (syscall(SYS_prctl, PR_GET_TID_ADDRESS, &ctid, 0, 0, 0) == 0)
 		rec->clear_child_tid = ctid;
 	rec->rseq_addr = 0;
 	if (&__rseq_size && __rseq_size && fs) {

@@ -308,7 +308,7 @@ int restore_exe_link(void)
 		.env_start = p->env_start, .env_end = p->env_end,
 		.auxv = (__u64 *)p->auxv, .auxv_size = n > 0 ? n : 0, .exe_fd = fd,
 	};
-	if (prctl(PR_SET_MM, PR_SET_MM_MAP, &map, sizeof(map), 0))
+	if (syscall(SYS_prctl, PR_SET_MM, PR_SET_MM_MAP, &map, sizeof(map), 0))
 		err = errno;
 out:
 	if (fd >= 0)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include "kv.h"
@@ -20,12 +21,18 @@ unsigned long ib_kv_requests(void)
 	return kv_requests;
 }
 
+/* Looked up at start-up: the hooks run on the shim's checkpoint thread,
+ * which must never call dlsym (its loader lock, checkpointer.c). */
+static const char *(*coordinator_path_fn)(void);
+
+void ib_kv_init(void)
+{
+	coordinator_path_fn = (const char *(*)(void))dlsym(RTLD_DEFAULT, "ckpt_coordinator_path");
+}
+
 static const char *coordinator_path(void)
 {
-	const char *(*path)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT,
-								"ckpt_coordinator_path");
-
-	return path ? path() : NULL;
+	return coordinator_path_fn ? coordinator_path_fn() : NULL;
 }
 
 static int kv_connect(void)
@@ -40,7 +47,8 @@ static int kv_connect(void)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	/* raw: the shim's connect() would look the real one up with dlsym */
+	if (syscall(SYS_connect, fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    write(fd, "KV\n", 3) != 3) {
 		int err = errno;
 

@@ -15,6 +15,7 @@ int ib_kv_request(const char *request, char *answer, size_t size);
 void ib_kv_reset(void);
 void ib_kv_forget(void);
 unsigned long ib_kv_requests(void);
+void ib_kv_init(void);	/* at start-up, in the application's context */
 
 /* A buffer of "MPUT k v k v ..." lines, sent when full or flushed. */
 struct ib_kv_batch {

@@ -478,6 +478,7 @@ __attribute__((constructor)) static void ib_plugin_init(void)
 
 	hook_fail = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_hook_fail");
 	warn = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_warn");
+	ib_kv_init();
 	if (reg)
 		reg(&plugin);
 	pthread_atfork(NULL, NULL, forget_after_fork);
