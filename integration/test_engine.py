@@ -209,6 +209,23 @@ def check_whole_tree_restarts(session, app, processes):
     assert restart_and_finish(session, job.images[-1], job) == reference
 
 
+def test_processes_that_fork_as_they_start(session):
+    """300 shells that fork and exec at once: each one's checkpoint thread
+    connects while its main thread forks, and the child's first dlsym (the
+    shim's execve looks the real one up) must not find the loader lock held
+    by a thread the child does not have.  A regression hung within ~50."""
+    loop = 'for i in $(seq 300); do bash -c "/bin/true; /bin/true"; done; echo DONE'
+    try:
+        proc = subprocess.run(session.ckpt_argv("launch", "--job-id", "forkstart", "--ckpt-dir",
+                                                session.images, "--", "sh", "-c", loop),
+                              cwd=session.work, env=session.env(), capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        session.ckpt("kill", "forkstart", check=False)
+        raise AssertionError("a shell hung as it forked (the loader lock?)")
+    assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr
+
+
 def test_children_not_made_by_fork(session):
     """posix_spawn with an environment without LD_PRELOAD, and clone()
     with memory of its own (no fork handlers): both children are in every
