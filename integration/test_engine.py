@@ -33,6 +33,7 @@ PROGRAMS = {
     "tcpflood": ["400", "10"],
     "guard_pages": ["300", "10", "."],
     "private_maps": ["300", "10", "."],
+    "socket_states": ["300", "10"],
 }
 
 

@@ -629,6 +629,30 @@ static void refill_by_name(const struct loaded_fd *lf)
 	close(s);
 }
 
+/*
+ * Unix sockets shut down, once their queues are refilled (a socket shut
+ * for writing sends nothing more).  A stream end shut for writing shuts
+ * its peer for reading too, as the kernel did; its own SHUT_RD is that
+ * side of its peer's SHUT_WR.  A datagram socket's bits are its own.
+ */
+static void shut_down_as_before(void)
+{
+	for (unsigned i = 0; i < nsocks; i++) {
+		const struct ckpt_fd *f = &socks[i].rec->f;
+		int how = -1;
+
+		if (f->sock_domain != AF_UNIX)
+			continue;
+		if (f->sock_type != SOCK_DGRAM)
+			how = f->sock_flags & CKPT_SOCK_SHUT_WR ? SHUT_WR : -1;
+		else if (f->sock_flags & (CKPT_SOCK_SHUT_RD | CKPT_SOCK_SHUT_WR))
+			how = (f->sock_flags & CKPT_SOCK_SHUT_RD) && (f->sock_flags & CKPT_SOCK_SHUT_WR) ?
+			      SHUT_RDWR : f->sock_flags & CKPT_SOCK_SHUT_RD ? SHUT_RD : SHUT_WR;
+		if (how >= 0 && shutdown(socks[i].fd, how))
+			warn("a Unix socket could not be shut down again: %s", strerror(errno));
+	}
+}
+
 static void collect_sockets(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;
@@ -729,6 +753,7 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 			     (size_t)lf->f.data_size);
 	}
 	refill_from_other_hosts();
+	shut_down_as_before();
 }
 
 /* ---- pseudo-terminals with both ends in the job ---- */

@@ -27,6 +27,7 @@ struct sock_end {
 	char listener[KEY_MAX];		/* the name of the job's listener the peer
 					 * would be accepted from, or "" */
 	char peer_text[120];		/* the peer, for the user */
+	int datagram;			/* UDP: "connected" only names a default peer */
 };
 
 static const char *inet_text(const struct sockaddr_storage *ss, char *buf, size_t size)
@@ -210,6 +211,7 @@ static int describe_end(int fd, struct sock_end *e)
 		err = unix_end(s, st.st_ino, e);
 	else if (domain == AF_INET || domain == AF_INET6)
 		err = inet_end(s, type, e);
+	e->datagram = type == SOCK_DGRAM;
 out:
 	close(s);
 	return err;
@@ -255,7 +257,9 @@ int socket_peer(int fd, int report)
 		return PEER_IN_JOB;
 	if (name_known(e.listener))
 		return PEER_PENDING;
-	if (report)
+	/* a datagram socket holds no state of its peer's: connected again,
+	 * it is as it was */
+	if (report && !e.datagram)
 		ckpt_warn("fd %d is connected outside the job, to %s: a restart connects it again, "
 			  "but that peer's state is not part of the checkpoint", fd, e.peer_text);
 	return PEER_OUTSIDE;

@@ -43,8 +43,8 @@ int app_getfd(int fd)
 	return ours;
 }
 
-/* The inode of a Unix socket's peer, 0 if it has none. */
-uint64_t socket_unix_peer(uint64_t ino)
+/* A Unix socket's peer inode (0: none) and shutdown bits, from sock_diag. */
+static void unix_diag(uint64_t ino, uint64_t *peer_ino, unsigned *shutdown_bits)
 {
 	struct {
 		struct nlmsghdr nlh;
@@ -56,12 +56,13 @@ uint64_t socket_unix_peer(uint64_t ino)
 			 .udiag_show = UDIAG_SHOW_PEER, .udiag_cookie = { ~0U, ~0U } },
 	};
 	char buf[4096];
-	uint64_t peer = 0;
 	ssize_t n;
 	int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
 
+	*peer_ino = 0;
+	*shutdown_bits = 0;
 	if (nl < 0)
-		return 0;
+		return;
 	if (send(nl, &msg, sizeof(msg), 0) != sizeof(msg))
 		goto out;
 	n = recv(nl, buf, sizeof(buf), 0);
@@ -74,10 +75,20 @@ uint64_t socket_unix_peer(uint64_t ino)
 			break;
 		for (; RTA_OK(a, len); a = RTA_NEXT(a, len))
 			if (a->rta_type == UNIX_DIAG_PEER)
-				peer = *(uint32_t *)RTA_DATA(a);
+				*peer_ino = *(uint32_t *)RTA_DATA(a);
+			else if (a->rta_type == UNIX_DIAG_SHUTDOWN)
+				*shutdown_bits = *(uint8_t *)RTA_DATA(a);
 	}
 out:
 	close(nl);
+}
+
+uint64_t socket_unix_peer(uint64_t ino)
+{
+	uint64_t peer;
+	unsigned shutdown_bits;
+
+	unix_diag(ino, &peer, &shutdown_bits);
 	return peer;
 }
 
@@ -121,7 +132,7 @@ static int peek_without_offset(int s, int stream, struct fd_payload *q)
 		return ENOBUFS;
 	n = recv(s, q->data, inq, MSG_PEEK | MSG_DONTWAIT);
 	if (n < 0)
-		return errno == EAGAIN ? 0 : errno;
+		return errno == EAGAIN || errno == ENOTCONN ? 0 : errno;
 	q->len = n;
 	return 0;
 }
@@ -154,7 +165,9 @@ static int peek_queue(int s, int type, struct fd_payload *q)
 			 MSG_PEEK | MSG_DONTWAIT);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0 && errno != EAGAIN)
+		/* a stream socket never connected (or shut down for reading)
+		 * has nothing queued */
+		if (n < 0 && errno != EAGAIN && errno != ENOTCONN)
 			err = errno;
 		if (n <= 0)
 			break;
@@ -313,8 +326,14 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->sock_backlog = 128;
 	}
 	get_addresses(s, rec);	/* needs sock_domain */
-	if (rec->sock_domain == AF_UNIX)
-		rec->peer_id = socket_unix_peer(ino);
+	if (rec->sock_domain == AF_UNIX) {
+		unsigned shut;
+
+		unix_diag(ino, &rec->peer_id, &shut);
+		/* the kernel's RCV_SHUTDOWN 1, SEND_SHUTDOWN 2 */
+		rec->sock_flags |= (shut & 1 ? CKPT_SOCK_SHUT_RD : 0) |
+				   (shut & 2 ? CKPT_SOCK_SHUT_WR : 0);
+	}
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	save_options(s, ino, rec);

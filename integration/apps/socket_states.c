@@ -1,0 +1,145 @@
+/*
+ * Sockets in the states programs leave them in besides "connected": TCP
+ * and UDP sockets never bound, bound only, a UDP socket connected, a
+ * listener, Unix datagram sockets with queued datagrams, and a stream pair half shut down (SHUT_WR) with
+ * bytes still to read.  At the end each must still be what it was: same
+ * type and family, same local (and peer) address, listening or not, the
+ * queued bytes, EOF after them; and usable (bind, listen, connect, send).
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include "zdtm.h"
+
+static int sockopt(int fd, int opt)
+{
+	int v = -1;
+	socklen_t len = sizeof(v);
+
+	zdtm_check(getsockopt(fd, SOL_SOCKET, opt, &v, &len) == 0, "getsockopt %d on fd %d: %s",
+		   opt, fd, strerror(errno));
+	return v;
+}
+
+static void is_socket(int fd, int domain, int type, int listening, const char *what)
+{
+	zdtm_check(sockopt(fd, SO_DOMAIN) == domain, "%s: domain %d", what, sockopt(fd, SO_DOMAIN));
+	zdtm_check(sockopt(fd, SO_TYPE) == type, "%s: type %d", what, sockopt(fd, SO_TYPE));
+	zdtm_check(sockopt(fd, SO_ACCEPTCONN) == listening, "%s: listening %d", what,
+		   sockopt(fd, SO_ACCEPTCONN));
+}
+
+static unsigned short port_of(int fd, int peer)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+
+	memset(&a, 0, sizeof(a));
+	if ((peer ? getpeername(fd, (struct sockaddr *)&a, &len) :
+		    getsockname(fd, (struct sockaddr *)&a, &len)) != 0)
+		return 0;
+	return ntohs(a.sin_port);
+}
+
+static struct sockaddr_in loopback(unsigned short port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
+
+int main(int argc, char **argv)
+{
+	long steps = 100, pace = 10;
+	int tcp_fresh, tcp_bound, udp_fresh, udp_bound, udp_conn, listener, dgram[2], half[2];
+	unsigned short bound_port, udp_port, conn_port, listen_port;
+	struct sockaddr_in a;
+	char buf[64];
+	uint64_t hash = 0;
+
+	zdtm_args(argc, argv, &steps, &pace);
+	tcp_fresh = socket(AF_INET, SOCK_STREAM, 0);
+	tcp_bound = socket(AF_INET, SOCK_STREAM, 0);
+	a = loopback(0);
+	zdtm_check(bind(tcp_bound, (struct sockaddr *)&a, sizeof(a)) == 0, "bind tcp");
+	bound_port = port_of(tcp_bound, 0);
+	udp_fresh = socket(AF_INET, SOCK_DGRAM, 0);
+	udp_bound = socket(AF_INET, SOCK_DGRAM, 0);
+	zdtm_check(bind(udp_bound, (struct sockaddr *)&a, sizeof(a)) == 0, "bind udp");
+	udp_port = port_of(udp_bound, 0);
+	udp_conn = socket(AF_INET, SOCK_DGRAM, 0);
+	a = loopback(udp_port);
+	zdtm_check(connect(udp_conn, (struct sockaddr *)&a, sizeof(a)) == 0, "connect udp");
+	conn_port = port_of(udp_conn, 0);
+	zdtm_check(send(udp_conn, "queued", 6, 0) == 6, "send udp");
+
+	listener = socket(AF_INET, SOCK_STREAM, 0);
+	/* its connection's TIME_WAIT must not hold a second restart's bind */
+	zdtm_check(setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &(int){ 1 }, sizeof(int)) == 0,
+		   "SO_REUSEADDR");
+	a = loopback(0);
+	zdtm_check(bind(listener, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(listener, 4) == 0,
+		   "listen");
+	listen_port = port_of(listener, 0);
+
+	zdtm_check(socketpair(AF_UNIX, SOCK_DGRAM, 0, dgram) == 0, "dgram pair");
+	zdtm_check(send(dgram[0], "one", 3, 0) == 3 && send(dgram[0], "two!", 4, 0) == 4, "dgrams");
+	zdtm_check(socketpair(AF_UNIX, SOCK_STREAM, 0, half) == 0, "stream pair");
+	zdtm_check(write(half[0], "last words", 10) == 10 && shutdown(half[0], SHUT_WR) == 0,
+		   "shutdown");
+
+	printf("READY\n");
+	fflush(stdout);
+	for (long step = 0; step < steps; step++) {
+		hash = zdtm_mix(hash, step);
+		zdtm_pace(pace);
+	}
+
+	is_socket(tcp_fresh, AF_INET, SOCK_STREAM, 0, "unbound tcp");
+	zdtm_check(port_of(tcp_fresh, 0) == 0, "unbound tcp has port %u", port_of(tcp_fresh, 0));
+	is_socket(tcp_bound, AF_INET, SOCK_STREAM, 0, "bound tcp");
+	zdtm_check(port_of(tcp_bound, 0) == bound_port, "bound tcp port %u, was %u",
+		   port_of(tcp_bound, 0), bound_port);
+	is_socket(udp_fresh, AF_INET, SOCK_DGRAM, 0, "unbound udp");
+	is_socket(udp_bound, AF_INET, SOCK_DGRAM, 0, "bound udp");
+	zdtm_check(port_of(udp_bound, 0) == udp_port, "bound udp port");
+	is_socket(udp_conn, AF_INET, SOCK_DGRAM, 0, "connected udp");
+	zdtm_check(port_of(udp_conn, 0) == conn_port && port_of(udp_conn, 1) == udp_port,
+		   "connected udp ports %u->%u", port_of(udp_conn, 0), port_of(udp_conn, 1));
+	zdtm_check(recv(udp_bound, buf, sizeof(buf), MSG_DONTWAIT) == 6 && !memcmp(buf, "queued", 6),
+		   "the queued UDP datagram");
+	is_socket(listener, AF_INET, SOCK_STREAM, 1, "listener");
+	zdtm_check(port_of(listener, 0) == listen_port, "listener port");
+	{
+		int client = socket(AF_INET, SOCK_STREAM, 0), accepted;
+
+		a = loopback(listen_port);
+		zdtm_check(connect(client, (struct sockaddr *)&a, sizeof(a)) == 0, "connect");
+		accepted = accept(listener, NULL, NULL);
+		zdtm_check(accepted >= 0 && write(client, "later", 5) == 5 &&
+			   read(accepted, buf, 5) == 5 && !memcmp(buf, "later", 5),
+			   "the listener accepts and carries bytes");
+	}
+	is_socket(dgram[1], AF_UNIX, SOCK_DGRAM, 0, "unix datagram");
+	zdtm_check(recv(dgram[1], buf, sizeof(buf), MSG_DONTWAIT) == 3 && !memcmp(buf, "one", 3) &&
+		   recv(dgram[1], buf, sizeof(buf), MSG_DONTWAIT) == 4 && !memcmp(buf, "two!", 4),
+		   "the queued unix datagrams, one by one");
+	zdtm_check(read(half[1], buf, sizeof(buf)) == 10 && !memcmp(buf, "last words", 10),
+		   "bytes before the shutdown");
+	zdtm_check(read(half[1], buf, sizeof(buf)) == 0, "EOF after a shutdown(SHUT_WR)");
+	zdtm_check(write(half[1], "back", 4) == 4 && read(half[0], buf, 4) == 4,
+		   "the other direction of a half-shut pair");
+
+	/* still usable: the unbound ones bind, listen and connect */
+	a = loopback(0);
+	zdtm_check(bind(tcp_fresh, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(tcp_fresh, 1) == 0,
+		   "the unbound tcp socket binds and listens: %s", strerror(errno));
+	zdtm_check(listen(tcp_bound, 1) == 0, "the bound tcp socket listens");
+	a = loopback(port_of(tcp_fresh, 0));
+	zdtm_check(connect(udp_fresh, (struct sockaddr *)&a, sizeof(a)) == 0, "the unbound udp connects");
+	zdtm_pass("%016llx", (unsigned long long)hash);
+	return 0;
+}
