@@ -55,6 +55,7 @@ int main(int argc, char **argv)
 {
 	long steps = 100, pace = 10;
 	int tcp_fresh, tcp_bound, udp_fresh, udp_bound, udp_conn, listener, dgram[2], half[2];
+	int unix_fresh, unix_dgram_fresh, udp_shut;
 	unsigned short bound_port, udp_port, conn_port, listen_port;
 	struct sockaddr_in a;
 	char buf[64];
@@ -90,6 +91,13 @@ int main(int argc, char **argv)
 	zdtm_check(socketpair(AF_UNIX, SOCK_STREAM, 0, half) == 0, "stream pair");
 	zdtm_check(write(half[0], "last words", 10) == 10 && shutdown(half[0], SHUT_WR) == 0,
 		   "shutdown");
+
+	unix_fresh = socket(AF_UNIX, SOCK_STREAM, 0);
+	unix_dgram_fresh = socket(AF_UNIX, SOCK_DGRAM, 0);
+	udp_shut = socket(AF_INET, SOCK_DGRAM, 0);
+	a = loopback(udp_port);
+	zdtm_check(connect(udp_shut, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+		   shutdown(udp_shut, SHUT_RDWR) == 0, "shut down a connected udp socket");
 
 	printf("READY\n");
 	fflush(stdout);
@@ -132,6 +140,11 @@ int main(int argc, char **argv)
 	zdtm_check(read(half[1], buf, sizeof(buf)) == 0, "EOF after a shutdown(SHUT_WR)");
 	zdtm_check(write(half[1], "back", 4) == 4 && read(half[0], buf, 4) == 4,
 		   "the other direction of a half-shut pair");
+
+	is_socket(unix_fresh, AF_UNIX, SOCK_STREAM, 0, "unbound unix stream");
+	is_socket(unix_dgram_fresh, AF_UNIX, SOCK_DGRAM, 0, "unbound unix datagram");
+	is_socket(udp_shut, AF_INET, SOCK_DGRAM, 0, "shut down udp");
+	zdtm_check(port_of(udp_shut, 1) == udp_port, "shut down udp keeps its peer");
 
 	/* still usable: the unbound ones bind, listen and connect */
 	a = loopback(0);

@@ -119,6 +119,13 @@ static void get_addresses(int s, struct ckpt_fd *rec)
 
 /* Kernels before 6.9 have no SO_PEEK_OFF for TCP: one peek of all that
  * is queued does for a stream; datagrams cannot be walked. */
+/* What recv says on a stream socket never connected (TCP: ENOTCONN,
+ * Unix: EINVAL): nothing is queued there. */
+static int never_connected(int stream, int err)
+{
+	return stream && (err == ENOTCONN || err == EINVAL);
+}
+
 static int peek_without_offset(int s, int stream, struct fd_payload *q)
 {
 	int inq = 0;
@@ -132,7 +139,7 @@ static int peek_without_offset(int s, int stream, struct fd_payload *q)
 		return ENOBUFS;
 	n = recv(s, q->data, inq, MSG_PEEK | MSG_DONTWAIT);
 	if (n < 0)
-		return errno == EAGAIN || errno == ENOTCONN ? 0 : errno;
+		return errno == EAGAIN || never_connected(stream, errno) ? 0 : errno;
 	q->len = n;
 	return 0;
 }
@@ -165,9 +172,7 @@ static int peek_queue(int s, int type, struct fd_payload *q)
 			 MSG_PEEK | MSG_DONTWAIT);
 		if (n < 0 && errno == EINTR)
 			continue;
-		/* a stream socket never connected (or shut down for reading)
-		 * has nothing queued */
-		if (n < 0 && errno != EAGAIN && errno != ENOTCONN)
+		if (n < 0 && errno != EAGAIN && !never_connected(stream, errno))
 			err = errno;
 		if (n <= 0)
 			break;
