@@ -34,6 +34,7 @@ PROGRAMS = {
     "guard_pages": ["300", "10", "."],
     "private_maps": ["300", "10", "."],
     "socket_states": ["300", "10"],
+    "pipe_states": ["300", "10"],
 }
 
 

@@ -266,7 +266,9 @@ struct ckpt_fd {
 	int32_t sock_backlog;
 	struct ckpt_sockaddr sock_local;
 	struct ckpt_sockaddr sock_peer;
-	uint64_t value[6];		/* eventfd, timerfd, signalfd state */
+	uint64_t value[6];		/* eventfd, timerfd, signalfd state;
+					 * CKPT_FD_PIPE_READ: value[0] 1 when
+					 * no writer was left (EOF after the data) */
 	int32_t share_pid;		/* CKPT_FD_FILE: the same open file (one
 					 * offset) as fd share_fd of process */
 	int32_t share_fd;		/* share_pid, inherited across fork; 0: none */

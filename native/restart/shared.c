@@ -98,6 +98,17 @@ static int job_has_end(struct image *imgs, unsigned n, uint64_t id, uint32_t kin
 	return 0;
 }
 
+/* A pipe whose writers had all closed it: its readers saw so. */
+static int writers_gone(struct image *imgs, unsigned n, uint64_t id)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++)
+			if (imgs[i].fds[j].f.kind == CKPT_FD_PIPE_READ &&
+			    imgs[i].fds[j].f.object_id == id && imgs[i].fds[j].f.value[0] == 1)
+				return 1;
+	return 0;
+}
+
 static struct shared_pipe *find_pipe(uint64_t id)
 {
 	for (unsigned i = 0; i < npipes; i++)
@@ -163,7 +174,8 @@ static void create_pipes(struct image *imgs, unsigned n)
 
 			if (!is_pipe(lf) || find_pipe(lf->f.object_id) ||
 			    !job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_READ) ||
-			    !job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_WRITE))
+			    (!job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_WRITE) &&
+			     !writers_gone(imgs, n, lf->f.object_id)))
 				continue;
 			if (pipe2(p, O_CLOEXEC))
 				die("cannot recreate a pipe: %s", strerror(errno));
@@ -174,6 +186,11 @@ static void create_pipes(struct image *imgs, unsigned n)
 			if (lf->f.offset > 0)	/* the saved capacity */
 				fcntl(sp->end[1], F_SETPIPE_SZ, (int)lf->f.offset);
 			refill_pipe(imgs, n, sp);
+			if (!job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_WRITE)) {
+				/* no writer: the readers find EOF after the bytes */
+				close(sp->end[1]);
+				sp->end[1] = fcntl(sp->end[0], F_DUPFD_CLOEXEC, sp->end[0]);
+			}
 		}
 }
 

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <termios.h>
 #include <sys/sysmacros.h>
+#include <poll.h>
 #include <sys/syscall.h>
 #include <linux/kcmp.h>
 #include <unistd.h>
@@ -226,6 +227,20 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 }
 
 /* The pipe's capacity (F_SETPIPE_SZ may have changed it). */
+/* A pipe's read end whose writers are all closed: EOF after its bytes. */
+static int pipe_writers_gone(int fd)
+{
+	struct pollfd pfd = { .events = POLLIN };
+	int gone;
+
+	pfd.fd = app_getfd(fd);
+	if (pfd.fd < 0)
+		return 0;
+	gone = syscall(SYS_poll, &pfd, 1, 0) == 1 && (pfd.revents & POLLHUP);
+	close(pfd.fd);
+	return gone;
+}
+
 static long pipe_size(pid_t pid, int fd)
 {
 	int f = app_open(pid, fd, O_RDONLY | O_NONBLOCK);
@@ -280,6 +295,8 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 		fi->rec.object_id = st->st_ino;
 		fi->rec.offset = pipe_size(getpid(), fd);
 		fi->rec.stdio_fd = fd <= 2 ? fd : -1;
+		if (fi->rec.kind == CKPT_FD_PIPE_READ)
+			fi->rec.value[0] = pipe_writers_gone(fd);
 	} else if (S_ISSOCK(st->st_mode) &&
 		   !(err = socket_describe(fd, st->st_ino, &fi->rec, &fi->payload))) {
 		return;
