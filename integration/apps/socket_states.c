@@ -55,7 +55,7 @@ int main(int argc, char **argv)
 {
 	long steps = 100, pace = 10;
 	int tcp_fresh, tcp_bound, udp_fresh, udp_bound, udp_conn, listener, dgram[2], half[2];
-	int unix_fresh, unix_dgram_fresh, udp_shut;
+	int unix_fresh, unix_dgram_fresh, udp_shut, seqpacket[2];
 	unsigned short bound_port, udp_port, conn_port, listen_port;
 	struct sockaddr_in a;
 	char buf[64];
@@ -92,6 +92,9 @@ int main(int argc, char **argv)
 	zdtm_check(write(half[0], "last words", 10) == 10 && shutdown(half[0], SHUT_WR) == 0,
 		   "shutdown");
 
+	zdtm_check(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, seqpacket) == 0 &&
+		   send(seqpacket[0], "rec1", 4, 0) == 4 && send(seqpacket[0], "record2", 7, 0) == 7,
+		   "seqpacket pair");
 	unix_fresh = socket(AF_UNIX, SOCK_STREAM, 0);
 	unix_dgram_fresh = socket(AF_UNIX, SOCK_DGRAM, 0);
 	udp_shut = socket(AF_INET, SOCK_DGRAM, 0);
@@ -141,6 +144,10 @@ int main(int argc, char **argv)
 	zdtm_check(write(half[1], "back", 4) == 4 && read(half[0], buf, 4) == 4,
 		   "the other direction of a half-shut pair");
 
+	is_socket(seqpacket[1], AF_UNIX, SOCK_SEQPACKET, 0, "seqpacket");
+	zdtm_check(recv(seqpacket[1], buf, sizeof(buf), MSG_DONTWAIT) == 4 &&
+		   recv(seqpacket[1], buf, sizeof(buf), MSG_DONTWAIT) == 7 && !memcmp(buf, "record2", 7),
+		   "the queued seqpacket records, with their bounds");
 	is_socket(unix_fresh, AF_UNIX, SOCK_STREAM, 0, "unbound unix stream");
 	is_socket(unix_dgram_fresh, AF_UNIX, SOCK_DGRAM, 0, "unbound unix datagram");
 	is_socket(udp_shut, AF_INET, SOCK_DGRAM, 0, "shut down udp");
