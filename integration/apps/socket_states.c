@@ -55,7 +55,8 @@ int main(int argc, char **argv)
 {
 	long steps = 100, pace = 10;
 	int tcp_fresh, tcp_bound, udp_fresh, udp_bound, udp_conn, listener, dgram[2], half[2];
-	int unix_fresh, unix_dgram_fresh, udp_shut, seqpacket[2];
+	int unix_fresh, unix_dgram_fresh, udp_shut, seqpacket[2], mapped_client, mapped_server;
+	int udp_pair[2];
 	unsigned short bound_port, udp_port, conn_port, listen_port;
 	struct sockaddr_in a;
 	char buf[64];
@@ -95,6 +96,33 @@ int main(int argc, char **argv)
 	zdtm_check(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, seqpacket) == 0 &&
 		   send(seqpacket[0], "rec1", 4, 0) == 4 && send(seqpacket[0], "record2", 7, 0) == 7,
 		   "seqpacket pair");
+	{
+		/* an IPv6 listener on ::, an IPv4 client: the accepted end's
+		 * addresses are IPv4-mapped (::ffff:127.0.0.1) */
+		int v6 = socket(AF_INET6, SOCK_STREAM, 0);
+		struct sockaddr_in6 any6 = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_ANY_INIT };
+		socklen_t l6 = sizeof(any6);
+
+		zdtm_check(v6 >= 0 && bind(v6, (struct sockaddr *)&any6, sizeof(any6)) == 0 &&
+			   listen(v6, 1) == 0 && getsockname(v6, (struct sockaddr *)&any6, &l6) == 0,
+			   "IPv6 listener");
+		mapped_client = socket(AF_INET, SOCK_STREAM, 0);
+		a = loopback(ntohs(any6.sin6_port));
+		zdtm_check(connect(mapped_client, (struct sockaddr *)&a, sizeof(a)) == 0, "connect v4 to v6");
+		mapped_server = accept(v6, NULL, NULL);
+		zdtm_check(mapped_server >= 0 && write(mapped_client, "mapped", 6) == 6, "accept mapped");
+		close(v6);
+	}
+	for (int i = 0; i < 2; i++) {	/* two UDP sockets connected to each other */
+		udp_pair[i] = socket(AF_INET, SOCK_DGRAM, 0);
+		a = loopback(0);
+		zdtm_check(bind(udp_pair[i], (struct sockaddr *)&a, sizeof(a)) == 0, "bind udp pair");
+	}
+	for (int i = 0; i < 2; i++) {
+		a = loopback(port_of(udp_pair[1 - i], 0));
+		zdtm_check(connect(udp_pair[i], (struct sockaddr *)&a, sizeof(a)) == 0, "connect udp pair");
+	}
+	zdtm_check(send(udp_pair[0], "ping", 4, 0) == 4, "udp pair send");
 	unix_fresh = socket(AF_UNIX, SOCK_STREAM, 0);
 	unix_dgram_fresh = socket(AF_UNIX, SOCK_DGRAM, 0);
 	udp_shut = socket(AF_INET, SOCK_DGRAM, 0);
@@ -148,6 +176,13 @@ int main(int argc, char **argv)
 	zdtm_check(recv(seqpacket[1], buf, sizeof(buf), MSG_DONTWAIT) == 4 &&
 		   recv(seqpacket[1], buf, sizeof(buf), MSG_DONTWAIT) == 7 && !memcmp(buf, "record2", 7),
 		   "the queued seqpacket records, with their bounds");
+	zdtm_check(read(mapped_server, buf, 6) == 6 && !memcmp(buf, "mapped", 6) &&
+		   write(mapped_server, "back", 4) == 4 && read(mapped_client, buf, 4) == 4,
+		   "a connection over an IPv4-mapped IPv6 address");
+	is_socket(udp_pair[0], AF_INET, SOCK_DGRAM, 0, "udp pair");
+	zdtm_check(recv(udp_pair[1], buf, sizeof(buf), MSG_DONTWAIT) == 4 && !memcmp(buf, "ping", 4) &&
+		   send(udp_pair[1], "pong", 4, 0) == 4 && recv(udp_pair[0], buf, 4, 0) == 4,
+		   "two UDP sockets connected to each other");
 	is_socket(unix_fresh, AF_UNIX, SOCK_STREAM, 0, "unbound unix stream");
 	is_socket(unix_dgram_fresh, AF_UNIX, SOCK_DGRAM, 0, "unbound unix datagram");
 	is_socket(udp_shut, AF_INET, SOCK_DGRAM, 0, "shut down udp");

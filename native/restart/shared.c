@@ -349,9 +349,42 @@ static struct shared_socket *find_socket(uint64_t id)
 	return NULL;
 }
 
+/*
+ * An address in the given family (AF_INET or AF_INET6): a dual-stack IPv6
+ * socket talks IPv4 through IPv4-mapped addresses (::ffff:a.b.c.d), so one
+ * end of a connection may see the other's address either way.
+ */
+static void in_family(struct ckpt_sockaddr *a, int family)
+{
+	struct sockaddr_in in;
+	struct sockaddr_in6 in6;
+
+	memcpy(&in, a->addr, sizeof(in));
+	memcpy(&in6, a->addr, sizeof(in6));
+	if (family == AF_INET && a->len >= sizeof(in6) && in6.sin6_family == AF_INET6 &&
+	    IN6_IS_ADDR_V4MAPPED(&in6.sin6_addr)) {
+		in = (struct sockaddr_in){ .sin_family = AF_INET, .sin_port = in6.sin6_port };
+		memcpy(&in.sin_addr, &in6.sin6_addr.s6_addr[12], 4);
+		memset(a->addr, 0, sizeof(a->addr));
+		memcpy(a->addr, &in, sizeof(in));
+		a->len = sizeof(in);
+	} else if (family == AF_INET6 && a->len >= sizeof(in) && in.sin_family == AF_INET) {
+		in6 = (struct sockaddr_in6){ .sin6_family = AF_INET6, .sin6_port = in.sin_port };
+		in6.sin6_addr.s6_addr[10] = in6.sin6_addr.s6_addr[11] = 0xff;
+		memcpy(&in6.sin6_addr.s6_addr[12], &in.sin_addr, 4);
+		memset(a->addr, 0, sizeof(a->addr));
+		memcpy(a->addr, &in6, sizeof(in6));
+		a->len = sizeof(in6);
+	}
+}
+
 int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b)
 {
-	return a->len && a->len == b->len && !memcmp(a->addr, b->addr, a->len);
+	struct ckpt_sockaddr x = *a, y = *b;
+
+	in_family(&x, AF_INET);
+	in_family(&y, AF_INET);
+	return x.len && x.len == y.len && !memcmp(x.addr, y.addr, x.len);
 }
 
 static const struct sockaddr *sa(const struct ckpt_sockaddr *a)
@@ -456,8 +489,10 @@ static const struct loaded_fd *peer_record(const struct loaded_fd *lf)
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct ckpt_fd *o = &socks[i].rec->f;
 
+		/* an IPv4 end may be connected to an IPv6 one (same_addr) */
 		if (o == f || !(o->sock_flags & CKPT_SOCK_CONNECTED) ||
-		    o->sock_domain != f->sock_domain || o->sock_type != f->sock_type)
+		    (o->sock_domain == AF_UNIX) != (f->sock_domain == AF_UNIX) ||
+		    o->sock_type != f->sock_type)
 			continue;
 		if (f->sock_domain == AF_UNIX ? (f->peer_id && o->object_id == f->peer_id) :
 		    (same_addr(&o->sock_local, &f->sock_peer) &&
@@ -499,6 +534,7 @@ static int tcp_connect_through(const struct ckpt_fd *a, const struct ckpt_fd *b,
 		goto out;
 	}
 	*fa = restart_socket(a);
+	in_family(&at, a->sock_domain);
 	make_room(*fa, SO_RCVBUF, a->data_size);
 	make_room(*fa, SO_SNDBUF, b->data_size);
 	if ((keep_ports && bind(*fa, sa(&a->sock_local), a->sock_local.len)) ||
@@ -728,9 +764,13 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 {
 	collect_sockets(imgs, n);
 	for (unsigned i = 0; i < nsocks; i++) {
+		const struct ckpt_fd *f = &socks[i].rec->f;
 		const struct loaded_fd *peer;
 
-		if (socks[i].fd >= 0 || !(socks[i].rec->f.sock_flags & CKPT_SOCK_CONNECTED))
+		/* a connected UDP socket only names its default peer: it is
+		 * bound and connected again below, like one connected outside */
+		if (socks[i].fd >= 0 || !(f->sock_flags & CKPT_SOCK_CONNECTED) ||
+		    (f->sock_domain != AF_UNIX && f->sock_type == SOCK_DGRAM))
 			continue;
 		peer = peer_record(socks[i].rec);
 		if (peer)
