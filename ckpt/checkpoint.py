@@ -3,6 +3,7 @@ the manifest and the atomic publication of <job-dir>/ckpt-NNNN."""
 
 import asyncio
 import errno
+import fcntl
 import os
 import secrets
 import time
@@ -33,14 +34,19 @@ def prepare_directory(job_dir):
     return number, tmp
 
 
-def _exists(pid):
+def _locked(path):
+    """Whether a process holds a flock on path (it exists and is locked)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return False
-    except PermissionError:
-        pass
-    return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _pids(text):
@@ -142,20 +148,18 @@ class CheckpointRun:
         return answers
 
     async def _result_left(self, proc, write_keys):
-        """The DONE keys in <image>.done once its writer is through; None if
-        it never gets there."""
+        """The DONE keys its writer left in <image>.done; None if the writer
+        died first (the lock it holds on <image>.done.tmp is free)."""
         if "forked" not in write_keys:  # written in place: complete already
             return {}
         done = self.tmp / f"{write_keys.get('file', '')}.done"
-        writer = write_keys["forked"]
         deadline = time.monotonic() + self.coord.barrier_timeout
         while time.monotonic() < deadline:
-            # a writer on this host that is gone and left nothing failed
-            given_up = proc.agent is None and writer.isdigit() and not _exists(int(writer))
+            writer_gone = not _locked(done.with_name(done.name + ".tmp"))
             try:
                 text = done.read_text()
             except OSError:
-                if given_up:
+                if writer_gone:
                     return None
                 await asyncio.sleep(0.02)
                 continue

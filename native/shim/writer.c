@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -212,28 +213,46 @@ static int has_unforkable_memory(void)
 }
 
 /*
- * The DONE keys in <image>.done too: the process may be gone before SYNC
- * (it exited, execed or was killed once resumed), its image is complete
- * all the same, and the coordinator finds them there.
+ * The writer's result, for when its process is gone before SYNC (it
+ * exited, execed or was killed once resumed): the image is complete all
+ * the same.  <image>.done.tmp is made and locked (flock) before the fork;
+ * the writer holds the lock until it exits, having written its DONE keys
+ * there and renamed it <image>.done.  The coordinator reads that, or sees
+ * the lock free and no result: the writer died.
  */
-static void leave_result(const char *dir, pid_t pid, const char *line, size_t len)
+static void result_paths(const char *dir, pid_t pid, char *path, char *tmp, size_t size)
 {
-	char path[PATH_MAX], tmp[PATH_MAX + 8], name[128];
-	int fd, ok;
+	char name[128];
 
 	image_name(name, sizeof(name), pid);
-	snprintf(path, sizeof(path), "%s/%s.done", dir, name);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);	/* whole or not at all */
+	snprintf(path, size, "%s/%s.done", dir, name);
+	snprintf(tmp, size, "%s/%s.done.tmp", dir, name);
+}
+
+static int result_open(const char *dir, pid_t pid)
+{
+	char path[PATH_MAX], tmp[PATH_MAX];
+	int fd;
+
+	result_paths(dir, pid, path, tmp, sizeof(path));
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return;
-	ok = write(fd, line, len) == (ssize_t)len;
-	close(fd);
-	if (!ok || rename(tmp, path))
+	if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void result_leave(int fd, const char *dir, pid_t pid, const char *line, size_t len)
+{
+	char path[PATH_MAX], tmp[PATH_MAX];
+
+	result_paths(dir, pid, path, tmp, sizeof(path));
+	if (write(fd, line, len) != (ssize_t)len || rename(tmp, path))
 		unlink(tmp);
 }
 
-static void writer_child(const char *dir, const struct snapshot *snap, int report)
+static void writer_child(const char *dir, const struct snapshot *snap, int report, int result)
 {
 	char detail[600], line[640];
 	int err, n;
@@ -245,7 +264,7 @@ static void writer_child(const char *dir, const struct snapshot *snap, int repor
 	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
 		  snprintf(line, sizeof(line), "DONE %s\n", detail);
 	if (!err)
-		leave_result(dir, snap->pid, line + 5, n - 5);
+		result_leave(result, dir, snap->pid, line + 5, n - 5);
 	if (write(report, line, n) != n)
 		err = EIO;
 	syscall(SYS_exit_group, err ? 1 : 0);
@@ -262,7 +281,7 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 	struct snapshot snap;
 	char key[128];
 	uint64_t copied;
-	int p[2], err;
+	int p[2], err, result;
 	long child;
 
 	if (has_unforkable_memory())
@@ -276,19 +295,23 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 		drop_snapshot(&snap);
 		return EAGAIN;
 	}
-	if (pipe2(p, O_CLOEXEC)) {
+	result = result_open(dir, snap.pid);
+	if (result < 0 || pipe2(p, O_CLOEXEC)) {
 		err = errno;
 		snprintf(detail, size, "forked write: %s", shim_strerror(err));
+		if (result >= 0)
+			close(result);
 		drop_snapshot(&snap);
 		return err;
 	}
 	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);	/* exit signal 0 */
 	if (child == 0) {
 		close(p[0]);
-		writer_child(dir, &snap, p[1]);
+		writer_child(dir, &snap, p[1], result);
 	}
 	err = child < 0 ? errno : 0;
 	close(p[1]);
+	close(result);	/* the child's copy holds the lock */
 	copied = shm_snapshot_bytes(snap.shm);
 	drop_snapshot(&snap);
 	if (err) {
