@@ -186,6 +186,15 @@ class Restart:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
 
+    def wait_registered(self, job_id, timeout=60):
+        """Until the restarted job answers `ckpt status` (its coordinator
+        is up and registered), so that a checkpoint finds it."""
+        deadline = time.monotonic() + timeout
+        while self.s.ckpt("status", job_id, check=False, timeout=30).returncode != 0:
+            assert self.proc.poll() is None, f"restart of {job_id} ended: {self.proc.stderr.read()}"
+            assert time.monotonic() < deadline, f"restart of {job_id} never registered"
+            time.sleep(0.05)
+
     def wait(self, timeout=300):
         try:
             out, err = self.proc.communicate(timeout=timeout)

@@ -17,7 +17,9 @@ from harness import REPO, Job, Restart, restart_and_finish
 
 SOFTVERBS = REPO / "native" / "softverbs"
 IB_APPS = REPO / "integration" / "ib" / "bin"
-PINGPONG_ITERS = {"ud": 1600000, "rc": 1200000}  # several seconds each, after checkpoints and a restart too
+# several seconds each, after checkpoints (the job runs on while they are
+# written) and a restart too
+PINGPONG_ITERS = {"ud": 2400000, "rc": 1600000}
 REBUILT = re.compile(r"epoch (\d+): QP (0x[0-9a-f]+) is now (0x[0-9a-f]+) on LID (0x[0-9a-f]+)")
 LOCAL = re.compile(r"local address:\s+LID (0x[0-9a-f]+), QPN (0x[0-9a-f]+)")
 
@@ -107,6 +109,7 @@ def test_pingpong_three_checkpoints_then_a_chain(verbs_session, kind):
     job.kill()
     assert len(job.images) == 3
     restarted = Restart(s, job.images[-1])
+    restarted.wait_registered(job.id)
     job.checkpoint_at_random_moments(1, 0.5, 0.9)
     s.ckpt("kill", job.id)
     restarted.wait()
