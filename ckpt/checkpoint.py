@@ -137,7 +137,7 @@ class CheckpointRun:
         leaves the result next to the image."""
         answers, gone = await self.coord.barrier("SYNC", self.procs, seq=self.number)
         for proc in gone:
-            keys = await self._result_left(proc, written.get(proc, {}))
+            keys = await self._result_left(written.get(proc, {}))
             if keys is None:
                 self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
             else:
@@ -147,7 +147,7 @@ class CheckpointRun:
             raise PhaseError("every process of the job exited during the checkpoint")
         return answers
 
-    async def _result_left(self, proc, write_keys):
+    async def _result_left(self, write_keys):
         """The DONE keys its writer left in <image>.done; None if the writer
         died first (the lock it holds on <image>.done.tmp is free)."""
         if "forked" not in write_keys:  # written in place: complete already
