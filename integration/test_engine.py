@@ -35,6 +35,7 @@ PROGRAMS = {
     "private_maps": ["300", "10", "."],
     "socket_states": ["300", "10"],
     "pipe_states": ["300", "10"],
+    "file_locks": ["300", "10", "."],
 }
 
 

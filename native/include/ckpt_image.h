@@ -217,6 +217,19 @@ enum ckpt_fd_kind {
 	CKPT_FD_FIFO = 17		/* named pipe: reopened, bytes like a pipe's */
 };
 
+/*
+ * File locks held through a file's fd (its fdinfo "lock:" lines), at most
+ * CKPT_FD_LOCKS: value[0] their count; lock i is value[1 + 2i] = its first
+ * byte | its kind << 56, value[2 + 2i] = its last byte (UINT64_MAX: to
+ * the end of the file, wherever that is).
+ */
+#define CKPT_FD_LOCKS 2
+#define CKPT_LOCK_POSIX 1		/* fcntl F_SETLK: the process's */
+#define CKPT_LOCK_FLOCK 2		/* flock(): the open file's */
+#define CKPT_LOCK_OFD 3			/* fcntl F_OFD_SETLK: the open file's */
+#define CKPT_LOCK_WRITE 4		/* or'ed in: exclusive, else shared */
+#define CKPT_LOCK_START_MASK 0xffffffffffffff	/* 56 bits */
+
 #define CKPT_SOCK_LISTENING 1
 #define CKPT_SOCK_CONNECTED 2
 #define CKPT_SOCK_BOUND 4		/* has a local address of its own */
@@ -268,7 +281,9 @@ struct ckpt_fd {
 	struct ckpt_sockaddr sock_peer;
 	uint64_t value[6];		/* eventfd, timerfd, signalfd state;
 					 * CKPT_FD_PIPE_READ: value[0] 1 when
-					 * no writer was left (EOF after the data) */
+					 * no writer was left (EOF after the data);
+					 * CKPT_FD_FILE, CKPT_FD_DELETED_FILE: the
+					 * locks held through it (below) */
 	int32_t share_pid;		/* CKPT_FD_FILE: the same open file (one
 					 * offset) as fd share_fd of process */
 	int32_t share_fd;		/* share_pid, inherited across fork; 0: none */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/file.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -23,6 +24,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "restart.h"
+#include "sys.h"
 
 #ifndef TFD_IOC_SET_TICKS
 #define TFD_IOC_SET_TICKS _IOW('T', 0, uint64_t)	/* <linux/timerfd.h> */
@@ -439,6 +441,44 @@ void prepare_fds(struct image *imgs, unsigned n)
 	keep_stdio();
 }
 
+/*
+ * The file locks each fd held (ckpt_image.h), taken again: flock and OFD
+ * locks belong to the open file, once it is in place; POSIX ones to the
+ * process, and closing any fd of the file drops them, so they come last,
+ * after the memory's files are closed (raw calls: past the point of no
+ * return; one that fails is not taken).
+ */
+void restore_locks(struct image *img, int posix)
+{
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct ckpt_fd *f = &img->fds[i].f;
+
+		if (f->kind != CKPT_FD_FILE && f->kind != CKPT_FD_DELETED_FILE)
+			continue;
+		for (uint64_t k = 0; k < f->value[0] && k < CKPT_FD_LOCKS; k++) {
+			uint64_t word = f->value[1 + 2 * k], last = f->value[2 + 2 * k];
+			unsigned kind = (word >> 56) & 3;
+			int excl = (word >> 56) & CKPT_LOCK_WRITE;
+			struct flock fl = {
+				.l_type = excl ? F_WRLCK : F_RDLCK, .l_whence = SEEK_SET,
+				.l_start = word & CKPT_LOCK_START_MASK,
+			};
+			long r;
+
+			if (!kind || (kind == CKPT_LOCK_POSIX) != posix)
+				continue;
+			fl.l_len = last == UINT64_MAX ? 0 : last - fl.l_start + 1;
+			if (kind == CKPT_LOCK_FLOCK)
+				r = sys2(SYS_flock, f->fd, (excl ? LOCK_EX : LOCK_SH) | LOCK_NB);
+			else
+				r = sys3(SYS_fcntl, f->fd, kind == CKPT_LOCK_OFD ? F_OFD_SETLK : F_SETLK, &fl);
+			if (r < 0 && !posix)
+				warn("pid %d: fd %d (%s): its lock cannot be taken again: %s",
+				     img->hdr.pid, f->fd, img->fds[i].path, strerror((int)-r));
+		}
+	}
+}
+
 void restore_fds(struct image *img)
 {
 	int *placed = arena_alloc(sizeof(int) * (img->nfds + 1));
@@ -459,6 +499,7 @@ void restore_fds(struct image *img)
 	}
 	fill_epoll_sets(img);
 	shared_close_pipes();
+	restore_locks(img, 0);
 }
 
 /* Just before jumping into the image: the restarter's own fds go away. */

@@ -166,6 +166,7 @@ static int restorer(void *arg)
 	/* point of no return */
 	restore_memory(img);
 	shared_close_shms();
+	restore_locks(img, 1);
 	mark("memory restored");
 	restore_process_late(img, &args);
 	restore_threads(img);

@@ -63,6 +63,41 @@ static int app_fdinfo(int fd, long long *pos, int *flags)
 	return 0;
 }
 
+/* The locks held through fd, into rec->value (ckpt_image.h); POSIX ones
+ * are the process's, FLOCK and OFD ones its open file's. */
+static void file_locks(int fd, struct ckpt_fd *rec)
+{
+	char path[64], buf[4096], kind[16], mode[16], end[32];
+	unsigned long long start;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	n = shim_read_proc(path, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	for (char *l = strstr(buf, "lock:"); l; l = strstr(l + 5, "lock:")) {
+		uint64_t k, i = rec->value[0];
+
+		if (sscanf(l, "lock: %*d: %15s ADVISORY %15s %*d %*s %llu %31s", kind, mode, &start,
+			   end) != 4)
+			continue;	/* MANDATORY, LEASE, DELEG: not taken again */
+		k = !strcmp(kind, "POSIX") ? CKPT_LOCK_POSIX : !strcmp(kind, "FLOCK") ?
+		    CKPT_LOCK_FLOCK : !strcmp(kind, "OFDLCK") ? CKPT_LOCK_OFD : 0;
+		if (!k)
+			continue;
+		if (i == CKPT_FD_LOCKS) {
+			ckpt_warn("fd %d holds more than %d locks: the others are not taken again",
+				  fd, CKPT_FD_LOCKS);
+			break;
+		}
+		k |= !strcmp(mode, "WRITE") ? CKPT_LOCK_WRITE : 0;
+		rec->value[1 + 2 * i] = (start & CKPT_LOCK_START_MASK) | k << 56;
+		rec->value[2 + 2 * i] = !strcmp(end, "EOF") ? UINT64_MAX : strtoull(end, NULL, 10);
+		rec->value[0] = i + 1;
+	}
+}
+
 /* Terminals: the pty and console majors, or a terminal's device name. */
 static int app_is_tty(const struct stat *st, const char *path)
 {
@@ -277,6 +312,7 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 			(shim_is_scratch_path(fi->path) && fi->file_size <= SCRATCH_MAX);
 		/* a memfd may also be mapped */
 		fi->rec.object_id = shim_object_id(st->st_dev, st->st_ino);
+		file_locks(fd, &fi->rec);
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
 	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec) == 0) {
