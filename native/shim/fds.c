@@ -45,14 +45,17 @@ int app_stat(int fd, struct stat *st)
 	return stat(path, st);
 }
 
-/* Offset and open flags (O_CLOEXEC standing for FD_CLOEXEC) from fdinfo. */
-static int app_fdinfo(int fd, long long *pos, int *flags)
+#define FDINFO_TEXT 4096	/* room for a few lock lines */
+
+/* Offset and open flags (O_CLOEXEC standing for FD_CLOEXEC) from fdinfo,
+ * whose text stays in buf (FDINFO_TEXT bytes). */
+static int read_fdinfo(int fd, char *buf, long long *pos, int *flags)
 {
-	char path[64], buf[512], *p;
+	char path[64], *p;
 	ssize_t n;
 
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
+	n = shim_read_proc(path, buf, FDINFO_TEXT - 1);
 	if (n <= 0)
 		return n < 0 ? -n : EIO;
 	buf[n] = '\0';
@@ -63,20 +66,21 @@ static int app_fdinfo(int fd, long long *pos, int *flags)
 	return 0;
 }
 
-/* The locks held through fd, into rec->value (ckpt_image.h); POSIX ones
- * are the process's, FLOCK and OFD ones its open file's. */
-static void file_locks(int fd, struct ckpt_fd *rec)
+static int app_fdinfo(int fd, long long *pos, int *flags)
 {
-	char path[64], buf[4096], kind[16], mode[16], end[32];
-	unsigned long long start;
-	ssize_t n;
+	char buf[FDINFO_TEXT];
 
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return;
-	buf[n] = '\0';
-	for (char *l = strstr(buf, "lock:"); l; l = strstr(l + 5, "lock:")) {
+	return read_fdinfo(fd, buf, pos, flags);
+}
+
+/* The locks fdinfo shows held through fd, into rec->value (ckpt_image.h);
+ * POSIX ones are the process's, FLOCK and OFD ones its open file's. */
+static void file_locks(int fd, const char *fdinfo, struct ckpt_fd *rec)
+{
+	char kind[16], mode[16], end[32];
+	unsigned long long start;
+
+	for (const char *l = strstr(fdinfo, "lock:"); l; l = strstr(l + 5, "lock:")) {
 		uint64_t k, i = rec->value[0];
 
 		if (sscanf(l, "lock: %*d: %15s ADVISORY %15s %*d %*s %llu %31s", kind, mode, &start,
@@ -236,7 +240,7 @@ static int list_fds(int *fds, int max)
 
 static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 {
-	char link[64];
+	char link[64], fdinfo[FDINFO_TEXT];
 	ssize_t n;
 
 	long long pos;
@@ -245,7 +249,7 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	memset(&fi->rec, 0, sizeof(fi->rec));
 	fi->rec.fd = fd;
 	fi->rec.dup_of = -1;
-	if (app_stat(fd, st) || app_fdinfo(fd, &pos, &flags))
+	if (app_stat(fd, st) || read_fdinfo(fd, fdinfo, &pos, &flags))
 		return errno ? errno : EIO;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	n = readlink(link, fi->path, sizeof(fi->path) - 1);
@@ -258,6 +262,8 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	fi->rec.mode = st->st_mode;
 	fi->dev = st->st_dev;
 	fi->ino = st->st_ino;
+	if (S_ISREG(st->st_mode))
+		file_locks(fd, fdinfo, &fi->rec);
 	return 0;
 }
 
@@ -312,7 +318,6 @@ static void classify_fd(struct fd_info *fi, const struct stat *st)
 			(shim_is_scratch_path(fi->path) && fi->file_size <= SCRATCH_MAX);
 		/* a memfd may also be mapped */
 		fi->rec.object_id = shim_object_id(st->st_dev, st->st_ino);
-		file_locks(fd, &fi->rec);
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
 	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec) == 0) {
