@@ -144,6 +144,9 @@ class HostAgent:
                 future.set_result(answer)
         elif word == "SIGNAL":
             self._signal(int(rest))
+        elif word == "STOPPED":  # STOPPED id tags
+            ident, _, tags = rest.partition(" ")
+            self._spawn(self._answer(ident, self._find_stopped(tags.split(","))))
         elif word == "THAW":    # THAW id tags
             ident, _, tags = rest.partition(" ")
             self._spawn(self._answer(ident, self._thaw(tags.split(","))))
@@ -169,6 +172,10 @@ class HostAgent:
         self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")
 
     # ---- stopped processes: only this host can thaw them (/proc, ptrace) --
+
+    async def _find_stopped(self, tags):
+        found = await stopped_processes.find([self.procs[t] for t in tags if t in self.procs])
+        return {"stopped": [proc.tag for proc in found]}
 
     async def _thaw(self, tags):
         await self._freeze()   # an earlier checkpoint's, had its FREEZE been lost

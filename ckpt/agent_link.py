@@ -135,6 +135,13 @@ class AgentLink:
     def _thaw_timeout(self):
         return self.coord.barrier_timeout + AGENT_MARGIN
 
+    async def find_stopped(self, group):
+        """The stopped ones of group, as the agent sees them."""
+        answer = await self._ask_or_fail("STOPPED", ",".join(p.tag for p in group),
+                                         self._thaw_timeout())
+        stopped = set(answer.get("stopped", ()))
+        return [proc for proc in group if proc.tag in stopped]
+
     async def thaw(self, group):
         """The agent thaws the stopped ones of group: returns them."""
         answer = await self._ask_or_fail("THAW", ",".join(p.tag for p in group),

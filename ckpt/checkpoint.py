@@ -69,21 +69,17 @@ class CheckpointRun:
         """Returns the published directory; CkptError (job resumed) on failure."""
         # RESUME abort reaches them all on failure (newcomers join the list)
         self.to_abort = list(self.procs)
+        self.thawed = []
         self.coord.forget_names_of_checkpoint(self.number)
         try:
-            # stopped processes take part through a tracer: they stay stopped
-            self.thawed = await stopped_processes.thaw(self.procs)
+            held = await stopped_processes.find(self.procs)
         except PhaseError as exc:
             manifests.discard(self.tmp)
             raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {exc}")
-        for proc in (proc for t in self.thawed for proc in t.procs):
-            self.coord._put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")
         try:
-            # plugins with hardware that cannot be imaged let go of it while
-            # the application still runs (docs/PROTOCOL.md)
-            await self._phase("STOP")
-            await self._phase("RELEASE")
-            threads = await self._phase("SUSPEND")
+            threads = await self._suspend([p for p in self.procs if p not in held])
+            if held:
+                threads.update(await self._suspend_stopped(held))
             threads.update(await self._take_in_newcomers(threads))
             await self._phase("DRAIN")
             # bytes a TCP sender holds reach their receiver: the marker
@@ -121,15 +117,38 @@ class CheckpointRun:
         finally:
             await stopped_processes.freeze(self.thawed)
 
-    async def _phase(self, phase, arg=None):
-        """A barrier; processes that exited are left out with a warning."""
-        answers, gone = await self.coord.barrier(phase, self.procs, arg, seq=self.number)
+    async def _phase(self, phase, arg=None, procs=None):
+        """A barrier (of procs, default all); processes that exited are
+        left out with a warning."""
+        answers, gone = await self.coord.barrier(
+            phase, self.procs if procs is None else procs, arg, seq=self.number)
         for proc in gone:
             self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
-        self.procs = [p for p in self.procs if p in answers]
+        self.procs = [p for p in self.procs if p not in gone]
         if not self.procs:
             raise PhaseError("every process of the job exited during the checkpoint")
         return answers
+
+    async def _suspend(self, group):
+        """STOP, RELEASE (plugins with hardware that cannot be imaged let go
+        of it while the application still runs: docs/PROTOCOL.md), SUSPEND."""
+        if not group:
+            return {}
+        for phase in ("STOP", "RELEASE", "SUSPEND"):
+            answers = await self._phase(phase, procs=[p for p in group if p in self.procs])
+        return answers
+
+    async def _suspend_stopped(self, held):
+        """Stopped processes take part through a tracer and stay stopped.
+        They are thawed only once the others are parked: a thread the
+        tracer takes or lets go shows as running for a moment, which a
+        parent that still ran could see."""
+        self.to_abort = [p for p in self.to_abort if p not in held]
+        self.thawed = await stopped_processes.thaw(held)
+        for proc in (proc for t in self.thawed for proc in t.procs):
+            self.coord._put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")
+        self.to_abort.extend(held)  # thawed, or running again since
+        return await self._suspend(held)
 
     async def _sync(self, written):
         """SYNC: the forked writers' results.  A process gone since RESUME

@@ -138,20 +138,44 @@ class AgentThawed:
             await self.agent.freeze()
 
 
-async def thaw(procs):
-    """Thaw the stopped ones among procs (another host's: by its agent);
-    a refusal or failure raises PhaseError (nothing is left thawed).
-    Returns the thawed, each with the processes it stands for (.procs)."""
-    here = [p for p in procs if p.agent is None]
-    stopped = [p for p in here if is_stopped(p.real_pid)]
+def _stopped_here(procs):
+    """The stopped ones of this host's procs; PhaseError if one cannot be thawed."""
+    stopped = [p for p in procs if p.agent is None and is_stopped(p.real_pid)]
     for proc in stopped:
         why = refusal(proc)
         if why:
             raise PhaseError(why)
+    return stopped
+
+
+def _by_agent(procs):
     by_agent = {}
     for proc in procs:
         if proc.agent is not None:
             by_agent.setdefault(proc.agent, []).append(proc)
+    return by_agent
+
+
+async def find(procs):
+    """The stopped ones among procs (another host's: asked of its agent,
+    every host at once); PhaseError if one cannot be thawed."""
+    stopped = _stopped_here(procs)
+    by_agent = _by_agent(procs)
+    results = await asyncio.gather(*(agent.find_stopped(group) for agent, group in by_agent.items()),
+                                   return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+        stopped.extend(result)
+    return stopped
+
+
+async def thaw(procs):
+    """Thaw the stopped ones among procs (another host's: by its agent);
+    a refusal or failure raises PhaseError (nothing is left thawed).
+    Returns the thawed, each with the processes it stands for (.procs)."""
+    stopped = _stopped_here(procs)
+    by_agent = _by_agent(procs)
     thawed = []
     try:
         for proc in stopped:

@@ -22,6 +22,7 @@ import ctypes
 import os
 import select
 import sys
+import time
 
 PTRACE_CONT = 7
 PTRACE_DETACH = 17
@@ -31,6 +32,7 @@ WALL = 0x40000000
 PARKING_SIGNAL = 33
 CHECKPOINT_THREAD_NAME = "ckpt"
 POLL_SECONDS = 0.005
+REFREEZE_SECONDS = 10.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
@@ -63,6 +65,26 @@ def pending_signals(pid, tid):
             if line.startswith("SigPnd:"):
                 return int(line.split()[1], 16)
     return 0
+
+
+def thread_state(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"  # gone
+
+
+def wait_group_stopped(pid, tids):
+    """A detached thread runs a moment to enter the group stop again
+    (it shows 'R' meanwhile): wait until it has, so that nobody is told
+    its stopped process runs again, such as a parent reading its state."""
+    deadline = time.monotonic() + REFREEZE_SECONDS
+    for tid in tids:
+        while thread_state(pid, tid) not in ("T", "X", "Z"):
+            if time.monotonic() > deadline:
+                raise ThawError(f"thread {tid} did not stop again")
+            time.sleep(0.001)
 
 
 def wait_stop(tid):
@@ -115,9 +137,10 @@ class Thaw:
         ptrace(PTRACE_DETACH, tid)
 
     def freeze_app(self):
-        for tid in self.seized:
-            if tid != self.checkpointer:
-                self.freeze(tid)
+        app = [tid for tid in self.seized if tid != self.checkpointer]
+        for tid in app:
+            self.freeze(tid)
+        wait_group_stopped(self.pid, app)
         self.seized = [self.checkpointer]
 
 
@@ -144,6 +167,7 @@ def main(pid):
                 if command == "":
                     thaw.freeze_app()
                 thaw.freeze(thaw.checkpointer)
+                wait_group_stopped(pid, [thaw.checkpointer])
                 answer("ok")
                 return 0
     except (ThawError, OSError) as exc:

@@ -86,8 +86,9 @@ int main(int argc, char **argv)
 		}
 		if (s > steps / 3 && s < 2 * steps / 3) {
 			/* 't' while a checkpoint's tracer holds it */
-			zdtm_check(state_of(child) == 'T' || state_of(child) == 't',
-				   "child not stopped at step %ld", s);
+			char st = state_of(child);
+			zdtm_check(st == 'T' || st == 't',
+				   "child not stopped at step %ld (state %c)", s, st);
 			zdtm_check(*counter == frozen_at, "the stopped child ran");
 			zdtm_check(sigchlds == chlds_at, "SIGCHLD while nothing happened");
 		}
