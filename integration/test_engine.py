@@ -36,6 +36,7 @@ PROGRAMS = {
     "socket_states": ["300", "10"],
     "pipe_states": ["300", "10"],
     "file_locks": ["300", "10", "."],
+    "posix_timers": ["300", "10"],
 }
 
 
@@ -72,7 +73,7 @@ def test_in_place_checkpoints(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos",
-                                 "tcpflood", "private_maps"])
+                                 "tcpflood", "private_maps", "posix_timers"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]

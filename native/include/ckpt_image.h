@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 6
+#define CKPT_IMAGE_VERSION 7
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -153,6 +153,25 @@ struct ckpt_itimer {
 	int64_t value_sec, value_usec;
 };
 
+/*
+ * A POSIX timer (timer_create), as /proc/self/timers and timer_gettime
+ * show it; restored with its id (PR_TIMER_CREATE_RESTORE_IDS), its
+ * notification, and what was left of its time.
+ */
+#define CKPT_MAX_TIMERS 64
+
+struct ckpt_posix_timer {
+	int32_t id;			/* the kernel's timer id */
+	int32_t clockid;
+	int32_t notify;			/* SIGEV_SIGNAL, SIGEV_NONE, or SIGEV_THREAD_ID */
+	int32_t signo;
+	int32_t tid;			/* SIGEV_THREAD_ID: the thread it signals */
+	int32_t pad;
+	uint64_t sigval;
+	int64_t interval_ns;
+	int64_t value_ns;		/* left until it expires; 0: disarmed */
+};
+
 struct ckpt_rlim {
 	uint64_t cur, max;
 };
@@ -190,8 +209,9 @@ struct ckpt_process {
 	char cwd[CKPT_PATH_MAX];
 	char exe[CKPT_PATH_MAX];
 	uint32_t nzombies;		/* children that exited, not yet waited for */
-	uint32_t pad2;
+	uint32_t ntimers;
 	struct ckpt_zombie zombies[CKPT_MAX_ZOMBIES];
+	struct ckpt_posix_timer timers[CKPT_MAX_TIMERS];
 };
 
 enum ckpt_fd_kind {

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -280,6 +281,36 @@ static void check_process(struct image *img, const struct ckpt_process *p)
 		die("%s: corrupt process record (memory layout)", img->file);
 }
 
+static int has_thread(const struct image *img, int32_t tid)
+{
+	for (unsigned i = 0; i < img->nthreads; i++)
+		if (img->threads[i].tid == tid)
+			return 1;
+	return 0;
+}
+
+/* POSIX timers: each id once, a notification restore_posix_timers makes,
+ * a signal, and a thread of the process to signal. */
+static void check_timers(const struct image *img)
+{
+	const struct ckpt_process *p = img->proc;
+
+	if (p->ntimers > CKPT_MAX_TIMERS)
+		die("%s: corrupt process record (%u timers)", img->file, p->ntimers);
+	for (unsigned i = 0; i < p->ntimers; i++) {
+		const struct ckpt_posix_timer *t = &p->timers[i];
+
+		if (t->id < 0 || t->signo < 0 || t->signo >= CKPT_NSIG || t->interval_ns < 0 ||
+		    t->value_ns < 0 || (t->notify != SIGEV_SIGNAL && t->notify != SIGEV_NONE &&
+		    t->notify != SIGEV_THREAD_ID) ||
+		    (t->notify == SIGEV_THREAD_ID && !has_thread(img, t->tid)))
+			die("%s: corrupt POSIX timer record (timer %d)", img->file, t->id);
+		for (unsigned j = 0; j < i; j++)
+			if (p->timers[j].id == t->id)
+				die("%s: corrupt process record (timer %d twice)", img->file, t->id);
+	}
+}
+
 /* The main thread is there once, and the shim's restart info, written
  * after the memory is back, lies in a writable region of the image. */
 static void check_threads_and_info(struct image *img)
@@ -402,4 +433,5 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	if (!img->proc || !img->nthreads)
 		die("%s: image has no process or thread record", path);
 	check_threads_and_info(img);
+	check_timers(img);
 }

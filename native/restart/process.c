@@ -8,10 +8,15 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/prctl.h>
 #include "restart.h"
 #include "sys.h"
+
+#ifndef PR_TIMER_CREATE_RESTORE_IDS
+#define PR_TIMER_CREATE_RESTORE_IDS 77	/* Linux 6.17 */
+#endif
 
 /* Before the point of no return: these may fail cleanly. */
 void restore_process_early(struct image *img)
@@ -21,6 +26,9 @@ void restore_process_early(struct image *img)
 	if (chdir(p->cwd))
 		die("cannot enter the saved working directory %s: %s", p->cwd, strerror(errno));
 	umask(p->umask);
+	if (p->ntimers && prctl(PR_TIMER_CREATE_RESTORE_IDS, 2, 0, 0, 0) < 0)
+		die("the process has POSIX timers, whose ids this kernel cannot give back "
+		    "(PR_TIMER_CREATE_RESTORE_IDS: Linux 6.17 or later): %s", strerror(errno));
 }
 
 static void restore_rlimits(const struct ckpt_process *p)
@@ -92,16 +100,95 @@ static void restore_mm(const struct ckpt_process *p)
 		fatal("restoring brk and the mm fields (PR_SET_MM_MAP)", r);
 }
 
+static void restore_posix_timer(const struct ckpt_posix_timer *t)
+{
+	struct itimerspec its = {
+		{ t->interval_ns / 1000000000, t->interval_ns % 1000000000 },
+		{ t->value_ns / 1000000000, t->value_ns % 1000000000 },
+	};
+	struct sigevent ev;
+	int id = t->id;		/* the id it asks for */
+	long r;
+
+	memset(&ev, 0, sizeof(ev));
+	ev.sigev_value.sival_ptr = (void *)t->sigval;
+	ev.sigev_signo = t->signo;
+	ev.sigev_notify = t->notify;
+	if (t->notify == SIGEV_THREAD_ID)
+		ev._sigev_un._tid = t->tid;
+	r = sys3(SYS_timer_create, t->clockid, (long)&ev, (long)&id);
+	if (r < 0)
+		fatal("recreating a POSIX timer", r);
+	if (id != t->id)
+		fatal("recreating a POSIX timer with its id", -EBUSY);
+	if (t->value_ns > 0) {
+		r = sys4(SYS_timer_settime, id, 0, (long)&its, 0);
+		if (r < 0)
+			fatal("arming a POSIX timer again", r);
+	}
+}
+
+/*
+ * POSIX timers (saved by read_posix_timers, native/shim/save_process.c),
+ * each with its id, which the application holds.  Once the threads exist:
+ * a timer may signal one of them.  Their signals wait: every thread
+ * blocks all of them until it resumes.
+ */
+void restore_posix_timers(const struct ckpt_process *p)
+{
+	long r;
+
+	if (!p->ntimers)
+		return;
+	r = sys2(SYS_prctl, PR_TIMER_CREATE_RESTORE_IDS, 1);
+	if (r < 0)
+		fatal("giving POSIX timers their ids back (PR_TIMER_CREATE_RESTORE_IDS, "
+		      "Linux 6.17 or later)", r);
+	for (unsigned i = 0; i < p->ntimers && i < CKPT_MAX_TIMERS; i++)
+		restore_posix_timer(&p->timers[i]);
+	sys2(SYS_prctl, PR_TIMER_CREATE_RESTORE_IDS, 0);
+}
+
+/* The one timer that signals the process with sig, or NULL. */
+static const struct ckpt_posix_timer *timer_of_signal(const struct ckpt_process *p, int sig)
+{
+	const struct ckpt_posix_timer *found = NULL;
+
+	for (unsigned i = 0; i < p->ntimers && i < CKPT_MAX_TIMERS; i++) {
+		if (p->timers[i].notify != SIGEV_SIGNAL || p->timers[i].signo != sig)
+			continue;
+		if (found)
+			return NULL;
+		found = &p->timers[i];
+	}
+	return found;
+}
+
 /* Pending signals come back pending (all are blocked until the threads
- * resume); their siginfo does not. */
+ * resume); their siginfo does not, but for a timer's: a handler may
+ * look at its value. */
 static void restore_pending(const struct ckpt_process *p)
 {
 	long pid = sys0(SYS_getpid);
 
-	for (int sig = 1; sig < CKPT_NSIG; sig++)
-		if ((p->shared_pending >> (sig - 1)) & 1 && sig != SIGKILL && sig != SIGSTOP &&
-		    sig != CKPT_PARKING_SIGNAL)
+	for (int sig = 1; sig < CKPT_NSIG; sig++) {
+		const struct ckpt_posix_timer *t = timer_of_signal(p, sig);
+		siginfo_t si;
+
+		if (!((p->shared_pending >> (sig - 1)) & 1) || sig == SIGKILL || sig == SIGSTOP ||
+		    sig == CKPT_PARKING_SIGNAL)
+			continue;
+		if (!t) {
 			sys2(SYS_kill, pid, sig);
+			continue;
+		}
+		memset(&si, 0, sizeof(si));
+		si.si_signo = sig;
+		si.si_code = SI_TIMER;
+		si.si_timerid = t->id;
+		si.si_value.sival_ptr = (void *)t->sigval;
+		sys3(SYS_rt_sigqueueinfo, pid, sig, (long)&si);
+	}
 }
 
 void restore_process_late(struct image *img, const struct restart_args *args)

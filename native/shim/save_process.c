@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/prctl.h>
 #include "shim.h"
@@ -87,6 +88,70 @@ static void read_limits_and_timers(struct ckpt_process *p)
 			p->rlimits[r].max = rl.rlim_max;
 		}
 	}
+}
+
+/*
+ * POSIX timers, from /proc/self/timers ("ID:", "signal: SIG/SIGVAL",
+ * "notify: signal|none/pid|tid.N", "ClockID:" per timer) and each one's
+ * timer_gettime.  Restored by restore_posix_timers (native/restart/process.c).
+ */
+static int parse_timer(char *block, struct ckpt_posix_timer *t)
+{
+	char how[16], whom[8];
+	unsigned long long sigval;
+	long long nr;
+	char *l;
+
+	memset(t, 0, sizeof(*t));
+	if (sscanf(block, "ID: %d", &t->id) != 1 || !(l = strstr(block, "\nsignal: ")) ||
+	    sscanf(l, "\nsignal: %d/%llx", &t->signo, &sigval) != 2 ||
+	    !(l = strstr(block, "\nnotify: ")) ||
+	    sscanf(l, "\nnotify: %15[a-z]/%7[a-z].%lld", how, whom, &nr) != 3 ||
+	    !(l = strstr(block, "\nClockID: ")) || sscanf(l, "\nClockID: %d", &t->clockid) != 1)
+		return EINVAL;
+	t->sigval = sigval;
+	if (!strcmp(how, "none"))
+		t->notify = SIGEV_NONE;
+	else if (!strcmp(how, "signal"))
+		t->notify = strcmp(whom, "tid") ? SIGEV_SIGNAL : SIGEV_THREAD_ID;
+	else
+		return ENOTSUP;	/* the kernel's own SIGEV_THREAD: glibc never asks for it */
+	if (t->notify == SIGEV_THREAD_ID)
+		t->tid = (int32_t)nr;
+	return 0;
+}
+
+static int read_posix_timers(struct ckpt_process *p)
+{
+	char buf[CKPT_MAX_TIMERS * 128], *block, *next;
+	ssize_t n = shim_read_proc("/proc/self/timers", buf, sizeof(buf) - 1);
+
+	if (n < 0)
+		return 0;	/* a kernel without it: no timers to see */
+	if (n == (ssize_t)sizeof(buf) - 1)
+		return E2BIG;
+	buf[n] = '\0';
+	/* one block per timer, each from its "ID:" line ("ClockID:" is not one) */
+	for (block = strncmp(buf, "ID: ", 4) ? NULL : buf; block; block = next) {
+		struct ckpt_posix_timer *t = &p->timers[p->ntimers];
+		struct itimerspec its;
+		int err;
+
+		next = strstr(block, "\nID: ");
+		if (next)
+			*next++ = '\0';
+		if (p->ntimers == CKPT_MAX_TIMERS)
+			return E2BIG;
+		err = parse_timer(block, t);
+		if (err)
+			return err;
+		if (syscall(SYS_timer_gettime, t->id, &its))
+			return errno;
+		t->interval_ns = its.it_interval.tv_sec * 1000000000LL + its.it_interval.tv_nsec;
+		t->value_ns = its.it_value.tv_sec * 1000000000LL + its.it_value.tv_nsec;
+		p->ntimers++;
+	}
+	return 0;
 }
 
 /* The executable as it was at the last checkpoint: a restarted process
@@ -249,7 +314,7 @@ void process_job_children(char *out, size_t size)
 }
 
 /* Collected in the process itself: a forked writer has no itimers. */
-int collect_process(struct ckpt_process *p)
+int collect_process(struct ckpt_process *p, char *detail, size_t size)
 {
 	ssize_t n;
 	int err;
@@ -261,16 +326,28 @@ int collect_process(struct ckpt_process *p)
 	p->sid = getsid(0);
 	p->ppid = getppid();
 	err = read_mm_fields(p);
-	if (err)
+	if (err) {
+		snprintf(detail, size, "reading process state: %s", shim_strerror(err));
 		return err;
+	}
 	n = shim_read_proc("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
 	p->auxv_words = n > 0 ? n / 8 : 0;
 	read_sigactions(p);
 	read_limits_and_timers(p);
+	err = read_posix_timers(p);
+	if (err == E2BIG)
+		snprintf(detail, size, "more than %d POSIX timers: not supported", CKPT_MAX_TIMERS);
+	else if (err)
+		snprintf(detail, size, "reading its POSIX timers: %s", shim_strerror(err));
+	if (err)
+		return err;
 	p->shared_pending = shared_pending();
 	collect_zombies(p);
-	if (!getcwd(p->cwd, sizeof(p->cwd)))
-		return errno;
+	if (!getcwd(p->cwd, sizeof(p->cwd))) {
+		err = errno;
+		snprintf(detail, size, "its working directory: %s", shim_strerror(err));
+		return err;
+	}
 	n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);
 	if (n > 0)
 		p->exe[n] = '\0';

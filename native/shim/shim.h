@@ -204,7 +204,7 @@ SHIM_HIDDEN void iw_abort(struct image_writer *w, int dirfd, const char *name);
 SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 
 /* save_*.c: the records of one image */
-SHIM_HIDDEN int collect_process(struct ckpt_process *p);
+SHIM_HIDDEN int collect_process(struct ckpt_process *p, char *detail, size_t size);
 SHIM_HIDDEN void process_job_children(char *out, size_t size);
 SHIM_HIDDEN int restore_exe_link(void);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);

@@ -141,10 +141,8 @@ static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
 	snap->proc = scratch_map(sizeof(*snap->proc));
 	if (!snap->proc)
 		return ENOMEM;
-	err = collect_process(snap->proc);	/* itimers do not survive fork */
-	if (err) {
-		snprintf(detail, size, "reading process state: %s", shim_strerror(err));
-	} else {
+	err = collect_process(snap->proc, detail, size);	/* timers do not survive fork */
+	if (!err) {
 		snap->fds = fds_collect();
 		if (!snap->fds) {
 			err = ENOMEM;
