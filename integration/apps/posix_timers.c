@@ -1,7 +1,8 @@
 /*
  * POSIX timers (timer_create) of every kind the kernel notifies: a
  * periodic one signalling the process with a value, one signalling a
- * given thread (SIGEV_THREAD_ID), a SIGEV_NONE one read by polling, an
+ * given thread (SIGEV_THREAD_ID), one whose expiry glibc's helper thread
+ * turns into a call in a new thread (SIGEV_THREAD), a SIGEV_NONE one read by polling, an
  * hour-long one-shot on CLOCK_REALTIME, a disarmed one, and a hole where
  * a deleted timer's id was.  After a restart each id still names its
  * timer (the application holds them), the ticking ones keep ticking at
@@ -23,7 +24,7 @@
 #define THREAD_SIGNAL (SIGRTMIN + 3)
 #define TICK_VALUE 4242
 
-static volatile long ticks, thread_ticks, wrong_value, wrong_thread;
+static volatile long ticks, thread_ticks, calls, wrong_value, wrong_thread;
 static volatile pid_t worker_tid;
 static volatile int done;
 
@@ -44,6 +45,13 @@ static void on_thread_tick(int sig, siginfo_t *si, void *uc)
 	if (syscall(SYS_gettid) != worker_tid)
 		wrong_thread++;
 	thread_ticks++;
+}
+
+static void on_call(union sigval v)
+{
+	if (v.sival_int != TICK_VALUE)
+		wrong_value++;
+	calls++;
 }
 
 static void *worker(void *arg)
@@ -98,7 +106,9 @@ static long left_ms(timer_t t, long *every_ms)
 int main(int argc, char **argv)
 {
 	long steps = 300, pace = 10, every, hour_left, last_ticks = 0, last_thread_ticks = 0;
-	timer_t tick, deleted, thread_timer, polled, hour, idle;
+	long last_calls = 0;
+	timer_t tick, deleted, thread_timer, polled, hour, idle, caller;
+	struct sigevent call;
 	struct sigaction sa;
 	sigset_t block;
 	pthread_t th;
@@ -126,6 +136,12 @@ int main(int argc, char **argv)
 	hour = make_timer(CLOCK_REALTIME, SIGEV_SIGNAL, SIGALRM, 0, 0);
 	idle = make_timer(CLOCK_MONOTONIC, SIGEV_SIGNAL, SIGUSR1, 0, 0);
 	zdtm_check(timer_delete(deleted) == 0, "timer_delete");
+	memset(&call, 0, sizeof(call));
+	call.sigev_notify = SIGEV_THREAD;
+	call.sigev_notify_function = on_call;
+	call.sigev_value.sival_int = TICK_VALUE;
+	zdtm_check(timer_create(CLOCK_MONOTONIC, &call, &caller) == 0, "timer_create SIGEV_THREAD");
+	arm(caller, 9, 9);
 	arm(tick, 5, 5);
 	arm(thread_timer, 7, 7);
 	arm(polled, 1000, 1000);
@@ -142,6 +158,8 @@ int main(int argc, char **argv)
 		zdtm_check(thread_ticks > last_thread_ticks, "the thread's timer stopped at step %ld", s);
 		zdtm_check(!wrong_value, "a tick came with another value");
 		zdtm_check(!wrong_thread, "a thread tick came to another thread");
+		zdtm_check(calls > last_calls, "the SIGEV_THREAD timer stopped at step %ld", s);
+		last_calls = calls;
 		last_ticks = ticks;
 		last_thread_ticks = thread_ticks;
 		/* the others: still there, time left not grown */
