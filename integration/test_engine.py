@@ -213,6 +213,25 @@ def check_whole_tree_restarts(session, app, processes):
     assert restart_and_finish(session, job.images[-1], job) == reference
 
 
+def test_thousands_of_regions_restart_under_a_low_fd_limit(session):
+    """4,000 memory regions, 2,000 of them maps of one file, restarted
+    with an fd limit of 1,024 (hard): the restart holds one fd per mapped
+    file, not one per region (it asked for more fds than regions)."""
+    args = ["200", "10", "."]
+    reference = session.reference("many_maps", *args)
+    job = Job(session, "many-maps", "many_maps", *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2)
+    job.kill()
+    for image in job.images:
+        restart = subprocess.run(["prlimit", "--nofile=1024:1024", "--",
+                                  *session.ckpt_argv("restart", image)],
+                                 cwd=session.work, env=session.env(), capture_output=True,
+                                 text=True, timeout=300)
+        assert restart.returncode == 0, restart.stderr
+        assert job.output() == reference
+
+
 def test_processes_that_fork_as_they_start(session):
     """300 shells that fork and exec at once: each one's checkpoint thread
     connects while its main thread forks, and the child's first dlsym (the

@@ -44,19 +44,22 @@ int restart_fd_base(void)
 static void choose_fd_base(struct image *imgs, unsigned n)
 {
 	struct rlimit rl;
-	unsigned long need = 16;
+	unsigned long need = 16, files = 0;
 	int highest = 2;
 
 	for (unsigned i = 0; i < n; i++) {
 		for (unsigned j = 0; j < imgs[i].nfds; j++)
 			if (imgs[i].fds[j].f.fd > highest)
 				highest = imgs[i].fds[j].f.fd;
-		need += 3 * imgs[i].nfds + imgs[i].nvmas + 1;
+		files += mapped_file_fds(&imgs[i]);
+		need += 3 * imgs[i].nfds + 1;
 	}
+	need += files;
 	fd_base = highest + 1;
 	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur < (rlim_t)fd_base + need)
-		die("the images use fd %d: RLIMIT_NOFILE (%llu) is too low to restore them",
-		    highest, (unsigned long long)rl.rlim_cur);
+		die("the restart needs %lu fds above fd %d, the images' highest (for their fds "
+		    "and %lu mapped files), and RLIMIT_NOFILE is %llu: raise it (ulimit -n)",
+		    need, highest, files, (unsigned long long)rl.rlim_cur);
 }
 
 int move_high(int fd, const char *what)

@@ -41,6 +41,7 @@ static struct span cur[MAX_CUR];
 static unsigned ncur;
 static struct vdso_block cur_vdso, saved_vdso;
 static int *file_fds;			/* per vma: an open mapped file, or -1 */
+static unsigned char *file_fd_owned;	/* per vma: its file_fds[] is its own */
 
 static int is_vdso_name(const char *n)
 {
@@ -173,28 +174,76 @@ static int deleted_file_object(const struct image *img, const struct loaded_vma 
 	return high;
 }
 
+static int is_mapped_file(const struct loaded_vma *lv)
+{
+	return lv->v.kind == CKPT_VMA_FILE || lv->v.kind == CKPT_VMA_SHARED_FILE;
+}
+
+static int needs_write(const struct loaded_vma *lv)
+{
+	return lv->v.kind == CKPT_VMA_SHARED_FILE && (lv->v.prot & PROT_WRITE);
+}
+
+/* An earlier region i of the same file, opened for what vma needs (a
+ * writable shared map needs O_RDWR), or -1: one fd per file and mode,
+ * however many regions map it. */
+static int same_file_before(const struct image *img, unsigned i, const int *fds)
+{
+	const struct loaded_vma *lv = &img->vmas[i];
+
+	for (unsigned j = i; j-- > 0;) {
+		const struct loaded_vma *earlier = &img->vmas[j];
+
+		if (fds[j] >= 0 && is_mapped_file(earlier) && needs_write(earlier) == needs_write(lv) &&
+		    !strcmp(earlier->path, lv->path))
+			return j;
+	}
+	return -1;
+}
+
+/* How many fds check_files() holds for img: the restart needs room for them. */
+unsigned mapped_file_fds(const struct image *img)
+{
+	int *first = arena_alloc(sizeof(int) * (img->nvmas + 1));
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct loaded_vma *lv = &img->vmas[i];
+
+		first[i] = -1;
+		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END))
+			n++;
+		else if (is_mapped_file(lv) && same_file_before(img, i, first) < 0)
+			first[i] = (int)n++;
+	}
+	return n;
+}
+
 /* Open every file the image maps, and check it is still the same file. */
 static void check_files(struct image *img)
 {
 	file_fds = arena_alloc(sizeof(int) * (img->nvmas + 1));
+	file_fd_owned = arena_alloc(img->nvmas + 1);
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		const struct loaded_vma *lv = &img->vmas[i];
-		int shared_rw = lv->v.kind == CKPT_VMA_SHARED_FILE && (lv->v.prot & PROT_WRITE);
+		int shared_rw = needs_write(lv);
 		struct stat st;
-		int fd;
+		int fd, same;
 
 		file_fds[i] = -1;
+		file_fd_owned[i] = 1;
 		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
 			file_fds[i] = deleted_file_object(img, lv);
 			if (file_fds[i] < 0)
 				file_fds[i] = deleted_file_stand_in(lv);
 			continue;
 		}
-		if (lv->v.kind != CKPT_VMA_FILE && lv->v.kind != CKPT_VMA_SHARED_FILE)
+		if (!is_mapped_file(lv))
 			continue;
-		if (i > 0 && file_fds[i - 1] >= 0 && !strcmp(img->vmas[i - 1].path, lv->path) &&
-		    !shared_rw) {
-			file_fds[i] = file_fds[i - 1];	/* next region of the same file */
+		same = same_file_before(img, i, file_fds);
+		if (same >= 0) {
+			file_fds[i] = file_fds[same];	/* another region of that file */
+			file_fd_owned[i] = 0;
 			continue;
 		}
 		fd = open(lv->path, (shared_rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
@@ -384,6 +433,6 @@ void restore_memory(struct image *img)
 	protect_filled(img);
 	install_guards(img);
 	for (unsigned i = 0; i < img->nvmas; i++)
-		if (file_fds[i] >= 0 && (i == 0 || file_fds[i] != file_fds[i - 1]))
+		if (file_fds[i] >= 0 && file_fd_owned[i])
 			sys1(SYS_close, file_fds[i]);
 }

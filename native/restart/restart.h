@@ -172,5 +172,6 @@ void restore_process_late(struct image *img, const struct restart_args *args);
 long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
 void restore_threads(struct image *img) __attribute__((noreturn));
 void restore_posix_timers(const struct ckpt_process *p);
+unsigned mapped_file_fds(const struct image *img);
 
 #endif
