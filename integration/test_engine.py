@@ -37,6 +37,7 @@ PROGRAMS = {
     "pipe_states": ["300", "10"],
     "file_locks": ["300", "10", "."],
     "posix_timers": ["300", "10"],
+    "proc_attrs": ["300", "10"],
 }
 
 

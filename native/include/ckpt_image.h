@@ -138,6 +138,13 @@ struct ckpt_thread {
 	uint64_t sigmask;		/* blocked while parked */
 	uint64_t robust_list;		/* get_robust_list */
 	uint64_t robust_len;
+	int32_t nice;			/* scheduling, each thread's own */
+	int32_t policy;			/* with SCHED_RESET_ON_FORK */
+	int32_t sched_priority;
+	int32_t pdeath_signal;		/* PR_SET_PDEATHSIG */
+	int32_t no_new_privs;		/* PR_SET_NO_NEW_PRIVS: a thread's own */
+	int32_t pad;
+	uint64_t cpu_affinity[16];	/* CPUs 0-1023; all 0: not read */
 	struct ckpt_regs regs;
 };
 
@@ -208,6 +215,10 @@ struct ckpt_process {
 	struct ckpt_rlim rlimits[CKPT_NRLIMITS];
 	char cwd[CKPT_PATH_MAX];
 	char exe[CKPT_PATH_MAX];
+	int32_t dumpable;		/* prctl attributes of the process */
+	int32_t child_subreaper;
+	int32_t thp_disable;
+	int32_t pad2;
 	uint32_t nzombies;		/* children that exited, not yet waited for */
 	uint32_t ntimers;
 	struct ckpt_zombie zombies[CKPT_MAX_ZOMBIES];

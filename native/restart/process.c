@@ -191,12 +191,23 @@ static void restore_pending(const struct ckpt_process *p)
 	}
 }
 
+/* Saved by read_prctl_attributes (native/shim/save_process.c).  Dumpable
+ * only as 0 or 1 (2, suid_dumpable's, cannot be asked for). */
+static void restore_prctl_attributes(const struct ckpt_process *p)
+{
+	sys5(SYS_prctl, PR_SET_THP_DISABLE, p->thp_disable, 0, 0, 0);
+	sys5(SYS_prctl, PR_SET_CHILD_SUBREAPER, p->child_subreaper, 0, 0, 0);
+	if (p->dumpable == 0 || p->dumpable == 1)
+		sys5(SYS_prctl, PR_SET_DUMPABLE, p->dumpable, 0, 0, 0);
+}
+
 void restore_process_late(struct image *img, const struct restart_args *args)
 {
 	const struct ckpt_process *p = img->proc;
 	struct ckpt_restart_info *info = (void *)img->hdr.restart_info;
 
 	restore_mm(p);
+	restore_prctl_attributes(p);
 	restore_rlimits(p);
 	restore_signals(p);
 	restore_itimers(p);

@@ -8,8 +8,10 @@
 #include <linux/sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <asm/prctl.h>
+#include <linux/prctl.h>
 #include "restart.h"
 #include "sys.h"
 
@@ -23,11 +25,35 @@ extern const unsigned int __rseq_size __attribute__((weak));
 
 static void become(const struct ckpt_thread *t) __attribute__((noreturn));
 
+/*
+ * The thread's scheduling (saved by fill_scheduling, native/shim/quiesce.c)
+ * as far as the kernel lets it here: a nice value or a real-time policy
+ * ckpt-restart may not take unprivileged, or CPUs this host does not
+ * have, leave the thread as ckpt-restart's.
+ */
+static void restore_scheduling(const struct ckpt_thread *t)
+{
+	int sched_priority = t->sched_priority;	/* the kernel's struct sched_param */
+	uint64_t any = 0;
+
+	for (unsigned i = 0; i < sizeof(t->cpu_affinity) / sizeof(t->cpu_affinity[0]); i++)
+		any |= t->cpu_affinity[i];
+	if (any)
+		sys3(SYS_sched_setaffinity, 0, sizeof(t->cpu_affinity), t->cpu_affinity);
+	if (t->policy >= 0)
+		sys3(SYS_sched_setscheduler, 0, t->policy, &sched_priority);
+	sys3(SYS_setpriority, PRIO_PROCESS, 0, t->nice);
+	sys5(SYS_prctl, PR_SET_PDEATHSIG, t->pdeath_signal, 0, 0, 0);
+	if (t->no_new_privs)
+		sys5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
 /* Runs on a zone stack with the image's TLS: raw system calls only. */
 static void become(const struct ckpt_thread *t)
 {
 	long r;
 
+	restore_scheduling(t);
 	sys1(SYS_set_tid_address, t->clear_child_tid);
 	if (t->robust_list)
 		sys2(SYS_set_robust_list, t->robust_list, t->robust_len);

@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +62,25 @@ static void slot_set_state(struct parked_thread *t, int state)
 	futex(&state_changes, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
 }
 
+/* The thread's own scheduling and no_new_privs: restored by restore_scheduling
+ * (native/restart/threads.c).  Raw calls: this runs in a signal handler. */
+static void fill_scheduling(struct ckpt_thread *rec)
+{
+	struct sched_param sp = { 0 };
+	long prio = syscall(SYS_getpriority, PRIO_PROCESS, 0);	/* 20 - nice */
+	int sig = 0;
+
+	rec->nice = prio > 0 ? 20 - (int)prio : 0;
+	rec->policy = syscall(SYS_sched_getscheduler, 0);
+	if (syscall(SYS_sched_getparam, 0, &sp) == 0)
+		rec->sched_priority = sp.sched_priority;
+	if (syscall(SYS_prctl, PR_GET_PDEATHSIG, &sig, 0, 0, 0) == 0)
+		rec->pdeath_signal = sig;
+	rec->no_new_privs = syscall(SYS_prctl, PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
+	/* fails (all 0: not read) where the kernel has more than 1024 CPUs */
+	syscall(SYS_sched_getaffinity, 0, sizeof(rec->cpu_affinity), rec->cpu_affinity);
+}
+
 void thread_fill_record(struct ckpt_thread *rec)
 {
 	uint64_t fs = 0, ctid = 0, mask = 0;
@@ -86,6 +107,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &mask, sizeof(mask));
 	rec->sigmask = mask;
 	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
+	fill_scheduling(rec);
 }
 
 void quiesce_handler(int sig, siginfo_t *si, void *uc)

@@ -154,6 +154,18 @@ static int read_posix_timers(struct ckpt_process *p)
 	return 0;
 }
 
+/* Attributes set with prctl; restored by restore_prctl_attributes
+ * (native/restart/process.c).  Raw calls: the shim's prctl() may dlsym. */
+static void read_prctl_attributes(struct ckpt_process *p)
+{
+	int subreaper = 0;
+
+	p->dumpable = syscall(SYS_prctl, PR_GET_DUMPABLE, 0, 0, 0, 0);
+	if (syscall(SYS_prctl, PR_GET_CHILD_SUBREAPER, &subreaper, 0, 0, 0) == 0)
+		p->child_subreaper = subreaper != 0;
+	p->thp_disable = syscall(SYS_prctl, PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1;
+}
+
 /* The executable as it was at the last checkpoint: a restarted process
  * finds it here (this variable is part of the image). */
 static char checkpointed_exe[CKPT_PATH_MAX];
@@ -334,6 +346,7 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 	p->auxv_words = n > 0 ? n / 8 : 0;
 	read_sigactions(p);
 	read_limits_and_timers(p);
+	read_prctl_attributes(p);
 	err = read_posix_timers(p);
 	if (err == E2BIG)
 		snprintf(detail, size, "more than %d POSIX timers: not supported", CKPT_MAX_TIMERS);
