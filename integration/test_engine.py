@@ -38,6 +38,7 @@ PROGRAMS = {
     "file_locks": ["300", "10", "."],
     "posix_timers": ["300", "10"],
     "proc_attrs": ["300", "10"],
+    "pidfds": ["300", "10"],
 }
 
 

@@ -245,7 +245,9 @@ enum ckpt_fd_kind {
 	CKPT_FD_PTY_MASTER = 15,	/* /dev/ptmx; object_id: the pty's number */
 	CKPT_FD_PTY_SLAVE = 16,		/* /dev/pts/N; value: c_iflag, c_oflag,
 					 * c_cflag, c_lflag */
-	CKPT_FD_FIFO = 17		/* named pipe: reopened, bytes like a pipe's */
+	CKPT_FD_FIFO = 17,		/* named pipe: reopened, bytes like a pipe's */
+	CKPT_FD_PIDFD = 18		/* value[0]: the pid it refers to, 0: a
+					 * process that has exited */
 };
 
 /*

@@ -20,8 +20,10 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include "restart.h"
 #include "sys.h"
@@ -31,6 +33,7 @@
 #endif
 
 static int stdio_fds[3] = { -1, -1, -1 };	/* the restarter's own stdio */
+static int exited_pidfd = -1;		/* of a process that has exited */
 static int image_fd = -1;
 static int fd_base = 3;			/* above every fd number of the image */
 
@@ -88,11 +91,12 @@ static void keep_stdio(void)
  * but what this process restores from. */
 static void close_others(void)
 {
-	unsigned max = 5 + MAX_FDS * 3, nkeep = 0, lo = 0;
+	unsigned max = 6 + MAX_FDS * 3, nkeep = 0, lo = 0;
 	int *keep = arena_alloc(sizeof(int) * max);
 
 	keep[nkeep++] = image_fd;
 	keep[nkeep++] = tree_report_fd();
+	keep[nkeep++] = exited_pidfd;
 	for (int i = 0; i < 3; i++)
 		keep[nkeep++] = stdio_fds[i];
 	nkeep += shared_fds(keep + nkeep, max - nkeep);
@@ -340,6 +344,62 @@ static int open_event_fd(const struct ckpt_fd *f)
 	return fd;
 }
 
+/*
+ * pidfds (saved by describe_pidfd, native/shim/event_fds.c): one of a
+ * process of the job once it exists (the tree is being made: it may come
+ * a moment later); one of a process that had exited, a copy of
+ * exited_pidfd.
+ */
+#define PIDFD_WAIT_MS 10000
+
+static int open_pidfd(const struct image *img, const struct ckpt_fd *f)
+{
+	pid_t pid = (pid_t)f->value[0];
+	struct timespec nap = { 0, 1000000 };
+
+	if (!pid)
+		return fcntl(exited_pidfd, F_DUPFD_CLOEXEC, 0);
+	for (int waited = 0; waited < PIDFD_WAIT_MS; waited++) {
+		int fd = syscall(SYS_pidfd_open, pid, 0);
+
+		if (fd >= 0 || errno != ESRCH)
+			return fd;
+		nanosleep(&nap, NULL);
+	}
+	die("pid %d: fd %d is a pidfd of process %d, which is not part of the job",
+	    img->hdr.pid, f->fd, pid);
+}
+
+static int need_exited_pidfd;
+
+static void note_exited_pidfds(struct image *imgs, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++)
+			need_exited_pidfd |= imgs[i].fds[j].f.kind == CKPT_FD_PIDFD &&
+					     !imgs[i].fds[j].f.value[0];
+}
+
+/* In pid 1 of the job's namespace (a pidfd of another namespace's process
+ * cannot be signalled from it, not even to hear ESRCH), before the tree:
+ * a child that exits at once, reaped, so that its pid is free again. */
+void make_exited_pidfd(void)
+{
+	pid_t child;
+	int fd;
+
+	if (!need_exited_pidfd)
+		return;
+	child = fork();
+	if (child < 0)
+		die("cannot fork: %s", strerror(errno));
+	if (child == 0)
+		_exit(0);
+	fd = syscall(SYS_pidfd_open, child, 0);
+	waitpid(child, NULL, 0);
+	exited_pidfd = move_high(fd, "a pidfd of an exited process");
+}
+
 static int open_one(const struct image *img, const struct loaded_fd *lf)
 {
 	int shared = lf->f.kind == CKPT_FD_FILE ? shared_file_fd(img->hdr.pid, &lf->f) : -1;
@@ -387,6 +447,8 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 	}
 	case CKPT_FD_FIFO:
 		return open_fifo(lf);
+	case CKPT_FD_PIDFD:
+		return open_pidfd(img, &lf->f);
 	case CKPT_FD_EVENTFD:
 	case CKPT_FD_TIMERFD:
 	case CKPT_FD_SIGNALFD:
@@ -421,7 +483,7 @@ static int keeps_file_flags(uint32_t kind)
 {
 	return kind == CKPT_FD_PIPE_READ || kind == CKPT_FD_PIPE_WRITE || kind == CKPT_FD_FIFO ||
 	       kind == CKPT_FD_SOCKET || kind == CKPT_FD_EVENTFD || kind == CKPT_FD_TIMERFD ||
-	       kind == CKPT_FD_SIGNALFD || kind == CKPT_FD_EPOLL;
+	       kind == CKPT_FD_SIGNALFD || kind == CKPT_FD_EPOLL || kind == CKPT_FD_PIDFD;
 }
 
 /* Another fd on the open file of a lower fd (fds 1 and 2 of `>log 2>&1`). */
@@ -442,6 +504,7 @@ void prepare_fds(struct image *imgs, unsigned n)
 	for (unsigned i = 0; i < n; i++)
 		imgs[i].fd = move_high(imgs[i].fd, "an image");
 	keep_stdio();
+	note_exited_pidfds(imgs, n);
 }
 
 /*
@@ -513,4 +576,6 @@ void close_restart_fds(void)
 			syscall(SYS_close, stdio_fds[i]);
 	syscall(SYS_close, image_fd);
 	syscall(SYS_close, tree_report_fd());
+	if (exited_pidfd >= 0)
+		syscall(SYS_close, exited_pidfd);
 }

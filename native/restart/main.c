@@ -184,6 +184,13 @@ static void check_pids(struct image *imgs, unsigned n)
 	}
 }
 
+/* pid 1 of the job's pid namespace */
+static int init_main(void)
+{
+	make_exited_pidfd();
+	return tree_run();
+}
+
 int main(int argc, char **argv)
 {
 	int err;
@@ -209,5 +216,5 @@ int main(int argc, char **argv)
 	enter_namespaces();
 	shared_create(imgs, args.nimages, args.coord);	/* System V segments: in the new IPC namespace */
 	mark("shared objects created");
-	return run_init(tree_run);
+	return run_init(init_main);
 }

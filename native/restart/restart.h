@@ -173,5 +173,6 @@ long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
 void restore_threads(struct image *img) __attribute__((noreturn));
 void restore_posix_timers(const struct ckpt_process *p);
 unsigned mapped_file_fds(const struct image *img);
+void make_exited_pidfd(void);
 
 #endif

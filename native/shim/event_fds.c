@@ -1,5 +1,5 @@
 /*
- * eventfd, epoll, timerfd and signalfd: their state is in
+ * eventfd, epoll, timerfd, signalfd and pidfd: their state is in
  * /proc/self/fdinfo/N (see proc(5)), which is all the restart needs.
  */
 #define _GNU_SOURCE
@@ -55,6 +55,17 @@ static void describe_signalfd(const char *info, struct ckpt_fd *rec)
 	rec->value[0] = mask ? strtoull(mask, NULL, 16) : 0;
 }
 
+/* A pidfd: its process ("Pid: -1" once it has exited).  Restored by
+ * open_pidfd (native/restart/fds.c). */
+static void describe_pidfd(const char *info, struct ckpt_fd *rec)
+{
+	const char *pid = field(info, "\nPid:");
+	long n = pid ? strtol(pid, NULL, 10) : -1;
+
+	rec->kind = CKPT_FD_PIDFD;
+	rec->value[0] = n > 0 ? (uint64_t)n : 0;
+}
+
 /* The interest list: one "tfd: N events: X data: Y" line per entry. */
 static int describe_epoll(const char *info, struct ckpt_fd *rec, struct fd_payload *q)
 {
@@ -104,6 +115,8 @@ int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec, struct fd_p
 		describe_timerfd(info, rec);
 	else if (!strcmp(link, "anon_inode:[signalfd]"))
 		describe_signalfd(info, rec);
+	else if (!strcmp(link, "anon_inode:[pidfd]"))
+		describe_pidfd(info, rec);
 	else if (!strcmp(link, "anon_inode:[eventpoll]"))
 		err = describe_epoll(info, rec, q);
 	else
