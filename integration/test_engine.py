@@ -215,6 +215,24 @@ def check_whole_tree_restarts(session, app, processes):
     assert restart_and_finish(session, job.images[-1], job) == reference
 
 
+def test_system_v_semaphores_and_message_queues(session):
+    """A semaphore set and a keyed message queue (System V) come back with
+    their ids, values, messages in order and permissions; the killed
+    run's objects, left in this namespace, are removed at the end."""
+    args = ["300", "10", "."]
+    reference = session.reference("sysv_objects", *args)
+    job = Job(session, "sysv", "sysv_objects", *args)
+    job.wait_ready()
+    sem, queue = (session.work / "sysv_objects.ids").read_text().split()
+    try:
+        job.checkpoint_at_random_moments(3)
+        job.kill()
+        for image in (job.images[0], job.images[-1]):
+            assert restart_and_finish(session, image, job) == reference
+    finally:
+        subprocess.run(["ipcrm", "-s", sem, "-q", queue], capture_output=True)
+
+
 def test_thousands_of_regions_restart_under_a_low_fd_limit(session):
     """4,000 memory regions, 2,000 of them maps of one file, restarted
     with an fd limit of 1,024 (hard): the restart holds one fd per mapped

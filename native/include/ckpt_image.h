@@ -56,7 +56,9 @@ enum ckpt_record_type {
 	CKPT_REC_VMA = 3,
 	CKPT_REC_FD = 4,
 	CKPT_REC_PLUGIN = 5,
-	CKPT_REC_END = 6
+	CKPT_REC_END = 6,
+	CKPT_REC_SYSV_SEM = 7,		/* struct ckpt_sysv_sem, its values */
+	CKPT_REC_SYSV_MSG = 8		/* struct ckpt_sysv_msg, its messages */
 };
 
 struct ckpt_record {
@@ -177,6 +179,34 @@ struct ckpt_posix_timer {
 	uint64_t sigval;
 	int64_t interval_ns;
 	int64_t value_ns;		/* left until it expires; 0: disarmed */
+};
+
+/*
+ * System V semaphore sets and message queues of the job's IPC namespace
+ * (those of its user), saved once per host by the process that claims
+ * them, recreated with their ids in the restart's IPC namespace.
+ */
+#define CKPT_SYSV_MAX_SEMS 32000	/* SEMMSL's ceiling */
+#define CKPT_SYSV_MAX_MSGS 65536
+
+struct ckpt_sysv_sem {			/* followed by nsems uint16_t values */
+	int32_t id;
+	int32_t key;
+	uint32_t mode;			/* permissions */
+	uint32_t nsems;
+};
+
+struct ckpt_sysv_msg {			/* followed by nmsgs messages */
+	int32_t id;
+	int32_t key;
+	uint32_t mode;
+	uint32_t nmsgs;
+	uint64_t qbytes;		/* msg_qbytes: the queue's capacity */
+};
+
+struct ckpt_sysv_message {		/* followed by len bytes, padded to 8 */
+	int64_t type;
+	uint64_t len;
 };
 
 struct ckpt_rlim {

@@ -371,6 +371,17 @@ static void load_records(struct image *img, uint64_t file_size)
 			break;
 		case CKPT_REC_PLUGIN:
 			break;		/* plugins keep their state in memory */
+		case CKPT_REC_SYSV_SEM:
+		case CKPT_REC_SYSV_MSG: {
+			struct sysv_object *o = &img->sysv[img->nsysv];
+
+			if (img->nsysv == img->max_sysv)
+				die("%s: corrupt image (records)", img->file);
+			*o = (struct sysv_object){ rec.type, rec.size, read_payload(img, rec.size, off) };
+			sysv_ipc_check(img, o);
+			img->nsysv++;
+			break;
+		}
 		case CKPT_REC_END:
 			return;
 		default:
@@ -391,7 +402,7 @@ static void count_records(struct image *img, uint64_t file_size, unsigned count[
 		off += sizeof(rec);
 		if (rec.type == CKPT_REC_END || rec.size > file_size - off)
 			return;
-		if (rec.type < CKPT_REC_END)
+		if (rec.type <= CKPT_REC_SYSV_MSG)
 			count[rec.type]++;
 		off += rec.size;
 	}
@@ -420,7 +431,7 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	if (xxh3)		/* damage first: it explains any odd header */
 		check_checksum(img, xxh3, st.st_size);
 	check_header(img);
-	unsigned count[CKPT_REC_END + 1] = { 0 };
+	unsigned count[CKPT_REC_SYSV_MSG + 1] = { 0 };
 
 	count_records(img, st.st_size, count);
 	img->threads = arena_alloc((count[CKPT_REC_THREAD] + 1) * sizeof(*img->threads));
@@ -429,6 +440,8 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	img->max_threads = count[CKPT_REC_THREAD];
 	img->max_vmas = count[CKPT_REC_VMA];
 	img->max_fds = count[CKPT_REC_FD];
+	img->max_sysv = count[CKPT_REC_SYSV_SEM] + count[CKPT_REC_SYSV_MSG];
+	img->sysv = arena_alloc((img->max_sysv + 1) * sizeof(*img->sysv));
 	load_records(img, st.st_size);
 	if (!img->proc || !img->nthreads)
 		die("%s: image has no process or thread record", path);

@@ -215,6 +215,7 @@ int main(int argc, char **argv)
 	helpers_pick_pids();
 	enter_namespaces();
 	shared_create(imgs, args.nimages, args.coord);	/* System V segments: in the new IPC namespace */
+	sysv_ipc_create(imgs, args.nimages);
 	mark("shared objects created");
 	return run_init(init_main);
 }

@@ -38,6 +38,12 @@ struct loaded_fd {
 	const char *data;
 };
 
+struct sysv_object {			/* a CKPT_REC_SYSV_* record's payload */
+	uint32_t type;
+	uint64_t size;
+	const char *data;
+};
+
 struct image {
 	int fd;
 	const char *file;
@@ -49,7 +55,9 @@ struct image {
 	unsigned nvmas;
 	struct loaded_fd *fds;
 	unsigned nfds;
-	unsigned max_threads, max_vmas, max_fds;	/* room in the arrays */
+	struct sysv_object *sysv;
+	unsigned nsysv;
+	unsigned max_threads, max_vmas, max_fds, max_sysv;	/* room in the arrays */
 };
 
 #define MAX_IMAGES 1024
@@ -174,5 +182,9 @@ void restore_threads(struct image *img) __attribute__((noreturn));
 void restore_posix_timers(const struct ckpt_process *p);
 unsigned mapped_file_fds(const struct image *img);
 void make_exited_pidfd(void);
+
+/* sysv_ipc.c */
+void sysv_ipc_check(const struct image *img, const struct sysv_object *o);
+void sysv_ipc_create(struct image *imgs, unsigned n);
 
 #endif

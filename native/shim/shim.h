@@ -205,6 +205,13 @@ SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 
 /* save_*.c: the records of one image */
 SHIM_HIDDEN int collect_process(struct ckpt_process *p, char *detail, size_t size);
+
+/* sysv_ipc.c: System V semaphore sets and message queues, once per host */
+struct sysv_snapshot;
+SHIM_HIDDEN int sysv_ipc_snapshot(unsigned seq, struct sysv_snapshot **out, char *detail,
+				  size_t size);
+SHIM_HIDDEN int sysv_ipc_write(struct image_writer *w, const struct sysv_snapshot *s);
+SHIM_HIDDEN void sysv_ipc_free(struct sysv_snapshot *s);
 SHIM_HIDDEN void process_job_children(char *out, size_t size);
 SHIM_HIDDEN int restore_exe_link(void);
 SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *self);

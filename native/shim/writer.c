@@ -58,6 +58,7 @@ struct snapshot {
 	struct fd_table *fds;
 	const struct ckpt_thread *self;
 	struct shm_snapshot *shm;	/* forked: the shared memory to save */
+	struct sysv_snapshot *sysv;	/* System V IPC, if this process saves it */
 };
 
 static int write_records(struct image_writer *w, const struct snapshot *snap,
@@ -77,6 +78,8 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 		err = save_fds(w, snap->fds);
 	if (!err)
 		err = save_memory(w, shared_key, snap->fds, snap->shm);
+	if (!err)
+		err = sysv_ipc_write(w, snap->sysv);
 	if (!err)
 		err = iw_record(w, CKPT_REC_END, end_marker, sizeof(end_marker));
 	return err;
@@ -129,7 +132,7 @@ out:
 	return err;
 }
 
-static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
+static int take_snapshot(struct snapshot *snap, unsigned seq, const struct ckpt_thread *self,
 			 char *detail, size_t size)
 {
 	int err;
@@ -138,10 +141,13 @@ static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
 	snap->self = self;
 	snap->fds = NULL;
 	snap->shm = NULL;
+	snap->sysv = NULL;
 	snap->proc = scratch_map(sizeof(*snap->proc));
 	if (!snap->proc)
 		return ENOMEM;
 	err = collect_process(snap->proc, detail, size);	/* timers do not survive fork */
+	if (!err)
+		err = sysv_ipc_snapshot(seq, &snap->sysv, detail, size);
 	if (!err) {
 		snap->fds = fds_collect();
 		if (!snap->fds) {
@@ -149,14 +155,17 @@ static int take_snapshot(struct snapshot *snap, const struct ckpt_thread *self,
 			snprintf(detail, size, "reading the fd table failed");
 		}
 	}
-	if (err)
+	if (err) {
+		sysv_ipc_free(snap->sysv);
 		scratch_unmap(snap->proc, sizeof(*snap->proc));
+	}
 	return err;
 }
 
 static void drop_snapshot(struct snapshot *snap)
 {
 	shm_snapshot_free(snap->shm);
+	sysv_ipc_free(snap->sysv);
 	fds_release(snap->fds);
 	scratch_unmap(snap->proc, sizeof(*snap->proc));
 }
@@ -173,7 +182,7 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 {
 	struct snapshot snap;
 	char key[128];
-	int err = take_snapshot(&snap, self, detail, size);
+	int err = take_snapshot(&snap, seq, self, detail, size);
 
 	if (err)
 		return err;
@@ -284,7 +293,7 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 
 	if (has_unforkable_memory())
 		return EAGAIN;
-	err = take_snapshot(&snap, self, detail, size);
+	err = take_snapshot(&snap, seq, self, detail, size);
 	if (err)
 		return err;
 	shared_key(key, sizeof(key), seq);
