@@ -5,6 +5,7 @@ the program runs under `ckpt launch`, is checkpointed three times at
 random moments, killed, and restarted from the first and from the last
 image: each restarted run must end with exactly the reference output.
 """
+import ctypes
 import os
 import socket
 import subprocess
@@ -231,6 +232,25 @@ def test_system_v_semaphores_and_message_queues(session):
             assert restart_and_finish(session, image, job) == reference
     finally:
         subprocess.run(["ipcrm", "-s", sem, "-q", queue], capture_output=True)
+
+
+def test_posix_message_queues(session):
+    """A named POSIX message queue with two fds on it and an unlinked one
+    shared with a child come back with their messages in order, their
+    attributes and access modes; the killed run's named queue, left in
+    this namespace, is removed at the end."""
+    args = ["300", "10", "."]
+    reference = session.reference("mqueues", *args)
+    job = Job(session, "mqueues", "mqueues", *args)
+    job.wait_ready()
+    name = (session.work / "mqueues.name").read_text().strip()
+    try:
+        job.checkpoint_at_random_moments(3)
+        job.kill()
+        for image in (job.images[0], job.images[-1]):
+            assert restart_and_finish(session, image, job) == reference
+    finally:
+        ctypes.CDLL(None, use_errno=True).mq_unlink(name.encode())
 
 
 def test_thousands_of_regions_restart_under_a_low_fd_limit(session):

@@ -209,6 +209,11 @@ struct ckpt_sysv_message {		/* followed by len bytes, padded to 8 */
 	uint64_t len;
 };
 
+struct ckpt_mq_message {		/* followed by len bytes, padded to 8 */
+	uint32_t prio;
+	uint32_t len;
+};
+
 struct ckpt_rlim {
 	uint64_t cur, max;
 };
@@ -276,8 +281,12 @@ enum ckpt_fd_kind {
 	CKPT_FD_PTY_SLAVE = 16,		/* /dev/pts/N; value: c_iflag, c_oflag,
 					 * c_cflag, c_lflag */
 	CKPT_FD_FIFO = 17,		/* named pipe: reopened, bytes like a pipe's */
-	CKPT_FD_PIDFD = 18		/* value[0]: the pid it refers to, 0: a
+	CKPT_FD_PIDFD = 18,		/* value[0]: the pid it refers to, 0: a
 					 * process that has exited */
+	CKPT_FD_MQUEUE = 19		/* POSIX message queue; path: its name;
+					 * value: mq_maxmsg, mq_msgsize, whether the
+					 * data holds its messages (struct
+					 * ckpt_mq_message each), unlinked */
 };
 
 /*

@@ -449,6 +449,8 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 		return open_fifo(lf);
 	case CKPT_FD_PIDFD:
 		return open_pidfd(img, &lf->f);
+	case CKPT_FD_MQUEUE:
+		return open_mqueue(&lf->f);
 	case CKPT_FD_EVENTFD:
 	case CKPT_FD_TIMERFD:
 	case CKPT_FD_SIGNALFD:

@@ -183,6 +183,12 @@ void restore_posix_timers(const struct ckpt_process *p);
 unsigned mapped_file_fds(const struct image *img);
 void make_exited_pidfd(void);
 
+/* mqueues.c */
+void mqueues_create(struct image *imgs, unsigned n);
+int open_mqueue(const struct ckpt_fd *f);
+unsigned mqueue_fds(int *out, unsigned max);
+void mqueues_close(void);
+
 /* sysv_ipc.c */
 void sysv_ipc_check(const struct image *img, const struct sysv_object *o);
 void sysv_ipc_create(struct image *imgs, unsigned n);

@@ -953,6 +953,7 @@ void shared_create(struct image *imgs, unsigned n, const char *coord)
 	create_sockets(imgs, n, coord);
 	create_ptys(imgs, n);
 	create_files(imgs, n);
+	mqueues_create(imgs, n);
 }
 
 int shared_socket_fd(uint64_t id)
@@ -1004,10 +1005,11 @@ unsigned shared_fds(int *out, unsigned max)
 	}
 	for (unsigned i = 0; i < nfiles && k < max; i++)
 		out[k++] = files[i].file;
-	return k;
+	return k + mqueue_fds(out + k, max - k);
 }
 
-/* Pipes and sockets: once the fds are in place. */
+/* Pipes, sockets, ptys, shared open files and message queues: once the
+ * fds are in place. */
 void shared_close_pipes(void)
 {
 	for (unsigned i = 0; i < npipes; i++) {
@@ -1022,6 +1024,7 @@ void shared_close_pipes(void)
 	}
 	for (unsigned i = 0; i < nfiles; i++)
 		close(files[i].file);
+	mqueues_close();
 }
 
 /* After the memory is back: raw system calls only. */

@@ -302,13 +302,31 @@ static struct pipe_copy *find_pipe(uint64_t ino)
 	return NULL;
 }
 
-static void classify_fd(struct fd_info *fi, const struct stat *st)
+/* A file at the root of its filesystem ("/name"), as a message queue's
+ * link reads: only such a file can be one (a cheap test first). */
+static int at_a_root(const char *path)
+{
+	return path[0] == '/' && !strchr(path + 1, '/');
+}
+
+static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 {
 	size_t len = strlen(fi->path);
 	int fd = fi->rec.fd;
 	int err = 0;
 
-	if (S_ISREG(st->st_mode)) {
+	if (S_ISREG(st->st_mode) && at_a_root(fi->path) && is_mqueue(fd)) {
+		if (len > 10 && !strcmp(fi->path + len - 10, " (deleted)")) {
+			fi->path[len - 10] = '\0';
+			fi->rec.value[3] = 1;	/* unlinked, still open */
+		}
+		err = mqueue_describe(fd, seq, &fi->rec, &fi->payload);
+		if (!err)
+			return;
+		fi->rec.kind = CKPT_FD_EXTERNAL;
+		ckpt_warn("fd %d (message queue %s): %s: it will be /dev/null after restart",
+			  fd, fi->path, shim_strerror(err));
+	} else if (S_ISREG(st->st_mode)) {
 		fi->rec.kind = st->st_nlink == 0 ? CKPT_FD_DELETED_FILE : CKPT_FD_FILE;
 		if (fi->rec.kind == CKPT_FD_DELETED_FILE && len > 10 &&
 		    !strcmp(fi->path + len - 10, " (deleted)"))
@@ -403,7 +421,7 @@ static void find_shared_open_file(struct fd_info *fi)
 	}
 }
 
-struct fd_table *fds_collect(void)
+struct fd_table *fds_collect(unsigned seq)
 {
 	struct fd_table *t = scratch_map(sizeof(*t));
 	int *fds = scratch_map(MAX_FDS * sizeof(int));
@@ -414,6 +432,7 @@ struct fd_table *fds_collect(void)
 	nfds = list_fds(fds, MAX_FDS);
 	if (nfds < 0)
 		goto fail;
+	mqueues_collect_begin();
 	t->n = 0;
 	for (int i = 0; i < nfds; i++) {
 		struct fd_info *fi = &t->fi[t->n];
@@ -426,7 +445,7 @@ struct fd_table *fds_collect(void)
 		fi->payload = (struct fd_payload){ 0 };
 		find_dup(t, fi);
 		if (fi->rec.dup_of < 0) {
-			classify_fd(fi, &st);
+			classify_fd(fi, &st, seq);
 			find_shared_open_file(fi);
 		}
 		/* held now: a forked writer reads it after the job moved on */

@@ -161,6 +161,11 @@ struct fd_payload {
 	size_t len, cap;
 };
 
+/* mqueues.c: a POSIX message queue's fd; its messages once per host */
+SHIM_HIDDEN void mqueues_collect_begin(void);
+SHIM_HIDDEN int is_mqueue(int fd);
+SHIM_HIDDEN int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload *q);
+
 /* sockets.c */
 SHIM_HIDDEN int app_getfd(int fd);
 SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q);
@@ -238,7 +243,7 @@ SHIM_HIDDEN const struct shm_window *shm_snapshot_find(const struct shm_snapshot
 SHIM_HIDDEN uint64_t shm_snapshot_bytes(const struct shm_snapshot *set);
 SHIM_HIDDEN void shm_snapshot_free(struct shm_snapshot *set);
 struct fd_table;
-SHIM_HIDDEN struct fd_table *fds_collect(void);	/* while the process is stopped */
+SHIM_HIDDEN struct fd_table *fds_collect(unsigned seq);	/* while the process is stopped */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
 SHIM_HIDDEN int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino);
 SHIM_HIDDEN void fds_release(struct fd_table *t);

@@ -149,7 +149,7 @@ static int take_snapshot(struct snapshot *snap, unsigned seq, const struct ckpt_
 	if (!err)
 		err = sysv_ipc_snapshot(seq, &snap->sysv, detail, size);
 	if (!err) {
-		snap->fds = fds_collect();
+		snap->fds = fds_collect(seq);
 		if (!snap->fds) {
 			err = ENOMEM;
 			snprintf(detail, size, "reading the fd table failed");
