@@ -185,44 +185,61 @@ void sysv_ipc_free(struct sysv_snapshot *s)
 	scratch_unmap(s, sizeof(*s));
 }
 
+/* Whether this process saves them at this checkpoint (first to ask). */
+static int claimed(unsigned seq)
+{
+	char key[160], value[16], owner[16];
+
+	snprintf(key, sizeof(key), "sysv:%u:%s", seq, shim_hostname());
+	snprintf(value, sizeof(value), "%d", getpid());
+	return !(kv_claim(key, value, owner, sizeof(owner)) == EEXIST && atoi(owner) != getpid());
+}
+
+/* /proc/sysvipc/<kind> into list; whether it names any object. */
+static int read_list(const char *kind, char *list)
+{
+	char path[32];
+	ssize_t n;
+	char *nl;
+
+	snprintf(path, sizeof(path), "/proc/sysvipc/%s", kind);
+	n = shim_read_proc(path, list, LIST_MAX - 1);
+	list[n > 0 ? n : 0] = '\0';	/* none: no System V IPC in this kernel */
+	nl = strchr(list, '\n');
+	return nl && nl[1];
+}
+
 /*
  * While the job is stopped.  Returns 0 with *out NULL when another process
- * saves them (or there are none), else the records to write.
+ * saves them or there are none (then nobody asks the coordinator), else
+ * the records to write.
  */
 int sysv_ipc_snapshot(unsigned seq, struct sysv_snapshot **out, char *detail, size_t size)
 {
 	static const char *const kinds[] = { "sem", "msg" };
-	char key[160], value[16], owner[16];
-	struct sysv_snapshot *s;
-	char *list;
-	int err = 0;
+	char *lists = scratch_map(2 * LIST_MAX);
+	struct sysv_snapshot *s = NULL;
+	int any = 0, err = 0;
 
 	*out = NULL;
-	snprintf(key, sizeof(key), "sysv:%u:%s", seq, shim_hostname());
-	snprintf(value, sizeof(value), "%d", getpid());
-	if (kv_claim(key, value, owner, sizeof(owner)) == EEXIST && atoi(owner) != getpid())
-		return 0;
-	s = scratch_map(sizeof(*s));
-	list = scratch_map(LIST_MAX);
-	if (!s || !list) {
-		if (s)
-			scratch_unmap(s, sizeof(*s));
+	if (!lists) {
 		snprintf(detail, size, "System V IPC: %s", shim_strerror(ENOMEM));
 		return ENOMEM;
 	}
-	memset(s, 0, sizeof(*s));
-	for (unsigned k = 0; k < 2 && !err; k++) {
-		char path[32];
-		ssize_t n;
-
-		snprintf(path, sizeof(path), "/proc/sysvipc/%s", kinds[k]);
-		n = shim_read_proc(path, list, LIST_MAX - 1);
-		if (n <= 0)
-			continue;	/* no System V IPC in this kernel */
-		list[n] = '\0';
-		err = save_all(s, list, kinds[k], detail, size);
+	for (unsigned k = 0; k < 2; k++)
+		any |= read_list(kinds[k], lists + k * LIST_MAX);
+	if (any && claimed(seq)) {
+		s = scratch_map(sizeof(*s));
+		if (!s) {
+			snprintf(detail, size, "System V IPC: %s", shim_strerror(ENOMEM));
+			err = ENOMEM;
+		} else {
+			memset(s, 0, sizeof(*s));
+		}
+		for (unsigned k = 0; k < 2 && !err; k++)
+			err = save_all(s, lists + k * LIST_MAX, kinds[k], detail, size);
 	}
-	scratch_unmap(list, LIST_MAX);
+	scratch_unmap(lists, 2 * LIST_MAX);
 	if (err) {
 		sysv_ipc_free(s);
 		return err;
