@@ -3,4 +3,4 @@
 set -eu
 cd "$(dirname "$0")"
 make -s all
-exec python3 -m pytest -q tests integration "$@"
+exec python3 -m pytest -q --durations=30 tests integration "$@"

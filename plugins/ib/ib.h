@@ -48,10 +48,26 @@ struct ib_mr {
 	struct ib_mr *next;
 };
 
+/*
+ * A real fd that threads block on inside the real library (the channel's
+ * for ibv_get_cq_event, the context's async fd).  A release closes it under
+ * such a thread, whose read is restarted on the same number after the
+ * checkpoint, maybe only after a restart: until every thread that was
+ * inside has come back out, the number stays on /dev/null (end-of-file),
+ * never given to a file opened meanwhile, whose bytes the thread would
+ * take for an event of a channel that no longer exists.
+ */
+struct ib_waited_fd {
+	int held;		/* the released number, on /dev/null; -1: none */
+	int inside;		/* threads inside the real call now */
+	int stale;		/* of those, threads that entered before the release */
+	int rebuilt;		/* the release's rebuild is done */
+};
+
 struct ib_channel {
 	struct ibv_comp_channel ibv;	/* fd: ours, a dup of the real one */
 	struct ibv_comp_channel *real;
-	int held_fd;			/* the released real fd's number, on /dev/null */
+	struct ib_waited_fd waited;	/* the real fd, ibv_get_cq_event's */
 	struct ib_channel *next;
 };
 
@@ -124,7 +140,7 @@ struct ib_ah {
 struct ib_ctx {
 	struct ibv_context ibv;		/* async_fd: ours, a dup of the real one */
 	struct ibv_context *real;
-	int held_async_fd;		/* the released real async fd's number */
+	struct ib_waited_fd waited;	/* the real async fd, ibv_get_async_event's */
 	char dev_name[IBV_SYSFS_NAME_MAX];
 	uint8_t nports;
 	uint16_t vlid[IB_MAX_PORTS + 1];	/* port -> the LID the app knows */
@@ -299,7 +315,10 @@ int ib_repost_srq_recv(struct ibv_srq *real, const struct ib_recv *r);
 int ib_stop(void);
 int ib_release(void);
 int ib_rebuild(long members);
-void ib_drop_held(int *fd);
+void ib_waited_init(struct ib_waited_fd *w);
+unsigned ib_wait_enter(struct ib_waited_fd *w);
+void ib_wait_leave(struct ib_waited_fd *w, unsigned gen);
+void ib_waited_rebuilt(struct ib_waited_fd *w);
 void ib_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ib_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -209,9 +209,9 @@ static void hold_fd(int fd)
 /*
  * A thread blocked in the real ibv_get_cq_event (or get_async_event)
  * reads the real fd: the checkpoint's signal makes it read that number
- * again, maybe after a restart.  Until the rebuild is done the number
- * must give end-of-file, not a file the rebuild opens: /dev/null holds it
- * (if nobody took it first: F_DUPFD gives the lowest free number from it).
+ * again, maybe after a restart.  Until it has, the number must give
+ * end-of-file, not a file opened meanwhile: /dev/null holds it (if nobody
+ * took it first: F_DUPFD gives the lowest free number from it).
  */
 static int hold_released(int fd)
 {
@@ -232,11 +232,59 @@ static int hold_released(int fd)
 	return held;
 }
 
-void ib_drop_held(int *fd)
+void ib_waited_init(struct ib_waited_fd *w)
 {
-	if (*fd >= 0)
-		close(*fd);
-	*fd = -1;
+	memset(w, 0, sizeof(*w));
+	w->held = -1;
+}
+
+/* Called with ib_objects_lock held, as the release and the rebuild are. */
+static void release_waited(struct ib_waited_fd *w, int real_fd)
+{
+	/* a thread of an older release never came back: its number stays held */
+	if (w->held >= 0 && w->stale)
+		ib_debug("fd %d stays held: %d thread(s) never read it again", w->held, w->stale);
+	else if (w->held >= 0)
+		close(w->held);
+	w->held = hold_released(real_fd);
+	w->stale = w->inside;
+	w->rebuilt = 0;
+}
+
+static void drop_if_unread(struct ib_waited_fd *w)
+{
+	if (w->rebuilt && !w->stale && w->held >= 0) {
+		close(w->held);
+		w->held = -1;
+	}
+}
+
+void ib_waited_rebuilt(struct ib_waited_fd *w)
+{
+	w->rebuilt = 1;
+	drop_if_unread(w);
+}
+
+/* Returns the release generation the thread enters in. */
+unsigned ib_wait_enter(struct ib_waited_fd *w)
+{
+	unsigned gen;
+
+	pthread_mutex_lock(&ib_objects_lock);
+	w->inside++;
+	gen = atomic_load(&ib_releases);
+	pthread_mutex_unlock(&ib_objects_lock);
+	return gen;
+}
+
+void ib_wait_leave(struct ib_waited_fd *w, unsigned gen)
+{
+	pthread_mutex_lock(&ib_objects_lock);
+	w->inside--;
+	if (gen != atomic_load(&ib_releases) && w->stale)
+		w->stale--;
+	drop_if_unread(w);
+	pthread_mutex_unlock(&ib_objects_lock);
 }
 
 static void release_ctx(struct ib_ctx *ctx)
@@ -259,7 +307,7 @@ static void release_ctx(struct ib_ctx *ctx)
 		int real_fd = ch->real->fd;
 
 		ib_real.destroy_comp_channel(ch->real);
-		ch->held_fd = hold_released(real_fd);
+		release_waited(&ch->waited, real_fd);
 		hold_fd(ch->ibv.fd);
 	}
 	for (struct ib_mr *mr = ctx->mrs; mr; mr = mr->next)
@@ -270,7 +318,7 @@ static void release_ctx(struct ib_ctx *ctx)
 		int async_fd = ctx->real->async_fd;
 
 		ib_real.close_device(ctx->real);
-		ctx->held_async_fd = hold_released(async_fd);
+		release_waited(&ctx->waited, async_fd);
 	}
 	ctx->real = NULL;
 	hold_fd(ctx->ibv.async_fd);

@@ -258,9 +258,9 @@ int ib_rebuild(long members)
 	/* the released fds' numbers are free again (lifecycle.c) */
 	pthread_mutex_lock(&ib_objects_lock);
 	for (struct ib_ctx *ctx = ib_contexts; ctx; ctx = ctx->next) {
-		ib_drop_held(&ctx->held_async_fd);
+		ib_waited_rebuilt(&ctx->waited);
 		for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next)
-			ib_drop_held(&ch->held_fd);
+			ib_waited_rebuilt(&ch->waited);
 	}
 	pthread_mutex_unlock(&ib_objects_lock);
 	/* nobody sends before every receiver's queues are ready again: a UD

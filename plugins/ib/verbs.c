@@ -117,7 +117,7 @@ IB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return NULL;
 	}
 	ctx->ibv.device = device;
-	ctx->held_async_fd = -1;
+	ib_waited_init(&ctx->waited);
 	ctx->ibv.cmd_fd = stable_fd(ctx->real->cmd_fd);
 	ctx->ibv.async_fd = stable_fd(ctx->real->async_fd);
 	ctx->ibv.num_comp_vectors = ctx->real->num_comp_vectors;
@@ -388,7 +388,7 @@ IB_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
 		return NULL;
 	}
 	ch->ibv.context = context;
-	ch->held_fd = -1;
+	ib_waited_init(&ch->waited);
 	ch->ibv.fd = stable_fd(ch->real->fd);
 	pthread_mutex_lock(&ib_objects_lock);
 	LINK(ctx->channels, ch);
@@ -520,15 +520,19 @@ IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out
 	struct ib_channel *ch = ch_of(vch);
 
 	for (;;) {
-		unsigned gen = atomic_load(&ib_releases);
 		struct ib_cq *cq = armed_with_pending(ch);
 		struct ibv_cq *real;
 		void *vcq;
+		unsigned gen;
+		int err;
 
 		if (cq)
 			return deliver(cq, out, context, 0);
 		ib_gate_wait();
-		if (ib_real.get_cq_event(ch->real, &real, &vcq) == 0)
+		gen = ib_wait_enter(&ch->waited);
+		err = ib_real.get_cq_event(ch->real, &real, &vcq);
+		ib_wait_leave(&ch->waited, gen);
+		if (!err)
 			return deliver(vcq, out, context, 1);
 		if (atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
 			return -1;	/* a real failure, not a checkpoint */
@@ -881,12 +885,16 @@ IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 	struct ib_ctx *ctx = ctx_of(context);
 
 	for (;;) {
-		unsigned gen = atomic_load(&ib_releases);
 		struct ibv_context *real;
+		unsigned gen;
+		int err;
 
 		ib_gate_wait();
+		gen = ib_wait_enter(&ctx->waited);
 		real = ctx->real;
-		if (real && ib_real.get_async_event(real, event) == 0)
+		err = real ? ib_real.get_async_event(real, event) : -1;
+		ib_wait_leave(&ctx->waited, gen);
+		if (!err)
 			break;
 		if (real && atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
 			return -1;	/* a real failure, not a checkpoint */
