@@ -233,6 +233,8 @@ class CheckpointRun:
                 "size": size,
                 "xxh3": keys.get("xxh3", "").lower(),
                 "write_ns": int(keys.get("write_ns", 0)),
+                # a process may write in place when asked for a forked write
+                "written": "forked" if "forked" in keys else "in place",
                 "threads": int(threads.get(proc, {}).get("threads", 0)),
             }
         return entries

@@ -40,6 +40,7 @@ PROGRAMS = {
     "posix_timers": ["300", "10"],
     "proc_attrs": ["300", "10"],
     "pidfds": ["300", "10"],
+    "mem_advice": ["300", "10"],
 }
 
 
@@ -58,7 +59,7 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood",
-                                 "guard_pages", "private_maps", "sharedmem"])
+                                 "guard_pages", "private_maps", "sharedmem", "mem_advice"])
 def test_in_place_checkpoints(session, app):
     """--in-place: the job stays stopped until its images are written (the
     default has a copy-on-write child write them while the job runs on);
@@ -73,6 +74,21 @@ def test_in_place_checkpoints(session, app):
         manifest = (image / "manifest.yaml").read_text()
         assert "write_ns" in manifest and "size" in manifest
         assert restart_and_finish(session, image, job) == reference
+
+
+def test_locked_memory_through_a_forked_write(session):
+    """Without DONTFORK or WIPEONFORK memory the image is written by a
+    forked child, which inherits no mlock: the locks are read before it
+    exists."""
+    args = [*PROGRAMS["mem_advice"], "forkable"]
+    reference = session.reference("mem_advice", *args)
+    job = Job(session, "forked-mem-advice", "mem_advice", *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(1)
+    job.kill()
+    written = [p["written"] for p in yaml.safe_load((job.images[0] / "manifest.yaml").read_text())["processes"]]
+    assert written == ["forked"], written
+    assert restart_and_finish(session, job.images[0], job) == reference
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos",

@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 7
+#define CKPT_IMAGE_VERSION 8
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -104,7 +104,22 @@ struct ckpt_vma {
 	uint64_t sysv_size;
 	uint64_t nguards;		/* struct ckpt_run after the runs: guard
 					 * pages (MADV_GUARD_INSTALL), never read */
+	uint32_t advice;		/* CKPT_ADVICE_*: locks and madvise() */
+	uint32_t pad;
 };
+
+/* What mlock() and madvise() told the kernel about a region (the VmFlags
+ * of /proc/PID/smaps), given again at restart. */
+#define CKPT_ADVICE_LOCKED 1		/* mlock (lo) */
+#define CKPT_ADVICE_LOCKONFAULT 2	/* mlock2(MLOCK_ONFAULT) (lf) */
+#define CKPT_ADVICE_DONTDUMP 4		/* MADV_DONTDUMP (dd) */
+#define CKPT_ADVICE_DONTFORK 8		/* MADV_DONTFORK (dc) */
+#define CKPT_ADVICE_WIPEONFORK 16	/* MADV_WIPEONFORK (wf) */
+#define CKPT_ADVICE_HUGEPAGE 32		/* MADV_HUGEPAGE (hg) */
+#define CKPT_ADVICE_NOHUGEPAGE 64	/* MADV_NOHUGEPAGE (nh) */
+#define CKPT_ADVICE_MERGEABLE 128	/* MADV_MERGEABLE (mg) */
+#define CKPT_ADVICE_SEQUENTIAL 256	/* MADV_SEQUENTIAL (sr) */
+#define CKPT_ADVICE_RANDOM 512		/* MADV_RANDOM (rr) */
 
 /* Shared memory mapped alike by several processes is saved by one: the
  * others' records say where its pages are. */

@@ -169,6 +169,7 @@ static int restorer(void *arg)
 	restore_locks(img, 1);
 	mark("memory restored");
 	restore_process_late(img, &args);
+	relock_memory(img);
 	restore_threads(img);
 }
 

@@ -423,6 +423,58 @@ static void install_guards(struct image *img)
 	}
 }
 
+#ifndef MLOCK_ONFAULT
+#define MLOCK_ONFAULT 1
+#endif
+
+static const struct {
+	uint32_t bit;
+	int advice;
+	const char *name;
+} madvice[] = {
+	{ CKPT_ADVICE_DONTDUMP, MADV_DONTDUMP, "MADV_DONTDUMP" },
+	{ CKPT_ADVICE_DONTFORK, MADV_DONTFORK, "MADV_DONTFORK" },
+	{ CKPT_ADVICE_WIPEONFORK, MADV_WIPEONFORK, "MADV_WIPEONFORK" },
+	{ CKPT_ADVICE_HUGEPAGE, MADV_HUGEPAGE, "MADV_HUGEPAGE" },
+	{ CKPT_ADVICE_NOHUGEPAGE, MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE" },
+	{ CKPT_ADVICE_MERGEABLE, MADV_MERGEABLE, "MADV_MERGEABLE" },
+	{ CKPT_ADVICE_SEQUENTIAL, MADV_SEQUENTIAL, "MADV_SEQUENTIAL" },
+	{ CKPT_ADVICE_RANDOM, MADV_RANDOM, "MADV_RANDOM" },
+};
+
+/* Pair of vma_advice.c: what madvise() said, once the pages are in.  The
+ * kernel here may lack what the checkpoint's had (KSM, THP): the data is
+ * whole all the same, so that is a warning. */
+static void advise_again(const struct ckpt_vma *v)
+{
+	long r;
+
+	for (unsigned k = 0; k < sizeof(madvice) / sizeof(madvice[0]); k++)
+		if ((v->advice & madvice[k].bit) &&
+		    (r = sys3(SYS_madvise, v->start, v->end - v->start, madvice[k].advice)) < 0)
+			warn("%llx-%llx: %s again: %s", (unsigned long long)v->start,
+			     (unsigned long long)v->end, madvice[k].name, strerror(-r));
+}
+
+/* And what mlock() said: under the process's own RLIMIT_MEMLOCK, so once
+ * its limits are back (process.c); a warning too. */
+void relock_memory(const struct image *img)
+{
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct ckpt_vma *v = &img->vmas[i].v;
+		long r;
+
+		if (!(v->advice & CKPT_ADVICE_LOCKED))
+			continue;
+		r = sys3(SYS_mlock2, v->start, v->end - v->start,
+			 v->advice & CKPT_ADVICE_LOCKONFAULT ? MLOCK_ONFAULT : 0);
+		if (r < 0)
+			warn("%llx-%llx: cannot lock it in memory again (mlock): %s",
+			     (unsigned long long)v->start, (unsigned long long)v->end,
+			     strerror(-r));
+	}
+}
+
 void restore_memory(struct image *img)
 {
 	unmap_old();
@@ -432,6 +484,8 @@ void restore_memory(struct image *img)
 	reader_run();
 	protect_filled(img);
 	install_guards(img);
+	for (unsigned i = 0; i < img->nvmas; i++)
+		advise_again(&img->vmas[i].v);
 	for (unsigned i = 0; i < img->nvmas; i++)
 		if (file_fds[i] >= 0 && file_fd_owned[i])
 			sys1(SYS_close, file_fds[i]);

@@ -171,6 +171,7 @@ void close_restart_fds(void);
 /* memory.c */
 void prepare_memory(struct image *img);
 void restore_memory(struct image *img);
+void relock_memory(const struct image *img);
 
 /* process.c */
 void restore_process_early(struct image *img);

@@ -44,6 +44,7 @@ struct mem_saver {
 	const char *shared_key;
 	const struct fd_table *fds;	/* as the process stopped */
 	const struct shm_snapshot *shm;	/* a forked writer's shared memory */
+	const struct vma_advice_table *advice;	/* as the process stopped */
 	const char *copy;		/* the window's copy in it, or NULL */
 	int pagemap_fd;
 	uint64_t *pagemap;		/* WINDOW_PAGES entries */
@@ -369,6 +370,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		.start = start, .end = end, .prot = r->prot, .shared = r->shared,
 		.kind = r->kind, .path_len = strlen(r->path),
 		.pgoff = r->pgoff + (start - r->start),
+		.advice = vma_advice_at(s->advice, start),
 		/* an unlinked file's too: the restart maps the same object if
 		 * an fd or a shared map brings it back */
 		.shm_id = shared_memory_kind(r->kind) || r->kind == CKPT_VMA_DELETED_FILE ?
@@ -542,9 +544,10 @@ static ssize_t read_maps(char *buf, size_t size)
 }
 
 int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds,
-		const struct shm_snapshot *shm)
+		const struct shm_snapshot *shm, const struct vma_advice_table *advice)
 {
-	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds, .shm = shm };
+	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds, .shm = shm,
+			       .advice = advice };
 	char *maps = scratch_map(MAPS_MAX);
 	size_t pm_size = WINDOW_PAGES * 8;
 	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);

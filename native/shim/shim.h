@@ -224,8 +224,15 @@ SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *s
  * shared memory they save; NULL: every process saves what it maps */
 struct fd_table;
 struct shm_snapshot;
+struct vma_advice_table;
 SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
-			    const struct fd_table *fds, const struct shm_snapshot *shm);
+			    const struct fd_table *fds, const struct shm_snapshot *shm,
+			    const struct vma_advice_table *advice);
+/* mlock and madvise state of every region, from smaps (vma_advice.c) */
+SHIM_HIDDEN struct vma_advice_table *vma_advice_read(int *err);
+SHIM_HIDDEN uint32_t vma_advice_at(const struct vma_advice_table *t, uint64_t addr);
+SHIM_HIDDEN int vma_advice_unforkable(const struct vma_advice_table *t);
+SHIM_HIDDEN void vma_advice_free(struct vma_advice_table *t);
 /* a forked writer's copies of the shared memory it saves (shm_snapshot.c) */
 SHIM_HIDDEN struct shm_snapshot *snapshot_shared_memory(const char *shared_key, int *err);
 

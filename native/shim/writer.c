@@ -21,7 +21,6 @@
 #include <unistd.h>
 #include "shim.h"
 
-#define SMAPS_MAX (16 << 20)
 
 static pid_t writer_pid;		/* forked writer still running, or 0 */
 static int writer_pipe = -1;		/* its report: WARN lines, then DONE/FAIL */
@@ -59,6 +58,7 @@ struct snapshot {
 	const struct ckpt_thread *self;
 	struct shm_snapshot *shm;	/* forked: the shared memory to save */
 	struct sysv_snapshot *sysv;	/* System V IPC, if this process saves it */
+	struct vma_advice_table *advice;	/* mlock and madvise state */
 };
 
 static int write_records(struct image_writer *w, const struct snapshot *snap,
@@ -77,7 +77,7 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 	if (!err)
 		err = save_fds(w, snap->fds);
 	if (!err)
-		err = save_memory(w, shared_key, snap->fds, snap->shm);
+		err = save_memory(w, shared_key, snap->fds, snap->shm, snap->advice);
 	if (!err)
 		err = sysv_ipc_write(w, snap->sysv);
 	if (!err)
@@ -132,19 +132,27 @@ out:
 	return err;
 }
 
+/* advice: read already (a forked write looks at it first), or NULL */
 static int take_snapshot(struct snapshot *snap, unsigned seq, const struct ckpt_thread *self,
-			 char *detail, size_t size)
+			 struct vma_advice_table *advice, char *detail, size_t size)
 {
-	int err;
+	int err = 0;
 
 	snap->pid = getpid();
 	snap->self = self;
 	snap->fds = NULL;
 	snap->shm = NULL;
 	snap->sysv = NULL;
+	snap->advice = advice ? advice : vma_advice_read(&err);
+	if (!snap->advice) {
+		snprintf(detail, size, "reading /proc/self/smaps: %s", shim_strerror(err));
+		return err;
+	}
 	snap->proc = scratch_map(sizeof(*snap->proc));
-	if (!snap->proc)
+	if (!snap->proc) {
+		vma_advice_free(snap->advice);
 		return ENOMEM;
+	}
 	err = collect_process(snap->proc, detail, size);	/* timers do not survive fork */
 	if (!err)
 		err = sysv_ipc_snapshot(seq, &snap->sysv, detail, size);
@@ -158,12 +166,14 @@ static int take_snapshot(struct snapshot *snap, unsigned seq, const struct ckpt_
 	if (err) {
 		sysv_ipc_free(snap->sysv);
 		scratch_unmap(snap->proc, sizeof(*snap->proc));
+		vma_advice_free(snap->advice);
 	}
 	return err;
 }
 
 static void drop_snapshot(struct snapshot *snap)
 {
+	vma_advice_free(snap->advice);
 	shm_snapshot_free(snap->shm);
 	sysv_ipc_free(snap->sysv);
 	fds_release(snap->fds);
@@ -182,7 +192,7 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 {
 	struct snapshot snap;
 	char key[128];
-	int err = take_snapshot(&snap, seq, self, detail, size);
+	int err = take_snapshot(&snap, seq, self, NULL, detail, size);
 
 	if (err)
 		return err;
@@ -190,33 +200,6 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 	err = write_file(dir, &snap, key, detail, size);
 	drop_snapshot(&snap);
 	return err;
-}
-
-/* Memory a child would not see (MADV_DONTFORK, MADV_WIPEONFORK, as RDMA
- * libraries use for registered buffers) rules out a forked write.  (Shared
- * memory, which would change under its feet, is copied for it.) */
-static int has_unforkable_memory(void)
-{
-	char *buf = scratch_map(SMAPS_MAX);
-	ssize_t len = buf ? shim_read_proc("/proc/self/smaps", buf, SMAPS_MAX - 1) : -1;
-	int found = 1;
-
-	if (len >= 0) {
-		buf[len] = '\0';
-		found = len == SMAPS_MAX - 1;	/* too big to tell: be safe */
-		for (char *l = strstr(buf, "VmFlags:"); l && !found; l = strstr(l + 1, "VmFlags:")) {
-			char *end = strchr(l, '\n');
-
-			if (end)
-				*end = '\0';
-			found = strstr(l, " dc") || strstr(l, " wf");
-			if (end)
-				*end = '\n';
-		}
-	}
-	if (buf)
-		scratch_unmap(buf, SMAPS_MAX);
-	return found;
 }
 
 /*
@@ -288,12 +271,20 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 	struct snapshot snap;
 	char key[128];
 	uint64_t copied;
+	struct vma_advice_table *advice;
 	int p[2], err, result;
 	long child;
 
-	if (has_unforkable_memory())
+	advice = vma_advice_read(&err);
+	/* Memory a child would not see (MADV_DONTFORK, MADV_WIPEONFORK, as
+	 * RDMA libraries use for registered buffers) rules out a forked
+	 * write.  (Shared memory, which would change under its feet, is
+	 * copied for it.) */
+	if (!advice || vma_advice_unforkable(advice)) {
+		vma_advice_free(advice);
 		return EAGAIN;
-	err = take_snapshot(&snap, seq, self, detail, size);
+	}
+	err = take_snapshot(&snap, seq, self, advice, detail, size);
 	if (err)
 		return err;
 	shared_key(key, sizeof(key), seq);
