@@ -34,6 +34,7 @@ if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest" 2>/dev/null; 
 fi
 
 make -s all
+python3 -c "import sys; print(sys.executable)" > bin/.python	# for bin/ckpt
 
 # Debian's mpi4py is built for Open MPI: the MPI tests build one for MPICH
 MPI4PY_MPICH=integration/mpi/build/mpi4py-mpich

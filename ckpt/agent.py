@@ -19,7 +19,7 @@ from ckpt import auth
 from ckpt import stopped as stopped_processes
 from ckpt.barrier import PhaseError, barrier
 from ckpt.errors import CkptError
-from ckpt.headers import load_headers
+from ckpt.headers import integer_constants
 from ckpt.local_processes import LocalProcesses
 from ckpt.wire import escape, split_line
 
@@ -32,9 +32,9 @@ class HostAgent:
         self.address = address
         self.secret = secret
         self.host = socket.gethostname()
-        headers = load_headers()
-        self.protocol_version = headers.const("CKPT_PROTOCOL_VERSION")
-        self.line_max = headers.const("CKPT_LINE_MAX")
+        constants = integer_constants()
+        self.protocol_version = constants["CKPT_PROTOCOL_VERSION"]
+        self.line_max = constants["CKPT_LINE_MAX"]
         self.local = LocalProcesses(
             socket_path, job_id=job_id, protocol_version=self.protocol_version,
             line_max=self.line_max, joined=self._joined, left=self._left,

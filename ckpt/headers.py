@@ -67,3 +67,24 @@ class Headers:
 @functools.lru_cache(maxsize=None)
 def load_headers(directory=None):
     return Headers(directory if directory is not None else include_dir())
+
+
+_DEFINE = re.compile(r"^\s*#define\s+(\w+)\s+(0[xX][0-9a-fA-F]+|-?\d+)\s*$", re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def integer_constants(directory=None):
+    """{name: value} of the blocks' #defines, without cffi: a host's agent
+    needs two of them, and parsing the structs costs a restart 50 ms
+    there.  (The blocks' #defines are plain integer literals, so these are
+    cffi's values; tests/test_headers.py checks it.)"""
+    directory = directory if directory is not None else include_dir()
+    values = {}
+    for name in HEADER_FILES:
+        path = directory / name
+        try:
+            text = cffi_block(path.read_text(), str(path))
+        except OSError as exc:
+            raise CkptError(f"cannot read {path}: {exc.strerror}")
+        values.update((m.group(1), int(m.group(2), 0)) for m in _DEFINE.finditer(text))
+    return values

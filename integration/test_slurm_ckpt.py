@@ -235,8 +235,9 @@ def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs
 
 def test_time_limit_signal_requeues_and_the_job_finishes(slurm, jobs):
     """--time=1 with --signal=B:USR1@50: Slurm signals the batch shell
-    10-40 s into each 1-minute run; the ring needs about 70 s."""
-    args = (3500, 20)
+    10-40 s into each 1-minute run; the ring needs about 48 s, so at
+    least one run ends in a checkpoint and a requeue."""
+    args = (2400, 20)
     job = jobs("openmpi", args, sbatch_options=["--time=1", "--signal=B:USR1@50"]).submit()
     state = job.finish(timeout=600)
     text = job.text()
