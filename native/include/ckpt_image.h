@@ -160,8 +160,13 @@ struct ckpt_thread {
 	int32_t sched_priority;
 	int32_t pdeath_signal;		/* PR_SET_PDEATHSIG */
 	int32_t no_new_privs;		/* PR_SET_NO_NEW_PRIVS: a thread's own */
-	int32_t pad;
+	int32_t caps_read;		/* 1: the capability sets below are saved */
 	uint64_t cpu_affinity[16];	/* CPUs 0-1023; all 0: not read */
+	uint64_t cap_effective;		/* capabilities, each thread's own */
+	uint64_t cap_permitted;
+	uint64_t cap_inheritable;
+	uint64_t cap_ambient;
+	uint64_t cap_bounding;
 	struct ckpt_regs regs;
 };
 

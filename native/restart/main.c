@@ -160,6 +160,7 @@ static int restorer(void *arg)
 	restore_process_early(img);
 	restore_fds(img);
 	prepare_memory(img);
+	check_capabilities(img);
 	tree_report_restored(img);
 	sigfillset(&all);
 	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, 8);

@@ -5,6 +5,7 @@
  * at the point where it parked in the shim (ckpt_resume_context with 1).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <linux/sched.h>
 #include <signal.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <sys/syscall.h>
 #include <asm/prctl.h>
 #include <linux/prctl.h>
+#include <linux/capability.h>
 #include "restart.h"
 #include "sys.h"
 
@@ -48,12 +50,99 @@ static void restore_scheduling(const struct ckpt_thread *t)
 		sys5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
 }
 
+static int read_own_capabilities(uint64_t *effective, uint64_t *permitted)
+{
+	struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+	if (sys2(SYS_capget, &hdr, data) < 0)
+		return -1;
+	*effective = data[0].effective | (uint64_t)data[1].effective << 32;
+	*permitted = data[0].permitted | (uint64_t)data[1].permitted << 32;
+	return 0;
+}
+
+#define CAP_SETPCAP_BIT (1ULL << 8)
+
+/*
+ * Before the point of no return: a thread gets back no capability this
+ * restart does not hold, and a bounding set can only shrink with
+ * CAP_SETPCAP.  Otherwise the restart is refused, saying so.
+ */
+void check_capabilities(const struct image *img)
+{
+	uint64_t effective, permitted;
+
+	if (read_own_capabilities(&effective, &permitted))
+		die("cannot read this restart's capabilities: %s", strerror(errno));
+	for (unsigned i = 0; i < img->nthreads; i++) {
+		const struct ckpt_thread *t = &img->threads[i];
+		uint64_t bounding = 0;
+
+		if (!t->caps_read)
+			continue;
+		if (t->cap_permitted & ~permitted)
+			die("thread %d of process %d held capabilities (%#llx) this restart does not "
+			    "have: restart it as a user who holds them", t->tid, img->hdr.pid,
+			    (unsigned long long)(t->cap_permitted & ~permitted));
+		for (int cap = 0; cap < 64; cap++) {
+			long r = sys5(SYS_prctl, PR_CAPBSET_READ, cap, 0, 0, 0);
+
+			if (r < 0)
+				break;
+			bounding |= (uint64_t)r << cap;
+		}
+		if ((bounding & ~t->cap_bounding) && !(effective & CAP_SETPCAP_BIT))
+			die("thread %d of process %d had a smaller capability bounding set, which only "
+			    "CAP_SETPCAP can give back", t->tid, img->hdr.pid);
+	}
+}
+
+/* Pair of fill_capabilities (native/shim/quiesce.c), after every step that
+ * may need ckpt-restart's privileges: the bounding set first (dropping
+ * needs CAP_SETPCAP), then the three sets, then the ambient set (which
+ * needs its capabilities permitted and inheritable). */
+static void restore_capabilities(const struct ckpt_thread *t)
+{
+	struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {
+		{ (uint32_t)t->cap_effective, (uint32_t)t->cap_permitted,
+		  (uint32_t)t->cap_inheritable },
+		{ (uint32_t)(t->cap_effective >> 32), (uint32_t)(t->cap_permitted >> 32),
+		  (uint32_t)(t->cap_inheritable >> 32) },
+	};
+	long r;
+
+	/* the shim's checkpoint thread needs ours a little longer: its fixups
+	 * after a restart (/proc/self/exe) are privileged; it then gives them
+	 * up itself (drop_restart_capabilities, native/shim/quiesce.c) */
+	if (!t->caps_read || (t->flags & CKPT_THREAD_CHECKPOINTER))
+		return;
+	for (int cap = 0; cap < 64; cap++) {
+		r = sys5(SYS_prctl, PR_CAPBSET_READ, cap, 0, 0, 0);
+		if (r < 0)
+			break;
+		if (r == 1 && !(t->cap_bounding & (1ULL << cap)) &&
+		    (r = sys5(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0)) < 0)
+			fatal("dropping a capability from the bounding set", r);
+	}
+	r = sys2(SYS_capset, &hdr, data);
+	if (r < 0)
+		fatal("restoring the thread's capabilities", r);
+	sys5(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+	for (int cap = 0; cap < 64; cap++)
+		if ((t->cap_ambient & (1ULL << cap)) &&
+		    (r = sys5(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0)) < 0)
+			fatal("raising an ambient capability", r);
+}
+
 /* Runs on a zone stack with the image's TLS: raw system calls only. */
 static void become(const struct ckpt_thread *t)
 {
 	long r;
 
 	restore_scheduling(t);
+	restore_capabilities(t);
 	sys1(SYS_set_tid_address, t->clear_child_tid);
 	if (t->robust_list)
 		sys2(SYS_set_robust_list, t->robust_list, t->robust_len);

@@ -283,6 +283,9 @@ static int after_restart(void)
 	shim_mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 	exe_err = restore_exe_link();
+	err = drop_restart_capabilities(&self_rec);
+	if (err)
+		shim_log("restart: cannot give up the restart's capabilities: %s", shim_strerror(err));
 	net_addresses_restarted(shim_restart_info.addr_moves, shim_restart_info.naddr_moves);
 	shim_hostname_forget();		/* the host it runs on now */
 	/* children forked from now on join the new coordinator */

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <asm/prctl.h>
+#include <linux/capability.h>
 #include "shim.h"
 
 enum park_state {
@@ -81,6 +82,52 @@ static void fill_scheduling(struct ckpt_thread *rec)
 	syscall(SYS_sched_getaffinity, 0, sizeof(rec->cpu_affinity), rec->cpu_affinity);
 }
 
+/* The thread's capability sets: restored by restore_capabilities
+ * (native/restart/threads.c).  Raw prctl, as above; the loops end at the
+ * kernel's last capability, where prctl says EINVAL. */
+static void fill_capabilities(struct ckpt_thread *rec)
+{
+	struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+	long r;
+
+	rec->caps_read = 0;
+	if (syscall(SYS_capget, &hdr, data))
+		return;
+	rec->cap_effective = data[0].effective | (uint64_t)data[1].effective << 32;
+	rec->cap_permitted = data[0].permitted | (uint64_t)data[1].permitted << 32;
+	rec->cap_inheritable = data[0].inheritable | (uint64_t)data[1].inheritable << 32;
+	rec->cap_ambient = rec->cap_bounding = 0;
+	for (int cap = 0; cap < 64; cap++) {
+		r = syscall(SYS_prctl, PR_CAPBSET_READ, cap, 0, 0, 0);
+		if (r < 0)
+			break;
+		rec->cap_bounding |= (uint64_t)r << cap;
+		if (syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1)
+			rec->cap_ambient |= 1ULL << cap;
+	}
+	rec->caps_read = 1;
+}
+
+/* The checkpoint thread, after its fixups of a restart, takes back the
+ * capabilities it had (ckpt-restart left it its own for them).  Its
+ * bounding and ambient sets only matter to an execve, which it never
+ * does. */
+int drop_restart_capabilities(const struct ckpt_thread *rec)
+{
+	struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {
+		{ (uint32_t)rec->cap_effective, (uint32_t)rec->cap_permitted,
+		  (uint32_t)rec->cap_inheritable },
+		{ (uint32_t)(rec->cap_effective >> 32), (uint32_t)(rec->cap_permitted >> 32),
+		  (uint32_t)(rec->cap_inheritable >> 32) },
+	};
+
+	if (!rec->caps_read)
+		return 0;
+	return syscall(SYS_capset, &hdr, data) ? errno : 0;
+}
+
 void thread_fill_record(struct ckpt_thread *rec)
 {
 	uint64_t fs = 0, ctid = 0, mask = 0;
@@ -108,6 +155,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	rec->sigmask = mask;
 	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
 	fill_scheduling(rec);
+	fill_capabilities(rec);
 }
 
 void quiesce_handler(int sig, siginfo_t *si, void *uc)

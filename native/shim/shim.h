@@ -132,6 +132,7 @@ SHIM_HIDDEN unsigned quiesce_count(void);
 SHIM_HIDDEN const struct parked_thread *quiesce_thread(unsigned i);
 SHIM_HIDDEN void quiesce_handler(int sig, siginfo_t *si, void *uc);
 SHIM_HIDDEN void thread_fill_record(struct ckpt_thread *rec);
+SHIM_HIDDEN int drop_restart_capabilities(const struct ckpt_thread *rec);
 
 /* coord.c: the line protocol to the coordinator */
 SHIM_HIDDEN int coord_connect(const char *path);
