@@ -41,6 +41,7 @@ PROGRAMS = {
     "proc_attrs": ["300", "10"],
     "pidfds": ["300", "10"],
     "mem_advice": ["300", "10"],
+    "membarriers": ["300", "10"],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
 }

@@ -108,6 +108,12 @@ struct ckpt_vma {
 	uint32_t pad;
 };
 
+/* The process's membarrier() registrations for private expedited
+ * barriers (a command it did not register for fails with EPERM). */
+#define CKPT_MEMBARRIER_PRIVATE_EXPEDITED 1
+#define CKPT_MEMBARRIER_SYNC_CORE 2
+#define CKPT_MEMBARRIER_RSEQ 4
+
 /* What mlock() and madvise() told the kernel about a region (the VmFlags
  * of /proc/PID/smaps), given again at restart. */
 #define CKPT_ADVICE_LOCKED 1		/* mlock (lo) */
@@ -273,7 +279,7 @@ struct ckpt_process {
 	int32_t dumpable;		/* prctl attributes of the process */
 	int32_t child_subreaper;
 	int32_t thp_disable;
-	int32_t pad2;
+	uint32_t membarrier;		/* CKPT_MEMBARRIER_*: registrations */
 	uint32_t nzombies;		/* children that exited, not yet waited for */
 	uint32_t ntimers;
 	struct ckpt_zombie zombies[CKPT_MAX_ZOMBIES];

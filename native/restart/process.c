@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/prctl.h>
+#include <linux/membarrier.h>
 #include "restart.h"
 #include "sys.h"
 
@@ -29,6 +30,13 @@ void restore_process_early(struct image *img)
 	if (p->ntimers && prctl(PR_TIMER_CREATE_RESTORE_IDS, 2, 0, 0, 0) < 0)
 		die("the process has POSIX timers, whose ids this kernel cannot give back "
 		    "(PR_TIMER_CREATE_RESTORE_IDS: Linux 6.17 or later): %s", strerror(errno));
+	if (p->membarrier) {
+		long offered = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+
+		if (offered < 0 || !(offered & MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED))
+			die("the process registered for membarrier(), which this kernel does not "
+			    "offer");
+	}
 }
 
 static void restore_rlimits(const struct ckpt_process *p)
@@ -201,6 +209,27 @@ static void restore_prctl_attributes(const struct ckpt_process *p)
 		sys5(SYS_prctl, PR_SET_DUMPABLE, p->dumpable, 0, 0, 0);
 }
 
+/* Pair of read_membarrier (native/shim/save_process.c). */
+static void restore_membarrier(const struct ckpt_process *p)
+{
+	static const struct {
+		uint32_t bit;
+		int cmd;
+	} registrations[] = {
+		{ CKPT_MEMBARRIER_PRIVATE_EXPEDITED, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED },
+		{ CKPT_MEMBARRIER_SYNC_CORE, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE },
+		{ CKPT_MEMBARRIER_RSEQ, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ },
+	};
+
+	for (unsigned i = 0; i < sizeof(registrations) / sizeof(registrations[0]); i++) {
+		long r;
+
+		if ((p->membarrier & registrations[i].bit) &&
+		    (r = sys3(SYS_membarrier, registrations[i].cmd, 0, 0)) < 0)
+			fatal("registering for membarrier() again", r);
+	}
+}
+
 void restore_process_late(struct image *img, const struct restart_args *args)
 {
 	const struct ckpt_process *p = img->proc;
@@ -208,6 +237,7 @@ void restore_process_late(struct image *img, const struct restart_args *args)
 
 	restore_mm(p);
 	restore_prctl_attributes(p);
+	restore_membarrier(p);
 	restore_rlimits(p);
 	restore_signals(p);
 	restore_itimers(p);

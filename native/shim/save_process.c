@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/prctl.h>
+#include <linux/membarrier.h>
 #include "shim.h"
 
 /* The mm fields of /proc/self/stat (fields 26-28 and 45-51, see proc(5)). */
@@ -164,6 +165,27 @@ static void read_prctl_attributes(struct ckpt_process *p)
 	if (syscall(SYS_prctl, PR_GET_CHILD_SUBREAPER, &subreaper, 0, 0, 0) == 0)
 		p->child_subreaper = subreaper != 0;
 	p->thp_disable = syscall(SYS_prctl, PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1;
+}
+
+/* Which private expedited membarrier() commands the process registered
+ * for: a command it did not register for fails with EPERM, so each is
+ * tried (a barrier on threads that are all parked).  Restored by
+ * restore_membarrier (native/restart/process.c). */
+static void read_membarrier(struct ckpt_process *p)
+{
+	static const struct {
+		int cmd;
+		uint32_t bit;
+	} tried[] = {
+		{ MEMBARRIER_CMD_PRIVATE_EXPEDITED, CKPT_MEMBARRIER_PRIVATE_EXPEDITED },
+		{ MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE, CKPT_MEMBARRIER_SYNC_CORE },
+		{ MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, CKPT_MEMBARRIER_RSEQ },
+	};
+
+	p->membarrier = 0;
+	for (unsigned i = 0; i < sizeof(tried) / sizeof(tried[0]); i++)
+		if (syscall(SYS_membarrier, tried[i].cmd, 0, 0) == 0)
+			p->membarrier |= tried[i].bit;
 }
 
 /* The executable as it was at the last checkpoint: a restarted process
@@ -347,6 +369,7 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 	read_sigactions(p);
 	read_limits_and_timers(p);
 	read_prctl_attributes(p);
+	read_membarrier(p);
 	err = read_posix_timers(p);
 	if (err == E2BIG)
 		snprintf(detail, size, "more than %d POSIX timers: not supported", CKPT_MAX_TIMERS);
