@@ -42,6 +42,7 @@ PROGRAMS = {
     "pidfds": ["300", "10"],
     "mem_advice": ["300", "10"],
     "membarriers": ["300", "10"],
+    "leases": ["300", "10", "."],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
 }

@@ -326,6 +326,9 @@ enum ckpt_fd_kind {
 #define CKPT_LOCK_FLOCK 2		/* flock(): the open file's */
 #define CKPT_LOCK_OFD 3			/* fcntl F_OFD_SETLK: the open file's */
 #define CKPT_LOCK_WRITE 4		/* or'ed in: exclusive, else shared */
+#define CKPT_LOCK_LEASE 8		/* fcntl F_SETLEASE: the open file's;
+					 * its first byte is the break signal
+					 * (F_SETSIG, 0: SIGIO) */
 #define CKPT_LOCK_START_MASK 0xffffffffffffff	/* 56 bits */
 
 #define CKPT_SOCK_LISTENING 1

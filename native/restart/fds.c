@@ -516,6 +516,14 @@ void prepare_fds(struct image *imgs, unsigned n)
  * after the memory's files are closed (raw calls: past the point of no
  * return; one that fails is not taken).
  */
+/* A lease, and the signal that says it is being broken (0: SIGIO). */
+static long restore_lease(int fd, int write, uint64_t sig)
+{
+	long r = sig ? sys3(SYS_fcntl, fd, F_SETSIG, sig) : 0;
+
+	return r < 0 ? r : sys3(SYS_fcntl, fd, F_SETLEASE, write ? F_WRLCK : F_RDLCK);
+}
+
 void restore_locks(struct image *img, int posix)
 {
 	for (unsigned i = 0; i < img->nfds; i++) {
@@ -527,16 +535,19 @@ void restore_locks(struct image *img, int posix)
 			uint64_t word = f->value[1 + 2 * k], last = f->value[2 + 2 * k];
 			unsigned kind = (word >> 56) & 3;
 			int excl = (word >> 56) & CKPT_LOCK_WRITE;
+			int lease = (word >> 56) & CKPT_LOCK_LEASE;
 			struct flock fl = {
 				.l_type = excl ? F_WRLCK : F_RDLCK, .l_whence = SEEK_SET,
 				.l_start = word & CKPT_LOCK_START_MASK,
 			};
 			long r;
 
-			if (!kind || (kind == CKPT_LOCK_POSIX) != posix)
+			if ((!kind && !lease) || (kind == CKPT_LOCK_POSIX) != posix)
 				continue;
 			fl.l_len = last == UINT64_MAX ? 0 : last - fl.l_start + 1;
-			if (kind == CKPT_LOCK_FLOCK)
+			if (lease)
+				r = restore_lease(f->fd, excl, word & CKPT_LOCK_START_MASK);
+			else if (kind == CKPT_LOCK_FLOCK)
 				r = sys2(SYS_flock, f->fd, (excl ? LOCK_EX : LOCK_SH) | LOCK_NB);
 			else
 				r = sys3(SYS_fcntl, f->fd, kind == CKPT_LOCK_OFD ? F_OFD_SETLK : F_SETLK, &fl);

@@ -73,8 +73,29 @@ static int app_fdinfo(int fd, long long *pos, int *flags)
 	return read_fdinfo(fd, buf, pos, flags);
 }
 
+/* An active lease through fd: its kind, and the signal that says it is
+ * being broken.  One being broken is not kept: the open that breaks it
+ * goes on once the holder is gone. */
+static int file_lease(int fd, const char *line, unsigned long long *start, char *end)
+{
+	char state[16], mode[16];
+	int ours, sig = 0;
+
+	if (sscanf(line, "lock: %*d: LEASE %15s %15s", state, mode) != 2 ||
+	    strcmp(state, "ACTIVE"))
+		return 0;
+	ours = app_getfd(fd);
+	if (ours >= 0) {
+		sig = fcntl(ours, F_GETSIG);
+		close(ours);
+	}
+	*start = sig > 0 ? sig : 0;
+	strcpy(end, "EOF");
+	return CKPT_LOCK_LEASE | (!strcmp(mode, "WRITE") ? CKPT_LOCK_WRITE : 0);
+}
+
 /* The locks fdinfo shows held through fd, into rec->value (ckpt_image.h);
- * POSIX ones are the process's, FLOCK and OFD ones its open file's. */
+ * POSIX ones are the process's, FLOCK, OFD ones and leases its open file's. */
 static void file_locks(int fd, const char *fdinfo, struct ckpt_fd *rec)
 {
 	char kind[16], mode[16], end[32];
@@ -83,19 +104,21 @@ static void file_locks(int fd, const char *fdinfo, struct ckpt_fd *rec)
 	for (const char *l = strstr(fdinfo, "lock:"); l; l = strstr(l + 5, "lock:")) {
 		uint64_t k, i = rec->value[0];
 
-		if (sscanf(l, "lock: %*d: %15s ADVISORY %15s %*d %*s %llu %31s", kind, mode, &start,
-			   end) != 4)
-			continue;	/* MANDATORY, LEASE, DELEG: not taken again */
-		k = !strcmp(kind, "POSIX") ? CKPT_LOCK_POSIX : !strcmp(kind, "FLOCK") ?
-		    CKPT_LOCK_FLOCK : !strcmp(kind, "OFDLCK") ? CKPT_LOCK_OFD : 0;
+		k = file_lease(fd, l, &start, end);
+		if (!k && sscanf(l, "lock: %*d: %15s ADVISORY %15s %*d %*s %llu %31s", kind, mode,
+				 &start, end) == 4) {
+			k = !strcmp(kind, "POSIX") ? CKPT_LOCK_POSIX : !strcmp(kind, "FLOCK") ?
+			    CKPT_LOCK_FLOCK : !strcmp(kind, "OFDLCK") ? CKPT_LOCK_OFD : 0;
+			if (k && !strcmp(mode, "WRITE"))
+				k |= CKPT_LOCK_WRITE;
+		}
 		if (!k)
-			continue;
+			continue;	/* MANDATORY, DELEG: not taken again */
 		if (i == CKPT_FD_LOCKS) {
 			ckpt_warn("fd %d holds more than %d locks: the others are not taken again",
 				  fd, CKPT_FD_LOCKS);
 			break;
 		}
-		k |= !strcmp(mode, "WRITE") ? CKPT_LOCK_WRITE : 0;
 		rec->value[1 + 2 * i] = (start & CKPT_LOCK_START_MASK) | k << 56;
 		rec->value[2 + 2 * i] = !strcmp(end, "EOF") ? UINT64_MAX : strtoull(end, NULL, 10);
 		rec->value[0] = i + 1;
@@ -401,6 +424,17 @@ static void find_dup(struct fd_table *t, struct fd_info *fi)
  * several processes.  The first process to claim (file, offset, flags)
  * owns it; the others ask kcmp whether theirs is the same open file.
  */
+/* The file's bytes, for the image: read (pread, the offset stays) through
+ * the program's own open file where it can be, since opening the file
+ * again would break a lease it holds (the open waits for the holder,
+ * which is stopped) and show it an inotify IN_OPEN. */
+static int hold_contents(const struct fd_info *fi)
+{
+	if ((fi->rec.flags & O_ACCMODE) != O_WRONLY && !(fi->rec.flags & O_DIRECT))
+		return app_getfd(fi->rec.fd);
+	return app_open(getpid(), fi->rec.fd, O_RDONLY);
+}
+
 static void find_shared_open_file(struct fd_info *fi)
 {
 	char key[160], value[32], owner[64];
@@ -450,7 +484,7 @@ struct fd_table *fds_collect(unsigned seq)
 		}
 		/* held now: a forked writer reads it after the job moved on */
 		if (fi->save_contents && fi->rec.dup_of < 0)
-			fi->held = app_open(getpid(), fi->rec.fd, O_RDONLY);
+			fi->held = hold_contents(fi);
 		t->n++;
 	}
 	scratch_unmap(fds, MAX_FDS * sizeof(int));
