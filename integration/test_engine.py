@@ -43,6 +43,7 @@ PROGRAMS = {
     "mem_advice": ["300", "10"],
     "membarriers": ["300", "10"],
     "leases": ["300", "10", "."],
+    "async_io": ["300", "10"],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
 }

@@ -392,6 +392,12 @@ struct ckpt_fd {
 	uint32_t nsock_opts;
 	uint32_t pad;
 	struct ckpt_sockopt sock_opts[CKPT_SOCK_OPTS];
+	/* O_ASYNC: who gets the signal-driven I/O signal (F_SETOWN_EX), and
+	 * which signal (F_SETSIG, 0: SIGIO) */
+	int32_t owner_type;		/* F_OWNER_TID, F_OWNER_PID, F_OWNER_PGRP */
+	int32_t owner_pid;		/* 0: nobody */
+	int32_t async_signal;
+	int32_t pad2;
 };
 
 struct ckpt_plugin_blob {

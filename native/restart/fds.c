@@ -558,6 +558,26 @@ void restore_locks(struct image *img, int posix)
 	}
 }
 
+/* Pair of async_owner (native/shim/fds.c): once the threads exist, since
+ * the owner may be one of them (F_OWNER_TID); raw calls (restore_threads). */
+void restore_async_owners(const struct image *img)
+{
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct ckpt_fd *f = &img->fds[i].f;
+		struct f_owner_ex owner = { f->owner_type, f->owner_pid };
+		long r = 0;
+
+		if (!(f->flags & O_ASYNC) || f->dup_of >= 0)
+			continue;
+		if (f->async_signal)
+			r = sys3(SYS_fcntl, f->fd, F_SETSIG, f->async_signal);
+		if (!r && f->owner_pid)
+			r = sys3(SYS_fcntl, f->fd, F_SETOWN_EX, &owner);
+		if (r < 0)
+			fatal("giving an O_ASYNC fd its owner again", r);
+	}
+}
+
 void restore_fds(struct image *img)
 {
 	int *placed = arena_alloc(sizeof(int) * (img->nfds + 1));

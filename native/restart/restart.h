@@ -173,6 +173,7 @@ void prepare_memory(struct image *img);
 void restore_memory(struct image *img);
 void relock_memory(const struct image *img);
 void check_capabilities(const struct image *img);
+void restore_async_owners(const struct image *img);
 
 /* process.c */
 void restore_process_early(struct image *img);

@@ -215,6 +215,7 @@ void restore_threads(struct image *img)
 	}
 	if (!leader)
 		fatal("the image has no main thread", -22);
+	restore_async_owners(img);
 	restore_posix_timers(img->proc);
 	sys2(SYS_arch_prctl, ARCH_SET_FS, leader->fs_base);
 	become(leader);

@@ -261,6 +261,25 @@ static int list_fds(int *fds, int max)
 	return n;
 }
 
+/* Signal-driven I/O (O_ASYNC): the owner the signal goes to and which
+ * signal it is, the open file's (restore_async_owner, native/restart/fds.c). */
+static void async_owner(int fd, struct ckpt_fd *rec)
+{
+	struct f_owner_ex owner = { 0 };
+	int ours = app_getfd(fd);
+
+	if (ours < 0)
+		return;
+	if (fcntl(ours, F_GETOWN_EX, &owner) == 0) {
+		rec->owner_type = owner.type;
+		rec->owner_pid = owner.pid;
+	}
+	rec->async_signal = fcntl(ours, F_GETSIG);
+	if (rec->async_signal < 0)
+		rec->async_signal = 0;
+	close(ours);
+}
+
 static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 {
 	char link[64], fdinfo[FDINFO_TEXT];
@@ -287,6 +306,8 @@ static int describe_fd(int fd, struct fd_info *fi, struct stat *st)
 	fi->ino = st->st_ino;
 	if (S_ISREG(st->st_mode))
 		file_locks(fd, fdinfo, &fi->rec);
+	if (flags & O_ASYNC)
+		async_owner(fd, &fi->rec);
 	return 0;
 }
 
