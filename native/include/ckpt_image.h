@@ -309,10 +309,20 @@ enum ckpt_fd_kind {
 	CKPT_FD_FIFO = 17,		/* named pipe: reopened, bytes like a pipe's */
 	CKPT_FD_PIDFD = 18,		/* value[0]: the pid it refers to, 0: a
 					 * process that has exited */
-	CKPT_FD_MQUEUE = 19		/* POSIX message queue; path: its name;
+	CKPT_FD_MQUEUE = 19,		/* POSIX message queue; path: its name;
 					 * value: mq_maxmsg, mq_msgsize, whether the
 					 * data holds its messages (struct
 					 * ckpt_mq_message each), unlinked */
+	CKPT_FD_INOTIFY = 20		/* data: struct ckpt_inotify_watch, then
+					 * its path, per watch */
+};
+
+/* An inotify watch: its number, mask, and the path it was added with. */
+struct ckpt_inotify_watch {
+	int32_t wd;
+	uint32_t mask;
+	uint32_t path_len;		/* bytes of path after this struct */
+	uint32_t pad;
 };
 
 /*

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
+#include <sys/inotify.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -400,6 +402,61 @@ void make_exited_pidfd(void)
 	exited_pidfd = move_high(fd, "a pidfd of an exited process");
 }
 
+/* Another watch on "/" and its removal: the instance's next watch number
+ * is one higher (the kernel hands them out in a cycle). */
+static int burn_watch_number(int fd)
+{
+	int wd = inotify_add_watch(fd, "/", IN_ATTRIB);
+
+	if (wd >= 0)
+		inotify_rm_watch(fd, wd);
+	return wd;
+}
+
+/* Pair of inotify_describe (native/shim/inotify_watches.c): the watches
+ * again, each with its number, in increasing order. */
+static int open_inotify(const struct image *img, const struct loaded_fd *lf)
+{
+	int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK), last = 0;	/* flags: restore_fds */
+	char events[4096];
+
+	if (fd < 0)
+		die("cannot recreate inotify fd %d: %s", lf->f.fd, strerror(errno));
+	for (;;) {
+		const struct ckpt_inotify_watch *next = NULL;
+		char path[PATH_MAX];
+		int wd;
+
+		for (uint64_t off = 0; off + sizeof(*next) <= lf->f.data_size;) {
+			const struct ckpt_inotify_watch *w = (const void *)(lf->data + off);
+
+			if (w->path_len >= PATH_MAX || w->path_len > lf->f.data_size - off - sizeof(*w))
+				die("%s: corrupt inotify watch of fd %d", img->file, lf->f.fd);
+			if (w->wd > last && (!next || w->wd < next->wd))
+				next = w;
+			off += sizeof(*w) + w->path_len;
+		}
+		if (!next) {	/* the IN_IGNORED of the numbers burnt are not the program's */
+			while (read(fd, events, sizeof(events)) > 0)
+				;
+			return fd;
+		}
+		while (last + 1 < next->wd && (last = burn_watch_number(fd)) >= 0)
+			;
+		snprintf(path, sizeof(path), "%.*s", (int)next->path_len, (const char *)(next + 1));
+		wd = inotify_add_watch(fd, path, next->mask);
+		if (wd < 0 && errno == ENOENT) {	/* gone since: its number stays unused */
+			warn("pid %d: inotify fd %d: %s is gone: watch %d is not there again",
+			     img->hdr.pid, lf->f.fd, path, next->wd);
+			wd = burn_watch_number(fd);
+		}
+		if (wd != next->wd)
+			die("pid %d: inotify fd %d: cannot watch %s again as watch %d: %s", img->hdr.pid,
+			    lf->f.fd, path, next->wd, wd < 0 ? strerror(errno) : "another number");
+		last = wd;
+	}
+}
+
 static int open_one(const struct image *img, const struct loaded_fd *lf)
 {
 	int shared = lf->f.kind == CKPT_FD_FILE ? shared_file_fd(img->hdr.pid, &lf->f) : -1;
@@ -451,6 +508,8 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 		return open_pidfd(img, &lf->f);
 	case CKPT_FD_MQUEUE:
 		return open_mqueue(&lf->f);
+	case CKPT_FD_INOTIFY:
+		return open_inotify(img, lf);
 	case CKPT_FD_EVENTFD:
 	case CKPT_FD_TIMERFD:
 	case CKPT_FD_SIGNALFD:
@@ -485,7 +544,8 @@ static int keeps_file_flags(uint32_t kind)
 {
 	return kind == CKPT_FD_PIPE_READ || kind == CKPT_FD_PIPE_WRITE || kind == CKPT_FD_FIFO ||
 	       kind == CKPT_FD_SOCKET || kind == CKPT_FD_EVENTFD || kind == CKPT_FD_TIMERFD ||
-	       kind == CKPT_FD_SIGNALFD || kind == CKPT_FD_EPOLL || kind == CKPT_FD_PIDFD;
+	       kind == CKPT_FD_SIGNALFD || kind == CKPT_FD_EPOLL || kind == CKPT_FD_PIDFD ||
+	       kind == CKPT_FD_INOTIFY;
 }
 
 /* Another fd on the open file of a lower fd (fds 1 and 2 of `>log 2>&1`). */

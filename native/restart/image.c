@@ -225,7 +225,7 @@ static void check_fd_fields(struct image *img, const struct ckpt_fd *f)
 {
 	if (f->fd < 0 || f->fd >= (1 << 20) || f->dup_of < -1 || f->dup_of == f->fd)
 		die("%s: corrupt fd record (fd %d, dup of %d)", img->file, f->fd, f->dup_of);
-	if (f->kind < CKPT_FD_FILE || f->kind > CKPT_FD_MQUEUE || f->path_len >= CKPT_PATH_MAX)
+	if (f->kind < CKPT_FD_FILE || f->kind > CKPT_FD_INOTIFY || f->path_len >= CKPT_PATH_MAX)
 		die("%s: corrupt fd record for fd %d (kind or path)", img->file, f->fd);
 	if (f->sock_local.len > sizeof(f->sock_local.addr) ||
 	    f->sock_peer.len > sizeof(f->sock_peer.addr) || f->nsock_opts > CKPT_SOCK_OPTS)

@@ -119,6 +119,8 @@ int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec, struct fd_p
 		describe_pidfd(info, rec);
 	else if (!strcmp(link, "anon_inode:[eventpoll]"))
 		err = describe_epoll(info, rec, q);
+	else if (!strcmp(link, "anon_inode:inotify"))
+		err = inotify_describe(fd, info, rec, q);
 	else
 		err = ENOTSUP;
 out:

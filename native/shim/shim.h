@@ -196,6 +196,9 @@ SHIM_HIDDEN void tcp_flush_give_back(int restarted);
 /* event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
 SHIM_HIDDEN int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec,
 				  struct fd_payload *q);
+/* inotify_watches.c: the watches, with the paths the program gave */
+SHIM_HIDDEN int inotify_describe(int fd, const char *info, struct ckpt_fd *rec,
+				 struct fd_payload *q);
 
 /* image_writer.c: buffered, hashed writing of the image file */
 struct image_writer;
