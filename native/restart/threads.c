@@ -64,6 +64,21 @@ static int read_own_capabilities(uint64_t *effective, uint64_t *permitted)
 
 #define CAP_SETPCAP_BIT (1ULL << 8)
 
+/* This thread's bounding set, up to the kernel's last capability. */
+static uint64_t read_bounding_set(void)
+{
+	uint64_t bounding = 0;
+
+	for (int cap = 0; cap < 64; cap++) {
+		long r = sys5(SYS_prctl, PR_CAPBSET_READ, cap, 0, 0, 0);
+
+		if (r < 0)
+			break;
+		bounding |= (uint64_t)r << cap;
+	}
+	return bounding;
+}
+
 /*
  * Before the point of no return: a thread gets back no capability this
  * restart does not hold, and a bounding set can only shrink with
@@ -71,13 +86,12 @@ static int read_own_capabilities(uint64_t *effective, uint64_t *permitted)
  */
 void check_capabilities(const struct image *img)
 {
-	uint64_t effective, permitted;
+	uint64_t effective, permitted, bounding = read_bounding_set();
 
 	if (read_own_capabilities(&effective, &permitted))
 		die("cannot read this restart's capabilities: %s", strerror(errno));
 	for (unsigned i = 0; i < img->nthreads; i++) {
 		const struct ckpt_thread *t = &img->threads[i];
-		uint64_t bounding = 0;
 
 		if (!t->caps_read)
 			continue;
@@ -85,13 +99,6 @@ void check_capabilities(const struct image *img)
 			die("thread %d of process %d held capabilities (%#llx) this restart does not "
 			    "have: restart it as a user who holds them", t->tid, img->hdr.pid,
 			    (unsigned long long)(t->cap_permitted & ~permitted));
-		for (int cap = 0; cap < 64; cap++) {
-			long r = sys5(SYS_prctl, PR_CAPBSET_READ, cap, 0, 0, 0);
-
-			if (r < 0)
-				break;
-			bounding |= (uint64_t)r << cap;
-		}
 		if ((bounding & ~t->cap_bounding) && !(effective & CAP_SETPCAP_BIT))
 			die("thread %d of process %d had a smaller capability bounding set, which only "
 			    "CAP_SETPCAP can give back", t->tid, img->hdr.pid);
@@ -111,6 +118,7 @@ static void restore_capabilities(const struct ckpt_thread *t)
 		{ (uint32_t)(t->cap_effective >> 32), (uint32_t)(t->cap_permitted >> 32),
 		  (uint32_t)(t->cap_inheritable >> 32) },
 	};
+	uint64_t extra;
 	long r;
 
 	/* the shim's checkpoint thread needs ours a little longer: its fixups
@@ -118,14 +126,11 @@ static void restore_capabilities(const struct ckpt_thread *t)
 	 * up itself (drop_restart_capabilities, native/shim/quiesce.c) */
 	if (!t->caps_read || (t->flags & CKPT_THREAD_CHECKPOINTER))
 		return;
-	for (int cap = 0; cap < 64; cap++) {
-		r = sys5(SYS_prctl, PR_CAPBSET_READ, cap, 0, 0, 0);
-		if (r < 0)
-			break;
-		if (r == 1 && !(t->cap_bounding & (1ULL << cap)) &&
+	extra = read_bounding_set() & ~t->cap_bounding;
+	for (int cap = 0; cap < 64; cap++)
+		if ((extra & (1ULL << cap)) &&
 		    (r = sys5(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0)) < 0)
 			fatal("dropping a capability from the bounding set", r);
-	}
 	r = sys2(SYS_capset, &hdr, data);
 	if (r < 0)
 		fatal("restoring the thread's capabilities", r);
