@@ -183,6 +183,12 @@ class ClusterJob:
         time.sleep(1)       # the killed ranks' memory goes back
 
 
+def drop_page_cache():
+    """Written pages to disk, then every clean page out of memory (root)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def two_host_job(mib, reps):
     sys.path.insert(0, str(REPO / "integration"))
     from cluster import Cluster, ClusterUnavailable
@@ -207,6 +213,7 @@ def _two_host_job(cluster, mib, reps):
     data = job.dir / "baseline.bin"
     total = 4 * mib
     base_write, base_read, walls, stops, restarts = [], [], [], [], []
+    cold_read, cold_restarts = [], []
     for _ in range(reps):
         base_write.append(baseline("write", data, total))
         data.unlink()
@@ -218,24 +225,36 @@ def _two_host_job(cluster, mib, reps):
         job.kill()
         baseline("write", data, total)
         base_read.append(baseline("read", data))
-        data.unlink()
         restarts.append(job.restart(path))
+        job.kill()
+        # cold: nothing in memory, as on new nodes after a node failure
+        drop_page_cache()
+        cold_read.append(baseline("read", data))
+        data.unlink()
+        drop_page_cache()
+        cold_restarts.append(job.restart(path))
         job.kill()
     med = statistics.median
     write_ratio = med(b / w for b, w in zip(base_write, walls))
     read_ratio = med(b / r for b, r in zip(base_read, restarts))
+    cold_ratio = med(b / r for b, r in zip(cold_read, cold_restarts))
     per_rank = [med(s[i] for s in stops) for i in range(len(stops[0]))]
     table(f"2-host MPICH job (h1, h2), 4 ranks x {mib} MiB, median of {reps} rounds",
           ["what", "seconds", "baseline s", "ratio (>=0.8)"],
           [["checkpoint, wall", f"{med(walls):.2f}", f"{med(base_write):.2f}", f"{write_ratio:.2f}"],
-           ["restart to running", f"{med(restarts):.2f}", f"{med(base_read):.2f}",
-            f"{read_ratio:.2f}"]]
+           ["restart to running, images cached", f"{med(restarts):.2f}", f"{med(base_read):.2f}",
+            f"{read_ratio:.2f}"],
+           ["restart to running, cold", f"{med(cold_restarts):.2f}", f"{med(cold_read):.2f}",
+            f"{cold_ratio:.2f}"]]
           + [[f"rank {i} stopped", f"{s:.2f}", "", ""] for i, s in enumerate(per_rank)])
     print(f"  baselines: write = one sequential write()+fsync of {total} MiB to the shared "
-          "filesystem, with no job running; read = read() of it back; each taken just "
-          "before its measurement, ratio = median of the rounds' ratios")
+          "filesystem, with no job running; read = read() of it back, from the page cache "
+          "(cached) or with the page cache dropped (cold, as on new nodes: also dropped "
+          "before that restart); each taken just before its measurement, ratio = median "
+          "of the rounds' ratios")
     print(f"  all rounds, s: baseline write {fmt(base_write)}  checkpoint {fmt(walls)}  "
-          f"baseline read {fmt(base_read)}  restart {fmt(restarts)}")
+          f"baseline read {fmt(base_read)}  restart {fmt(restarts)}  cold read {fmt(cold_read)}  "
+          f"cold restart {fmt(cold_restarts)}")
 
 
 def main():
