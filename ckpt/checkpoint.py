@@ -14,6 +14,7 @@ from ckpt.barrier import PhaseError
 from ckpt.errors import CkptError
 from ckpt.wire import escape
 
+SUSPENDING_PHASES = ("STOP", "RELEASE", "SUSPEND")  # a process may still exit by itself
 ABORT_TIMEOUT = 10.0  # how long suspended processes get to acknowledge an abort
 CHILD_HELLO_WAIT = 0.5  # a child forked just before SUSPEND: its HELLO is on its way
 NEWCOMER_ROUNDS = 20  # newcomers' own children, forked before they were parked
@@ -106,6 +107,7 @@ class CheckpointRun:
             for proc in self.coord.live_processes():
                 if proc not in taken_part:
                     self.coord.note(f"{proc.describe()} started during the checkpoint and is not part of it")
+            await self.coord.pause_before("PUBLISH", self.procs)
             return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
             await self._abandon(self.to_abort)
@@ -118,10 +120,14 @@ class CheckpointRun:
             await stopped_processes.freeze(self.thawed)
 
     async def _phase(self, phase, arg=None, procs=None):
-        """A barrier (of procs, default all); processes that exited are
-        left out with a warning."""
+        """A barrier (of procs, default all).  A process that exited on its
+        way to being suspended is left out with a warning; one that dies
+        once suspended (killed: it cannot exit by itself, its host gone)
+        changed the job under the checkpoint, which is abandoned."""
         answers, gone = await self.coord.barrier(
             phase, self.procs if procs is None else procs, arg, seq=self.number)
+        if gone and phase not in SUSPENDING_PHASES:
+            raise PhaseError(f"{gone[0].describe()} died while suspended, during {phase}")
         for proc in gone:
             self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
         self.procs = [p for p in self.procs if p not in gone]
@@ -134,7 +140,7 @@ class CheckpointRun:
         of it while the application still runs: docs/PROTOCOL.md), SUSPEND."""
         if not group:
             return {}
-        for phase in ("STOP", "RELEASE", "SUSPEND"):
+        for phase in SUSPENDING_PHASES:
             answers = await self._phase(phase, procs=[p for p in group if p in self.procs])
         return answers
 

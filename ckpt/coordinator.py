@@ -19,10 +19,12 @@ from ckpt.checkpoint import CheckpointRun
 from ckpt.errors import CkptError
 from ckpt.headers import load_headers
 from ckpt.local_processes import LocalProcesses, reply
+from ckpt.pause import pause_before, pause_point
 from ckpt.wire import escape, split_line
 
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
-TERMINATE_TIMEOUT = 2.0  # a process busy elsewhere is killed without it
+TERMINATE_TIMEOUT = 2.0
+CLIENT_ANSWER_WAIT = 0.1  # a checkpoint's client gets its answer before the coordinator closes  # a process busy elsewhere is killed without it
 
 
 def stderr_warning(message):
@@ -63,6 +65,7 @@ class Coordinator:
         self._warnings = None             # collects WARNs during a checkpoint
         self._warned = set()              # warnings already shown on stderr
         self.secret = secret              # None: no TCP listener (tests)
+        self.pause_point = pause_point()  # CKPT_PAUSE_BEFORE (ckpt/pause.py)
         self.tcp_port = None
         self.agents = []
         self._tcp_server = None
@@ -86,6 +89,7 @@ class Coordinator:
 
     async def close(self):
         self.closing = True
+        await self._finish_checkpoint_under_way()
         if self._tcp_server is not None:
             self._tcp_server.close()
             self._tcp_server = None
@@ -94,6 +98,20 @@ class Coordinator:
         await self.local.close()
         for task in list(self._tasks):
             task.cancel()
+
+    async def _finish_checkpoint_under_way(self):
+        """The job ended during a checkpoint: the checkpoint ends first, and
+        its client hears how.  Once every image is taken it is still
+        published (it is of the job before it ended); before that, its
+        processes are gone and it is abandoned at once."""
+        if not self._busy.locked():
+            return
+        try:
+            await asyncio.wait_for(self._busy.acquire(), self.barrier_timeout)
+        except asyncio.TimeoutError:
+            return
+        self._busy.release()
+        await asyncio.sleep(CLIENT_ANSWER_WAIT)  # the answer on its way out
 
     def _spawn(self, coro):
         task = asyncio.ensure_future(coro)
@@ -306,7 +324,11 @@ class Coordinator:
         """One barrier over procs; see ckpt.barrier.barrier."""
         self.headers.phase(phase)  # a misspelt phase fails here, not on the wire
         timeout = self.barrier_timeout if timeout is None else timeout
+        await self.pause_before(phase, procs)
         return await barrier(phase, procs, timeout=timeout, arg=arg, seq=seq)
+
+    async def pause_before(self, phase, procs):
+        await pause_before(self.pause_point, phase, procs)
 
     async def checkpoint(self, kill=False, forked=None):
         """Take one checkpoint; returns (published dir, warnings).

@@ -141,8 +141,8 @@ def test_client_gets_err_line_on_failure(workdir):
     run(scenario())
 
 
-@pytest.mark.parametrize("phase", ["STOP", "RELEASE", "SUSPEND", "DRAIN", "FLUSH", "WRITE"])
-def test_process_disconnecting_mid_checkpoint_is_left_out(workdir, phase):
+@pytest.mark.parametrize("phase", ["STOP", "RELEASE", "SUSPEND"])
+def test_process_exiting_on_its_way_to_suspend_is_left_out(workdir, phase):
     async def scenario():
         async with Harness(workdir) as h:
             await h.process(1)
@@ -156,10 +156,25 @@ def test_process_disconnecting_mid_checkpoint_is_left_out(workdir, phase):
     run(scenario())
 
 
+@pytest.mark.parametrize("phase", ["DRAIN", "FLUSH", "WRITE"])
+def test_process_dying_while_suspended_abandons_the_checkpoint(workdir, phase):
+    """Suspended, a process cannot exit by itself: it was killed, and the
+    job changed under the checkpoint.  No checkpoint is published; the
+    others are resumed."""
+    async def scenario():
+        async with Harness(workdir) as h:
+            await h.process(1)
+            await h.process(2, script={phase: "disconnect"})
+            with pytest.raises(CkptError, match=rf"process 2 .*died while suspended, during {phase}"):
+                await h.coord.checkpoint()
+            assert not list(h.job_dir.glob("ckpt-*")) and not list(h.job_dir.glob(".ckpt-*"))
+    run(scenario())
+
+
 def test_everyone_leaving_fails_cleanly(workdir):
     async def scenario():
         async with Harness(workdir) as h:
-            await h.process(1, script={"DRAIN": "disconnect"})
+            await h.process(1, script={"SUSPEND": "disconnect"})
             with pytest.raises(CkptError, match="exited during the checkpoint"):
                 await h.coord.checkpoint()
             assert not list(h.job_dir.glob(".ckpt-*"))

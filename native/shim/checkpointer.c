@@ -39,6 +39,9 @@ static pid_t checkpointer_tid;	/* the checkpoint thread, for shim_log */
 static struct ckpt_thread self_rec;
 static int64_t suspended_at;
 static int restarting;
+/* From STOP to RESUME: the checkpoint this process is in (its number + 1),
+ * so that a coordinator that dies meanwhile does not leave it parked. */
+static unsigned in_checkpoint;
 /* The process was stopped (SIGSTOP) when checkpointed: the coordinator
  * thawed it through a tracer.  In memory, so that a restart finds it. */
 static int stopped_in_image;
@@ -190,6 +193,31 @@ static void phase_resume(unsigned seq, const char *arg)
 		kill(getpid(), SIGSTOP);
 	stopped_in_image = 0;
 	restarting = 0;
+	in_checkpoint = 0;
+	quiesce_resume();
+}
+
+/* The restart's coordinator went away before RESUME: the restart never
+ * finished (connections not refilled, plugins not rebuilt), so the
+ * process ends rather than run on half restored. */
+static void end_unfinished_restart(void)
+{
+	shim_log("the coordinator went away before the restart finished: the process ends");
+	syscall(SYS_exit_group, 70);
+}
+
+/* The coordinator went away in the middle of a checkpoint (killed, its
+ * host gone): nobody will say RESUME, so abort as RESUME abort would
+ * (plugins take back what they released) and let the application run on,
+ * no longer checkpointable. */
+static void abandon_orphaned_checkpoint(void)
+{
+	unsigned seq = in_checkpoint - 1;
+
+	shim_log("the coordinator went away during checkpoint %u: the application goes on", seq);
+	image_write_cancel();
+	run_hooks(CKPT_PHASE_RESUME, seq, 1, NULL);
+	in_checkpoint = 0;
 	quiesce_resume();
 }
 
@@ -211,7 +239,8 @@ static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 		reply(CKPT_PHASE_REFILL, 0, NULL);
 	else if (!strcmp(name, "TERMINATE") && !run_hooks(CKPT_PHASE_TERMINATE, seq, 0, NULL))
 		reply(CKPT_PHASE_TERMINATE, 0, NULL);
-	else if (!strcmp(name, "STOP") && !run_hooks(CKPT_PHASE_STOP, seq, 0, NULL))
+	else if (!strcmp(name, "STOP") && (in_checkpoint = seq + 1) &&
+		 !run_hooks(CKPT_PHASE_STOP, seq, 0, NULL))
 		reply(CKPT_PHASE_STOP, 0, NULL);
 	else if (!strcmp(name, "RELEASE") && !run_hooks(CKPT_PHASE_RELEASE, seq, 0, NULL))
 		reply(CKPT_PHASE_RELEASE, 0, NULL);
@@ -269,6 +298,7 @@ static int after_restart(void)
 	int err, exe_err;
 
 	coord_forget();
+	in_checkpoint = 0;	/* the checkpoint it came from; the restart's own follows */
 	close_copied_fds();	/* ckpt-restart gave us a copy of the restored table */
 	scratch_forget();
 	image_writer_forget();
@@ -321,9 +351,14 @@ static int checkpointer_main(void *arg)
 		if (after_restart()) {
 			/* nobody will say RESUME: let the application run */
 			quiesce_resume();
-			break;
+			coord_close();
+			return 0;
 		}
 	}
+	if (restarting)
+		end_unfinished_restart();
+	if (in_checkpoint)
+		abandon_orphaned_checkpoint();
 	coord_close();
 	return 0;
 }
