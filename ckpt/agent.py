@@ -45,22 +45,32 @@ class HostAgent:
         self._requests = {}      # name-service request id -> future of the answer
         self._tasks = set()
         self.reader = self.writer = None
-        self.child = None        # a restart's ckpt-restart (--run)
+        self.child = None        # a restart's ckpt-restart (--run, --adopt): its pid
         self.thawed = []         # this checkpoint's stopped processes, thawed
 
-    async def run(self, command=()):
+    async def run(self, command=(), adopted=None):
         """Serve the host until the coordinator closes the connection; with
-        a command (a restart's ckpt-restart), until it ends too: returns
-        its exit status."""
-        await self._connect()
-        await self.local.start()
+        a command (a restart's ckpt-restart), or the pid of one already
+        started as our child (`adopted`), until it ends too: returns its
+        exit status."""
+        self.child = adopted
+        try:
+            await self._connect()
+            await self.local.start()
+        except BaseException:
+            self._kill_child()  # a restart that cannot reach its job
+            raise
         link = asyncio.ensure_future(self._serve_link())
         try:
-            if not command:
+            if not command and adopted is None:
                 await link
                 return 0
-            self.child = await asyncio.create_subprocess_exec(*command)
-            ended = asyncio.ensure_future(self.child.wait())
+            if command:
+                process = await asyncio.create_subprocess_exec(*command)
+                self.child, waiting = process.pid, process.wait()
+            else:
+                waiting = child_exit(adopted)
+            ended = asyncio.ensure_future(waiting)
             await asyncio.wait([link, ended], return_when=asyncio.FIRST_COMPLETED)
             if not ended.done():   # the coordinator is gone: so is the job
                 self._kill_child()
@@ -205,16 +215,35 @@ class HostAgent:
             self._kill_child()   # a restart not done yet: its processes with it
 
     def _kill_child(self):
-        if self.child is not None and self.child.returncode is None:
+        if self.child is not None:
             try:
-                self.child.kill()
+                os.kill(self.child, signal.SIGKILL)  # not reaped yet: still its pid
             except ProcessLookupError:
                 pass
 
 
-def run_from_environment(command=(), environ=None):
-    """`ckpt agent [--run -- COMMAND]`: everything it needs is in the job's
-    CKPT_* variables.  Returns the command's exit status."""
+async def child_exit(pid):
+    """The exit status (negative: its signal) of a child this process did
+    not start itself (`--adopt`: the shell that became it did), through a
+    pidfd."""
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(pid)
+    try:
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def run_from_environment(command=(), environ=None, adopted=None):
+    """`ckpt agent [--run -- COMMAND | --adopt PID]`: everything it needs is
+    in the job's CKPT_* variables.  Returns the command's exit status."""
     environ = os.environ if environ is None else environ
     try:
         socket_path = environ["CKPT_COORD"]
@@ -228,11 +257,12 @@ def run_from_environment(command=(), environ=None):
     except (OSError, auth.AuthError) as exc:
         raise CkptError(f"cannot read the job's secret: {getattr(exc, 'strerror', None) or exc}")
     Path(socket_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not command:  # detached: the ssh session that started us ends
+    serving = command or adopted is not None
+    if not serving:  # detached: the ssh session that started us ends
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     agent = HostAgent(job_id=job_id, socket_path=socket_path, address=address, secret=secret)
-    status = asyncio.run(agent.run(command))
-    if not command:
+    status = asyncio.run(agent.run(command, adopted))
+    if not serving:
         print(f"ckpt agent {job_id} on {agent.host}: the coordinator closed the connection",
               file=sys.stderr)
     return status

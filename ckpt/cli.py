@@ -130,14 +130,16 @@ def _hostfile(stream):
 
 @main.command(hidden=True)
 @click.option("--run", "run_command", is_flag=True, help="Run COMMAND under the agent (a restart).")
+@click.option("--adopt", type=int, metavar="PID",
+              help="Serve until our child PID ends (a restart's ckpt-restart, already started).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def agent(run_command, command):
+def agent(run_command, adopt, command):
     """The job's agent on a host (from the job's CKPT_* variables): started
-    by ckpt-remote, or by `ckpt restart` through ssh with --run."""
+    by ckpt-remote, or by `ckpt restart` through ssh (--adopt) or srun (--run)."""
     from ckpt.agent import run_from_environment
-    if bool(run_command) != bool(command):
-        raise CkptError("usage: ckpt agent [--run -- COMMAND ARGS...]", exit_code=2)
-    sys.exit(run_from_environment(list(command)))
+    if bool(run_command) != bool(command) or (adopt is not None and command):
+        raise CkptError("usage: ckpt agent [--run -- COMMAND ARGS... | --adopt PID]", exit_code=2)
+    sys.exit(run_from_environment(list(command), adopted=adopt))
 
 
 def _format_command(command):

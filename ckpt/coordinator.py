@@ -22,6 +22,9 @@ from ckpt.local_processes import LocalProcesses, reply
 from ckpt.pause import pause_before, pause_point
 from ckpt.wire import escape, split_line
 
+# name-service keys that live for one checkpoint: open files and sockets,
+# shared memory, System V and message queue claims, thawed stopped processes
+SPENT_BY_NEXT_CHECKPOINT = ("file:", "sock:", "shm:", "sysv:", "mq:", "stopped:")
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
 TERMINATE_TIMEOUT = 2.0
 CLIENT_ANSWER_WAIT = 0.1  # a checkpoint's client gets its answer before the coordinator closes  # a process busy elsewhere is killed without it
@@ -345,9 +348,11 @@ class Coordinator:
             try:
                 procs = await self._first_processes()
                 # open files claimed, sockets named in the last checkpoint
-                # may have closed since
+                # may have closed since; the claims and marks of earlier
+                # checkpoints are spent (a job checkpointed for days must
+                # not keep them all)
                 self.names = {k: v for k, v in self.names.items()
-                              if not k.startswith(("file:", "sock:"))}
+                              if not k.startswith(SPENT_BY_NEXT_CHECKPOINT)}
                 final = await CheckpointRun(self, procs, kill, forked).run()
                 warnings = self.checkpoint_warnings()
                 if kill:

@@ -110,11 +110,18 @@ JOB_VARIABLES = ("CKPT_COORD", "CKPT_JOB_ID", "CKPT_COORD_TCP", "CKPT_SECRET_FIL
 
 
 def over_ssh(host, argv, env):
-    """(argv, env) that run argv on host under the job's agent (`ckpt agent
-    --run`), through ssh: the job's variables go on the command line."""
-    job_vars = [f"{k}={v}" for k, v in sorted(env.items()) if k in JOB_VARIABLES]
-    remote = ["exec", "env", *job_vars, str(cli_path()), "agent", "--run", "--", *argv]
-    return ["ssh", "-T", host, " ".join(shlex.quote(word) for word in remote)], dict(os.environ)
+    """(argv, env) that run argv on host under the job's agent, through
+    ssh: the job's variables go on the command line.  The shell starts
+    argv (ckpt-restart, which checks its images meanwhile) and then becomes
+    the agent (`ckpt agent --adopt`), whose start-up then costs nothing."""
+    job_vars = ["env", *(f"{k}={v}" for k, v in sorted(env.items()) if k in JOB_VARIABLES)]
+    agent = ["exec", *job_vars, str(cli_path()), "agent", "--adopt"]
+    script = f"{_words(job_vars + list(argv))} </dev/null & {_words(agent)} $!"
+    return ["ssh", "-T", host, _words(["exec", "/bin/sh", "-c", script])], dict(os.environ)
+
+
+def _words(argv):
+    return " ".join(shlex.quote(str(word)) for word in argv)
 
 
 def over_srun(host, argv, env):

@@ -11,12 +11,34 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include "restart.h"
 
 #define KV_LINE_MAX 4096
+#define KV_CONNECT_WAIT_MS 30000
 
 static int kv_fd = -1;
+
+/*
+ * On another host, ckpt-restart starts beside its agent (the agent's
+ * parent shell forks it first: ckpt/restart.py), so the agent's socket may
+ * not be there yet: wait for it while the agent, our parent, lives.
+ */
+static int connect_when_listening(int fd, const struct sockaddr_un *addr)
+{
+	struct timespec pause = { 0, 5 * 1000 * 1000 };
+	pid_t agent = getppid();
+
+	for (unsigned waited_ms = 0;; waited_ms += 5) {
+		if (!connect(fd, (const struct sockaddr *)addr, sizeof(*addr)))
+			return 0;
+		if ((errno != ENOENT && errno != ECONNREFUSED) || getppid() != agent ||
+		    waited_ms >= KV_CONNECT_WAIT_MS)
+			return -1;
+		nanosleep(&pause, NULL);
+	}
+}
 
 void kv_open(const char *coord)
 {
@@ -26,7 +48,7 @@ void kv_open(const char *coord)
 		return;
 	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", coord);
 	kv_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (kv_fd < 0 || connect(kv_fd, (struct sockaddr *)&addr, sizeof(addr)))
+	if (kv_fd < 0 || connect_when_listening(kv_fd, &addr))
 		die("cannot reach the job's coordinator at %s: %s", coord, strerror(errno));
 	kv_fd = move_high(kv_fd, "the coordinator connection");
 	write_all(kv_fd, "KV\n", 3, "the coordinator");
