@@ -1,6 +1,6 @@
 # ckpt: build the native parts and the test programs; run the demo,
 # the tests and the benchmarks.
-.PHONY: all native plugins apps mpi softverbs demo test bench clean
+.PHONY: all native plugins apps mpi softverbs demo test bench bench-load clean
 
 all: native plugins apps mpi softverbs
 
@@ -32,6 +32,10 @@ bench: all
 	python3 bench/multihost_bench.py
 	python3 bench/slurm_bench.py
 	python3 bench/ib_bench.py
+
+# twenty minutes: a checkpoint a second of a 16-rank job, each MPI stack
+bench-load: all
+	python3 bench/load_bench.py
 
 clean:
 	$(MAKE) -C native clean
