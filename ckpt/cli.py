@@ -190,14 +190,20 @@ def _human_size(size):
 
 
 def _describe_checkpoint(path):
-    """(its line, whether it verifies)"""
-    size = sum(f.lstat().st_size for f in path.iterdir() if f.is_file())
-    when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+    """(its line, whether it verifies), or None if it went away meanwhile
+    (the job's --keep deleted it while we looked)."""
+    try:
+        size = sum(f.lstat().st_size for f in path.iterdir() if f.is_file())
+        when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+    except FileNotFoundError:
+        return None
     try:
         verify_checkpoint(path)
         verdict = "ok"
-    except CkptError as exc:
-        verdict = f"CORRUPT: {exc.message}"
+    except (CkptError, OSError) as exc:
+        if not path.exists():
+            return None
+        verdict = f"CORRUPT: {getattr(exc, 'message', None) or exc}"
     return f"{path.name}\t{_human_size(size)}\t{when}\t{verdict}", verdict == "ok"
 
 
@@ -217,7 +223,10 @@ def images(directory):
         raise CkptError(f"{directory}: no checkpoints")
     all_ok = True
     for path in sorted(paths):
-        line, ok = _describe_checkpoint(path)
+        described = _describe_checkpoint(path)
+        if described is None:
+            continue
+        line, ok = described
         click.echo(line)
         all_ok = all_ok and ok
     if not all_ok:

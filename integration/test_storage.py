@@ -20,6 +20,25 @@ def test_keep_two_of_ten(session):
     assert restart_and_finish(session, job_dir, job) == reference
 
 
+def test_images_listed_while_checkpoints_are_pruned(session):
+    """`ckpt images` of a job whose --keep deletes checkpoints as fast as
+    they come: a checkpoint deleted while it is being looked at is not
+    shown, never reported damaged (the load test saw that)."""
+    job = Job(session, "prune", "counter", "1500", "10",
+              launch_args=["--keep", "2", "--interval", "0.05"])
+    job.wait_ready()
+    job_dir = session.images / "prune"
+    listed = 0
+    while job.proc.poll() is None and listed < 60:
+        if (job_dir / "latest").exists():
+            proc = session.ckpt("images", job_dir, check=False)
+            assert proc.returncode == 0 and "CORRUPT" not in proc.stdout, proc.stdout + proc.stderr
+            listed += 1
+    if job.proc.poll() is None:
+        job.kill()
+    assert listed
+
+
 def test_bad_keep_is_one_line_error(session):
     job = Job(session, "badkeep", "counter", "10", "10", launch_args=["--keep", "two"])
     rc = job.wait(timeout=30)
