@@ -207,6 +207,7 @@ static void init_device(int i)
 	char val[64];
 
 	d->index = i;
+	d->ops = &sv_provider_ops;
 	/* 02:53:56 ("SV", locally administered), device index, IPv4 */
 	d->node_guid = (0x025356ull << 40) | ((uint64_t)(i & 0xff) << 32) | ip;
 	d->ibdev.node_type = IBV_NODE_CA;
@@ -517,6 +518,13 @@ uint32_t sv_draw_qpn(struct sv_device *dev, const struct sv_incarnation *inc)
 }
 
 /* ---- device list ---- */
+
+bool sv_is_device(const struct ibv_device *device)
+{
+	const struct sv_device *d = (const struct sv_device *)device;
+
+	return d >= sv_devices && d < sv_devices + sv_cfg.ndev;
+}
 
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {

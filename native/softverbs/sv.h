@@ -66,8 +66,25 @@ struct sv_addr {
 	bool udp;
 };
 
+/*
+ * The head of every device is laid out like rdma-core's struct
+ * verbs_device (driver.h, IBVERBS_PRIVATE_34): providers loaded next to
+ * softverbs (libmlx5 via UCX) tell their own devices by comparing ->ops
+ * with their ops table (mlx5dv_is_supported()), so ops must be there and
+ * point at softverbs' own table (provider.c).
+ */
+struct sv_list_node {
+	struct sv_list_node *next, *prev;
+};
+
 struct sv_device {
 	struct ibv_device ibdev;	/* must be first */
+	const void *ops;		/* verbs_device.ops: &sv_provider_ops */
+	atomic_int refcount;		/* verbs_device.refcount (unused) */
+	struct sv_list_node entry;	/* verbs_device.entry (unused) */
+	void *sysfs;			/* verbs_device.sysfs: NULL, no kernel */
+	uint64_t core_support;		/* verbs_device.core_support */
+	/* softverbs' own */
 	int index;
 	uint64_t node_guid;		/* host order */
 };
@@ -88,6 +105,11 @@ struct sv_incarnation {
 int sv_incarnation_join(struct sv_device *dev, struct sv_incarnation *inc);
 void sv_incarnation_leave(struct sv_device *dev);
 uint32_t sv_draw_qpn(struct sv_device *dev, const struct sv_incarnation *inc);
+
+/* ---- provider interface (provider.c) ---- */
+
+extern const struct sv_provider_ops sv_provider_ops;
+bool sv_is_device(const struct ibv_device *device);
 
 /* ---- objects ---- */
 
