@@ -828,13 +828,21 @@ SV_EXPORT int ibv_close_device(struct ibv_context *ibctx)
 	sv_progress_stop(ctx);
 	if (getenv("SOFTVERBS_DEBUG"))
 		fprintf(stderr, "softverbs %s pid %d: timeouts %llu rnr_naks %llu "
-			"dup_reqs %llu ooo_drops %llu state_drops %llu\n",
+			"dup_reqs %llu ooo_drops %llu state_drops %llu "
+			"rc_wrs %llu rc_bytes %llu uc_wrs %llu uc_bytes %llu "
+			"ud_wrs %llu ud_bytes %llu\n",
 			ctx->dev->ibdev.name, (int)getpid(),
 			(unsigned long long)ctx->stats.timeouts,
 			(unsigned long long)ctx->stats.rnr_naks,
 			(unsigned long long)ctx->stats.dup_reqs,
 			(unsigned long long)ctx->stats.ooo_drops,
-			(unsigned long long)ctx->stats.state_drops);
+			(unsigned long long)ctx->stats.state_drops,
+			(unsigned long long)ctx->stats.rc_wrs,
+			(unsigned long long)ctx->stats.rc_bytes,
+			(unsigned long long)ctx->stats.uc_wrs,
+			(unsigned long long)ctx->stats.uc_bytes,
+			(unsigned long long)ctx->stats.ud_wrs,
+			(unsigned long long)ctx->stats.ud_bytes);
 	close(ibctx->async_fd);
 	sv_incarnation_leave(ctx->dev);
 	free(ctx->mrs);

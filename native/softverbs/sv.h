@@ -186,6 +186,13 @@ struct sv_swqe {
 	int fail;			/* local error status to report */
 };
 
+/* A READ the responder has yet to answer (fully): like an HCA's responder
+ * resources, it waits while the requester's queue is full. */
+struct sv_rd_resp {
+	uint32_t psn, rkey, len, off;
+	uint64_t raddr;
+};
+
 struct sv_qp {
 	struct ibv_qp ibqp;
 	struct sv_qp *next;		/* context's QP list */
@@ -220,6 +227,8 @@ struct sv_qp {
 	uint32_t ack_count;		/* messages covered by it */
 	uint64_t ack_due_ns;
 	struct sv_addr peer;		/* RC/UC: the remote QP */
+	struct sv_rd_resp rd[SV_MAX_RD_ATOMIC];	/* oldest first */
+	uint32_t rd_head, rd_count;
 };
 
 struct sv_async {
@@ -250,6 +259,9 @@ struct sv_context {
 	/* counters, printed at close with SOFTVERBS_DEBUG=1 */
 	struct {
 		uint64_t timeouts, rnr_naks, dup_reqs, ooo_drops, state_drops;
+		/* work requests posted and their bytes, per QP type: show
+		 * which transport carried a job's traffic */
+		uint64_t rc_wrs, rc_bytes, uc_wrs, uc_bytes, ud_wrs, ud_bytes;
 	} stats;
 	/* async events */
 	struct sv_async *aq;

@@ -975,6 +975,7 @@ static void qp_reset(struct sv_qp *qp)
 	qp->rx_active = qp->rx_drop = qp->rx_have_wqe = false;
 	qp->ack_pending = false;
 	qp->ack_count = 0;
+	qp->rd_head = qp->rd_count = 0;
 	qp->retx_at_ns = qp->ack_deadline_ns = 0;
 	memset(&qp->attr, 0, sizeof(qp->attr));
 }
