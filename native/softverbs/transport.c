@@ -446,6 +446,33 @@ static bool sges_ok(struct sv_context *ctx, struct ibv_pd *pd,
 	return true;
 }
 
+/*
+ * The adapter's DMA into registered memory.  A real HCA writes to the pages
+ * the registration pinned, even if the application has unmapped them since:
+ * the data just lands nowhere visible.  UCX does that at teardown (a UD
+ * interface frees its receive buffers, then destroys its QP; the
+ * registration cache deregisters lazily).  The progress thread, which runs
+ * at any moment, copies through the kernel (process_vm_writev on ourselves)
+ * so an unmapped page fails the copy instead of faulting; the application's
+ * own poll, which cannot overlap its frees in that way, copies directly
+ * (a system call per message would double the latency).
+ */
+static __thread bool dma_checked;
+
+static void dma_write(void *dst, const void *src, size_t len)
+{
+	static bool no_vm_writev;
+	struct iovec local = { (void *)src, len }, remote = { dst, len };
+
+	if (dma_checked && !no_vm_writev) {
+		if (process_vm_writev(getpid(), &local, 1, &remote, 1, 0) >= 0 ||
+		    errno == EFAULT)
+			return;
+		no_vm_writev = true;	/* not allowed here (seccomp) */
+	}
+	memcpy(dst, src, len);
+}
+
 /* Copy len bytes at message offset off into a scatter list. */
 static void scatter(const struct ibv_sge *sge, int n, uint32_t off,
 		    const uint8_t *data, uint32_t len)
@@ -459,7 +486,7 @@ static void scatter(const struct ibv_sge *sge, int n, uint32_t off,
 		}
 		uint32_t c = l - off < len ? l - off : len;
 
-		memcpy((uint8_t *)(uintptr_t)sge[i].addr + off, data, c);
+		dma_write((uint8_t *)(uintptr_t)sge[i].addr + off, data, c);
 		data += c;
 		len -= c;
 		off = 0;
@@ -1208,7 +1235,7 @@ static void rc_responder_rx(struct sv_context *ctx, struct sv_qp *qp,
 		scatter(qp->rx_wqe.sge, qp->rx_wqe.num_sge, p->offset, data,
 			len);
 	else if (len)
-		memcpy(mr_ptr(qp->rx_mr, p->raddr + p->offset), data, len);
+		dma_write(mr_ptr(qp->rx_mr, p->raddr + p->offset), data, len);
 	if (!(p->flags & SV_F_LAST))
 		return;
 	if (qp->rx_have_wqe)
@@ -1329,6 +1356,8 @@ static void *progress_thread(void *arg)
 	struct sv_context *ctx = arg;
 	struct epoll_event ev[16];
 	int timeout;
+
+	dma_checked = true;
 
 	while (!atomic_load(&ctx->stop)) {
 		uint64_t v;

@@ -1,0 +1,147 @@
+"""Real MPI over InfiniBand verbs on softverbs, without ckpt (issue 13).
+
+Debian's MPICH (ch4:ucx) runs the MPI test programs over UCX's verbs
+transports on softverbs' device: `ud_verbs` (UD, the paper's case) and
+`rc_v` (RC queue pairs, `rc_verbs`, connected through `ud_verbs` as UCX's
+auxiliary wire-up transport: `rc_verbs,self` alone cannot connect on any
+HCA, UCX says "no auxiliary transport").  Rank 0's output must equal a run
+over shared memory, and the traffic must have gone over verbs: UCX's own
+report of the lanes it chose (UCX_LOG_LEVEL=info, `ep_cfg` lines) names
+only the verbs transport and `self`, and softverbs' counters
+(SOFTVERBS_DEBUG=1, one line per rank at close) show every rank posting
+the program's messages on QPs of that type.  A run over shared memory under
+the same library fails that check.
+"""
+import os
+import re
+import signal
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import REPO
+
+SOFTVERBS = REPO / "native" / "softverbs"
+MPI_BIN = REPO / "integration" / "mpi" / "bin" / "mpich"
+UCT_IB = Path("/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0")
+# steps, ms per step: short runs, every step exchanges messages between ranks
+ARGS = ["40", "1"]
+STEPS = int(ARGS[0])
+MIB = 1 << 20
+# UCX_TLS -> (QP type whose softverbs counters must carry the traffic,
+#             transport names UCX must report)
+TRANSPORTS = {
+    "ud_verbs": ("ud", {"ud_verbs"}),
+    "rc_v": ("rc", {"rc_verbs"}),
+}
+COUNTERS = re.compile(r"softverbs sv0 pid (\d+): .*? rc_wrs (\d+) rc_bytes (\d+) "
+                      r"uc_wrs (\d+) uc_bytes (\d+) ud_wrs (\d+) ud_bytes (\d+)")
+EP_CFG = re.compile(r"ep_cfg\[\d+\]: (.*)")
+LANE = re.compile(r"(\w+)/([\w:]+)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def programs():
+    if shutil.which("mpirun.mpich") is None or not UCT_IB.exists():
+        pytest.skip("MPICH or UCX's verbs transports are not installed (./setup.sh)")
+    if not os.access("/dev/infiniband/uverbs0", os.R_OK | os.W_OK):
+        pytest.skip("/dev/infiniband/uverbs0 is missing: ./setup.sh (as root) makes it")
+    subprocess.run(["make", "-s", "-C", str(SOFTVERBS)], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
+
+
+def mpirun(ranks, program, env, timeout=120):
+    """Runs an MPICH job in its own process group; kills the group if it
+    hangs.  Returns (stdout, stderr)."""
+    argv = ["mpirun.mpich", "-np", str(ranks), str(MPI_BIN / program)] + ARGS
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{program} hung over {env.get('UCX_TLS')}:\n{err[-3000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)    # ranks left behind
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, f"{program} failed ({proc.returncode}):\n{out}\n{err[-3000:]}"
+    return out, err
+
+
+def plain_env():
+    """Real Debian libraries only: UCX picks shared memory on one host."""
+    env = dict(os.environ)
+    for name in ("LD_LIBRARY_PATH", "LD_PRELOAD") + tuple(k for k in env if k.startswith("UCX_")):
+        env.pop(name, None)
+    return env
+
+
+def verbs_env(tmp_path, tls):
+    env = plain_env()
+    env.update(LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(tmp_path / "fabric"),
+               SOFTVERBS_DEBUG="1", UCX_TLS=f"{tls},self", UCX_LOG_LEVEL="info",
+               UCX_LOG_FILE=str(tmp_path / "ucx.%p.log"))
+    return env
+
+
+def ucx_logs(tmp_path):
+    """UCX's reports of all ranks (UCX_LOG_FILE: one file per process)."""
+    return "".join(p.read_text() for p in sorted(tmp_path.glob("ucx.*.log")))
+
+
+def check_verbs_carried(ucx_log, err, ranks, qp_type, transports, min_bytes):
+    """UCX chose only verbs lanes (and self), and every rank posted the
+    program's traffic on softverbs QPs of the expected type."""
+    cfgs = EP_CFG.findall(ucx_log)
+    assert cfgs, f"UCX reported no endpoint configuration:\n{ucx_log[-3000:]}"
+    remote = set()
+    for cfg in cfgs:
+        for tl, dev in LANE.findall(cfg):
+            assert tl in transports | {"self"}, f"UCX used {tl}/{dev}: {cfg}"
+            if tl != "self":
+                assert dev.startswith("sv0"), f"not softverbs' device: {cfg}"
+                remote.add(tl)
+    assert remote == transports, f"UCX lanes {remote}, wanted {transports}"
+    counters = {int(m[0]): [int(x) for x in m[1:]] for m in COUNTERS.findall(err)}
+    assert len(counters) == ranks, \
+        f"softverbs counters of {len(counters)} processes, {ranks} ranks:\n{err[-3000:]}"
+    column = {"rc": 0, "uc": 2, "ud": 4}[qp_type]
+    for pid, c in counters.items():
+        wrs, nbytes = c[column], c[column + 1]
+        assert wrs >= STEPS and nbytes >= min_bytes, \
+            f"rank pid {pid} posted {wrs} {qp_type} WRs, {nbytes} bytes: {c}"
+
+
+def min_bytes(program):
+    # bigmsg sends 1 MiB to a neighbour each step; the others a few words
+    return STEPS * MIB if program == "bigmsg" else STEPS * 8
+
+
+@pytest.mark.parametrize("program", ["ring", "allreduce", "jacobi", "bigmsg"])
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("tls", list(TRANSPORTS))
+def test_mpich_over_verbs(tmp_path, tls, ranks, program):
+    reference, _ = mpirun(ranks, program, plain_env())
+    assert "PASS" in reference
+    out, err = mpirun(ranks, program, verbs_env(tmp_path, tls))
+    assert out == reference
+    qp_type, transports = TRANSPORTS[tls]
+    check_verbs_carried(ucx_logs(tmp_path), err, ranks, qp_type, transports,
+                        min_bytes(program))
+
+
+def test_shared_memory_run_fails_the_verbs_check(tmp_path):
+    """The check is not vacuous: the same job over shared memory, with
+    softverbs loaded and its device visible to UCX, is caught."""
+    env = verbs_env(tmp_path, "sm")
+    out, err = mpirun(2, "ring", env)
+    assert "PASS" in out
+    for tls, (qp_type, transports) in TRANSPORTS.items():
+        with pytest.raises(AssertionError):
+            check_verbs_carried(ucx_logs(tmp_path), err, 2, qp_type, transports,
+                                min_bytes("ring"))
