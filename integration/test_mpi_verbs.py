@@ -1,7 +1,7 @@
 """Real MPI over InfiniBand verbs on softverbs, without ckpt (issue 13).
 
-Debian's MPICH (ch4:ucx) runs the MPI test programs over UCX's verbs
-transports on softverbs' device: `ud_verbs` (UD, the paper's case) and
+Debian's MPICH (ch4:ucx) and Open MPI (`--mca pml ucx`) run the MPI test
+programs over UCX's verbs transports on softverbs' device: `ud_verbs` (UD, the paper's case) and
 `rc_v` (RC queue pairs, `rc_verbs`, connected through `ud_verbs` as UCX's
 auxiliary wire-up transport: `rc_verbs,self` alone cannot connect on any
 HCA, UCX says "no auxiliary transport").  Rank 0's output must equal a run
@@ -24,7 +24,13 @@ import pytest
 from harness import REPO
 
 SOFTVERBS = REPO / "native" / "softverbs"
-MPI_BIN = REPO / "integration" / "mpi" / "bin" / "mpich"
+MPI_BIN = REPO / "integration" / "mpi" / "bin"
+MPIRUN = {
+    "mpich": ["mpirun.mpich"],
+    "openmpi": ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe"],
+}
+# what makes each stack use UCX; a plain run lets it choose (shared memory)
+UCX_ARGS = {"mpich": [], "openmpi": ["--mca", "pml", "ucx"]}
 UCT_IB = Path("/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0")
 # steps, ms per step: short runs, every step exchanges messages between ranks
 ARGS = ["40", "1"]
@@ -44,18 +50,21 @@ LANE = re.compile(r"(\w+)/([\w:]+)")
 
 @pytest.fixture(scope="module", autouse=True)
 def programs():
-    if shutil.which("mpirun.mpich") is None or not UCT_IB.exists():
-        pytest.skip("MPICH or UCX's verbs transports are not installed (./setup.sh)")
+    if not UCT_IB.exists():
+        pytest.skip("UCX's verbs transports are not installed (./setup.sh)")
     if not os.access("/dev/infiniband/uverbs0", os.R_OK | os.W_OK):
         pytest.skip("/dev/infiniband/uverbs0 is missing: ./setup.sh (as root) makes it")
     subprocess.run(["make", "-s", "-C", str(SOFTVERBS)], check=True)
     subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
 
 
-def mpirun(ranks, program, env, timeout=120):
-    """Runs an MPICH job in its own process group; kills the group if it
+def mpirun(stack, ranks, program, env, ucx=True, timeout=120):
+    """Runs an MPI job in its own process group; kills the group if it
     hangs.  Returns (stdout, stderr)."""
-    argv = ["mpirun.mpich", "-np", str(ranks), str(MPI_BIN / program)] + ARGS
+    if shutil.which(MPIRUN[stack][0]) is None:
+        pytest.skip(f"{stack} is not installed (./setup.sh)")
+    argv = MPIRUN[stack] + (UCX_ARGS[stack] if ucx else []) + \
+        ["-np", str(ranks), str(MPI_BIN / stack / program)] + ARGS
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -126,9 +135,19 @@ def min_bytes(program):
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("tls", list(TRANSPORTS))
 def test_mpich_over_verbs(tmp_path, tls, ranks, program):
-    reference, _ = mpirun(ranks, program, plain_env())
+    run_over_verbs(tmp_path, "mpich", tls, ranks, program)
+
+
+@pytest.mark.parametrize("program", ["ring", "allreduce", "jacobi", "bigmsg"])
+@pytest.mark.parametrize("tls", list(TRANSPORTS))
+def test_openmpi_pml_ucx_over_verbs(tmp_path, tls, program):
+    run_over_verbs(tmp_path, "openmpi", tls, 4, program)
+
+
+def run_over_verbs(tmp_path, stack, tls, ranks, program):
+    reference, _ = mpirun(stack, ranks, program, plain_env(), ucx=False)
     assert "PASS" in reference
-    out, err = mpirun(ranks, program, verbs_env(tmp_path, tls))
+    out, err = mpirun(stack, ranks, program, verbs_env(tmp_path, tls))
     assert out == reference
     qp_type, transports = TRANSPORTS[tls]
     check_verbs_carried(ucx_logs(tmp_path), err, ranks, qp_type, transports,
@@ -139,7 +158,7 @@ def test_shared_memory_run_fails_the_verbs_check(tmp_path):
     """The check is not vacuous: the same job over shared memory, with
     softverbs loaded and its device visible to UCX, is caught."""
     env = verbs_env(tmp_path, "sm")
-    out, err = mpirun(2, "ring", env)
+    out, err = mpirun("mpich", 2, "ring", env)
     assert "PASS" in out
     for tls, (qp_type, transports) in TRANSPORTS.items():
         with pytest.raises(AssertionError):

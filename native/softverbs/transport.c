@@ -635,12 +635,8 @@ void sv_qp_flush(struct sv_context *ctx, struct sv_qp *qp)
 		complete_recv(ctx, qp, &qp->rx_wqe, IBV_WC_WR_FLUSH_ERR, NULL,
 			      IBV_WC_RECV, 0, 0);
 	qp->rx_active = qp->rx_have_wqe = false;
-	if (qp->ibqp.srq) {
-		/* SRQ WQEs are shared: nothing to flush, but tell the
-		 * owner no more will be consumed by this QP */
-		sv_async_push(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, qp);
-		return;
-	}
+	if (qp->ibqp.srq)
+		return;		/* SRQ WQEs are shared: nothing to flush */
 	while (qp->rq.count) {
 		struct sv_rwqe r;
 

@@ -1013,6 +1013,10 @@ static void enter_state(struct sv_context *ctx, struct sv_qp *qp,
 		break;
 	case IBV_QPS_ERR:
 		sv_qp_flush(ctx, qp);
+		/* an SRQ-attached QP tells its owner, once, that it will
+		 * consume no more of the SRQ's WQEs */
+		if (qp->ibqp.srq && cur != IBV_QPS_ERR)
+			sv_async_push(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, qp);
 		break;
 	default:
 		break;
