@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO
+from harness import REPO, Job, restart_and_finish
 
 SOFTVERBS = REPO / "native" / "softverbs"
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
@@ -164,3 +164,39 @@ def test_shared_memory_run_fails_the_verbs_check(tmp_path):
         with pytest.raises(AssertionError):
             check_verbs_carried(ucx_logs(tmp_path), err, 2, qp_type, transports,
                                 min_bytes("ring"))
+
+
+REBUILT = re.compile(r"ckpt-ib\[(\d+)\]: rebuilt in")
+
+
+@pytest.mark.parametrize("program", ["ring"])
+@pytest.mark.parametrize("tls", list(TRANSPORTS))
+def test_mpich_over_verbs_checkpoint_restart(session, tls, program):
+    """Under `ckpt launch` (the IB plugin): three checkpoints at random
+    moments, kill, restart from the first and from the last image on a new
+    adapter incarnation; the output equals an uninterrupted run's, and the
+    restarted ranks went on over verbs (softverbs' counters of the contexts
+    the plugin rebuilt, appended to a file at their close)."""
+    counters = session.root / "counters"
+    session.extra_env.update(
+        LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(session.root / "fabric"),
+        SOFTVERBS_DEBUG=str(counters), CKPT_IB_DEBUG="1", UCX_TLS=f"{tls},self",
+        UCX_LOG_LEVEL="info", UCX_LOG_FILE=str(session.root / "ucx.%p.log"))
+    app = MPIRUN["mpich"] + ["-np", "4", str(MPI_BIN / "mpich" / program)]
+    args = ["300", "10"]
+    reference = session.reference(app, *args)
+    assert "PASS" in reference
+    job = Job(session, f"{tls}-{program}", app, *args, stderr_file=True)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3, 0.2, 0.6)
+    job.kill()
+    qp_type, transports = TRANSPORTS[tls]
+    for image in (job.images[0], job.images[-1]):
+        start = counters.stat().st_size
+        assert restart_and_finish(session, image, job) == reference, \
+            f"restarted from {image.name}: {job.stderr_text()[-3000:]}"
+        assert len(set(REBUILT.findall(job.stderr_text()))) >= 4, \
+            f"not every rank rebuilt:\n{job.stderr_text()[-3000:]}"
+        after_restart = counters.read_text()[start:]
+        check_verbs_carried(ucx_logs(session.root), after_restart, 4, qp_type, transports,
+                            STEPS * 8)

@@ -56,9 +56,8 @@ SV_EXPORT void verbs_register_driver_34(const struct sv_provider_ops *ops)
 	if (sv_nproviders < SV_MAX_PROVIDERS)
 		sv_providers[sv_nproviders++] = ops;
 	pthread_mutex_unlock(&sv_providers_lock);
-	if (getenv("SOFTVERBS_DEBUG"))
-		fprintf(stderr, "softverbs: provider %s registered; it matches "
-			"no softverbs device\n", ops && ops->name ? ops->name : "?");
+	sv_debug("softverbs: provider %s registered; it matches no softverbs "
+		 "device\n", ops && ops->name ? ops->name : "?");
 }
 
 /* Set by providers' tests in rdma-core; read by nobody here. */

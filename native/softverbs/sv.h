@@ -93,6 +93,7 @@ extern struct sv_config sv_cfg;
 void sv_config_load(void);
 uint64_t sv_mix64(uint64_t x);
 uint64_t sv_now_ns(void);
+void sv_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Per-incarnation identity of a device, shared by all processes on a host
  * through <dir>/<name>.state (see device.c). */
