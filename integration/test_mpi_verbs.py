@@ -169,9 +169,11 @@ def test_shared_memory_run_fails_the_verbs_check(tmp_path):
 REBUILT = re.compile(r"ckpt-ib\[(\d+)\]: rebuilt in")
 
 
-@pytest.mark.parametrize("program", ["ring"])
-@pytest.mark.parametrize("tls", list(TRANSPORTS))
-def test_mpich_over_verbs_checkpoint_restart(session, tls, program):
+# Open MPI (pml ucx, ud_verbs) restarts from the first image, but after a
+# restart from the last one its ranks wait forever in MPI_Finalize's PMIx
+# fence (opal_common_ucx_mca_pmix_fence): not covered yet.
+@pytest.mark.parametrize("stack,tls", [("mpich", "ud_verbs"), ("mpich", "rc_v")])
+def test_over_verbs_checkpoint_restart(session, stack, tls):
     """Under `ckpt launch` (the IB plugin): three checkpoints at random
     moments, kill, restart from the first and from the last image on a new
     adapter incarnation; the output equals an uninterrupted run's, and the
@@ -181,12 +183,19 @@ def test_mpich_over_verbs_checkpoint_restart(session, tls, program):
     session.extra_env.update(
         LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(session.root / "fabric"),
         SOFTVERBS_DEBUG=str(counters), CKPT_IB_DEBUG="1", UCX_TLS=f"{tls},self",
-        UCX_LOG_LEVEL="info", UCX_LOG_FILE=str(session.root / "ucx.%p.log"))
-    app = MPIRUN["mpich"] + ["-np", "4", str(MPI_BIN / "mpich" / program)]
+        UCX_LOG_LEVEL="info", UCX_LOG_FILE=str(session.root / "ucx.%p.log"),
+        # UCX's UD endpoints give up on a peer silent for UCX_UD_TIMEOUT
+        # (30 s) by the CPU's clock, which runs on while the job is down:
+        # a restart from an image older than that failed ("unhandled
+        # timeout error").  Set as a user restarting old images must.
+        UCX_UD_TIMEOUT="10m")
+    if shutil.which(MPIRUN[stack][0]) is None:
+        pytest.skip(f"{stack} is not installed (./setup.sh)")
+    app = MPIRUN[stack] + UCX_ARGS[stack] + ["-np", "4", str(MPI_BIN / stack / "ring")]
     args = ["300", "10"]
     reference = session.reference(app, *args)
     assert "PASS" in reference
-    job = Job(session, f"{tls}-{program}", app, *args, stderr_file=True)
+    job = Job(session, f"{stack}-{tls}", app, *args, stderr_file=True)
     job.wait_ready()
     job.checkpoint_at_random_moments(3, 0.2, 0.6)
     job.kill()
