@@ -7,7 +7,8 @@ cd "$(dirname "$0")"
 
 DEBS="gcc make libc6-dev libxxhash-dev util-linux procps
 python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
-python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core
+python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core ibverbs-providers
+libucx0 ucx-utils
 mpich libmpich-dev openmpi-bin libopenmpi-dev python3-mpi4py python3-dev
 openssh-client openssh-server slurm-wlm slurm-client munge"
 
@@ -24,6 +25,17 @@ if [ -n "$missing" ]; then
 	echo "setup: installing$missing"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+# UCX uses an IB device only if /dev/infiniband/<its uverbs name> is a
+# character device the user may open.  softverbs has no kernel side, so the
+# nodes of its devices (uverbs0..7) stand for the null device.
+if [ "$(id -u)" -eq 0 ]; then
+	mkdir -p /dev/infiniband
+	for i in 0 1 2 3 4 5 6 7; do
+		[ -e /dev/infiniband/uverbs$i ] ||
+			ln -s /dev/null /dev/infiniband/uverbs$i
+	done
 fi
 
 # The python3 on PATH may not be Debian's (pyenv, venv): give it the modules.

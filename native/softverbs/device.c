@@ -13,6 +13,7 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,7 @@ static void init_device(int i)
 	char val[64];
 
 	d->index = i;
+	d->ops = &sv_provider_ops;
 	/* 02:53:56 ("SV", locally administered), device index, IPv4 */
 	d->node_guid = (0x025356ull << 40) | ((uint64_t)(i & 0xff) << 32) | ip;
 	d->ibdev.node_type = IBV_NODE_CA;
@@ -518,6 +520,13 @@ uint32_t sv_draw_qpn(struct sv_device *dev, const struct sv_incarnation *inc)
 
 /* ---- device list ---- */
 
+bool sv_is_device(const struct ibv_device *device)
+{
+	const struct sv_device *d = (const struct sv_device *)device;
+
+	return d >= sv_devices && d < sv_devices + sv_cfg.ndev;
+}
+
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {
 	struct ibv_device **list;
@@ -813,20 +822,46 @@ err_free:
 	return NULL;
 }
 
+/* SOFTVERBS_DEBUG=1: to stderr; =<path>: appended to that file, opened
+ * anew each time (a restarted process's stderr may be anywhere). */
+void sv_debug(const char *fmt, ...)
+{
+	const char *dest = getenv("SOFTVERBS_DEBUG");
+	FILE *f = stderr;
+	va_list ap;
+
+	if (!dest || !*dest)
+		return;
+	if (strchr(dest, '/') && !(f = fopen(dest, "ae")))
+		return;
+	va_start(ap, fmt);
+	vfprintf(f, fmt, ap);
+	va_end(ap);
+	if (f != stderr)
+		fclose(f);
+}
+
 SV_EXPORT int ibv_close_device(struct ibv_context *ibctx)
 {
 	struct sv_context *ctx = to_sctx(ibctx);
 
 	sv_progress_stop(ctx);
-	if (getenv("SOFTVERBS_DEBUG"))
-		fprintf(stderr, "softverbs %s pid %d: timeouts %llu rnr_naks %llu "
-			"dup_reqs %llu ooo_drops %llu state_drops %llu\n",
-			ctx->dev->ibdev.name, (int)getpid(),
-			(unsigned long long)ctx->stats.timeouts,
-			(unsigned long long)ctx->stats.rnr_naks,
-			(unsigned long long)ctx->stats.dup_reqs,
-			(unsigned long long)ctx->stats.ooo_drops,
-			(unsigned long long)ctx->stats.state_drops);
+	sv_debug("softverbs %s pid %d: timeouts %llu rnr_naks %llu "
+		 "dup_reqs %llu ooo_drops %llu state_drops %llu "
+		 "rc_wrs %llu rc_bytes %llu uc_wrs %llu uc_bytes %llu "
+		 "ud_wrs %llu ud_bytes %llu\n",
+		 ctx->dev->ibdev.name, (int)getpid(),
+		 (unsigned long long)ctx->stats.timeouts,
+		 (unsigned long long)ctx->stats.rnr_naks,
+		 (unsigned long long)ctx->stats.dup_reqs,
+		 (unsigned long long)ctx->stats.ooo_drops,
+		 (unsigned long long)ctx->stats.state_drops,
+		 (unsigned long long)ctx->stats.rc_wrs,
+		 (unsigned long long)ctx->stats.rc_bytes,
+		 (unsigned long long)ctx->stats.uc_wrs,
+		 (unsigned long long)ctx->stats.uc_bytes,
+		 (unsigned long long)ctx->stats.ud_wrs,
+		 (unsigned long long)ctx->stats.ud_bytes);
 	close(ibctx->async_fd);
 	sv_incarnation_leave(ctx->dev);
 	free(ctx->mrs);

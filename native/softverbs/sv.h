@@ -66,8 +66,25 @@ struct sv_addr {
 	bool udp;
 };
 
+/*
+ * The head of every device is laid out like rdma-core's struct
+ * verbs_device (driver.h, IBVERBS_PRIVATE_34): providers loaded next to
+ * softverbs (libmlx5 via UCX) tell their own devices by comparing ->ops
+ * with their ops table (mlx5dv_is_supported()), so ops must be there and
+ * point at softverbs' own table (provider.c).
+ */
+struct sv_list_node {
+	struct sv_list_node *next, *prev;
+};
+
 struct sv_device {
 	struct ibv_device ibdev;	/* must be first */
+	const void *ops;		/* verbs_device.ops: &sv_provider_ops */
+	atomic_int refcount;		/* verbs_device.refcount (unused) */
+	struct sv_list_node entry;	/* verbs_device.entry (unused) */
+	void *sysfs;			/* verbs_device.sysfs: NULL, no kernel */
+	uint64_t core_support;		/* verbs_device.core_support */
+	/* softverbs' own */
 	int index;
 	uint64_t node_guid;		/* host order */
 };
@@ -76,6 +93,7 @@ extern struct sv_config sv_cfg;
 void sv_config_load(void);
 uint64_t sv_mix64(uint64_t x);
 uint64_t sv_now_ns(void);
+void sv_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Per-incarnation identity of a device, shared by all processes on a host
  * through <dir>/<name>.state (see device.c). */
@@ -88,6 +106,11 @@ struct sv_incarnation {
 int sv_incarnation_join(struct sv_device *dev, struct sv_incarnation *inc);
 void sv_incarnation_leave(struct sv_device *dev);
 uint32_t sv_draw_qpn(struct sv_device *dev, const struct sv_incarnation *inc);
+
+/* ---- provider interface (provider.c) ---- */
+
+extern const struct sv_provider_ops sv_provider_ops;
+bool sv_is_device(const struct ibv_device *device);
 
 /* ---- objects ---- */
 
@@ -164,6 +187,13 @@ struct sv_swqe {
 	int fail;			/* local error status to report */
 };
 
+/* A READ the responder has yet to answer (fully): like an HCA's responder
+ * resources, it waits while the requester's queue is full. */
+struct sv_rd_resp {
+	uint32_t psn, rkey, len, off;
+	uint64_t raddr;
+};
+
 struct sv_qp {
 	struct ibv_qp ibqp;
 	struct sv_qp *next;		/* context's QP list */
@@ -198,6 +228,8 @@ struct sv_qp {
 	uint32_t ack_count;		/* messages covered by it */
 	uint64_t ack_due_ns;
 	struct sv_addr peer;		/* RC/UC: the remote QP */
+	struct sv_rd_resp rd[SV_MAX_RD_ATOMIC];	/* oldest first */
+	uint32_t rd_head, rd_count;
 };
 
 struct sv_async {
@@ -228,6 +260,9 @@ struct sv_context {
 	/* counters, printed at close with SOFTVERBS_DEBUG=1 */
 	struct {
 		uint64_t timeouts, rnr_naks, dup_reqs, ooo_drops, state_drops;
+		/* work requests posted and their bytes, per QP type: show
+		 * which transport carried a job's traffic */
+		uint64_t rc_wrs, rc_bytes, uc_wrs, uc_bytes, ud_wrs, ud_bytes;
 	} stats;
 	/* async events */
 	struct sv_async *aq;

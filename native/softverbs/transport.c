@@ -446,6 +446,33 @@ static bool sges_ok(struct sv_context *ctx, struct ibv_pd *pd,
 	return true;
 }
 
+/*
+ * The adapter's DMA into registered memory.  A real HCA writes to the pages
+ * the registration pinned, even if the application has unmapped them since:
+ * the data just lands nowhere visible.  UCX does that at teardown (a UD
+ * interface frees its receive buffers, then destroys its QP; the
+ * registration cache deregisters lazily).  The progress thread, which runs
+ * at any moment, copies through the kernel (process_vm_writev on ourselves)
+ * so an unmapped page fails the copy instead of faulting; the application's
+ * own poll, which cannot overlap its frees in that way, copies directly
+ * (a system call per message would double the latency).
+ */
+static __thread bool dma_checked;
+
+static void dma_write(void *dst, const void *src, size_t len)
+{
+	static bool no_vm_writev;
+	struct iovec local = { (void *)src, len }, remote = { dst, len };
+
+	if (dma_checked && !no_vm_writev) {
+		if (process_vm_writev(getpid(), &local, 1, &remote, 1, 0) >= 0 ||
+		    errno == EFAULT)
+			return;
+		no_vm_writev = true;	/* not allowed here (seccomp) */
+	}
+	memcpy(dst, src, len);
+}
+
 /* Copy len bytes at message offset off into a scatter list. */
 static void scatter(const struct ibv_sge *sge, int n, uint32_t off,
 		    const uint8_t *data, uint32_t len)
@@ -459,7 +486,7 @@ static void scatter(const struct ibv_sge *sge, int n, uint32_t off,
 		}
 		uint32_t c = l - off < len ? l - off : len;
 
-		memcpy((uint8_t *)(uintptr_t)sge[i].addr + off, data, c);
+		dma_write((uint8_t *)(uintptr_t)sge[i].addr + off, data, c);
 		data += c;
 		len -= c;
 		off = 0;
@@ -608,12 +635,8 @@ void sv_qp_flush(struct sv_context *ctx, struct sv_qp *qp)
 		complete_recv(ctx, qp, &qp->rx_wqe, IBV_WC_WR_FLUSH_ERR, NULL,
 			      IBV_WC_RECV, 0, 0);
 	qp->rx_active = qp->rx_have_wqe = false;
-	if (qp->ibqp.srq) {
-		/* SRQ WQEs are shared: nothing to flush, but tell the
-		 * owner no more will be consumed by this QP */
-		sv_async_push(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, qp);
-		return;
-	}
+	if (qp->ibqp.srq)
+		return;		/* SRQ WQEs are shared: nothing to flush */
 	while (qp->rq.count) {
 		struct sv_rwqe r;
 
@@ -865,11 +888,13 @@ static int rc_tx_wqe(struct sv_context *ctx, struct sv_qp *qp,
 }
 
 static void qp_tx_requests(struct sv_context *ctx, struct sv_qp *qp);
+static void rd_resp_tx(struct sv_context *ctx, struct sv_qp *qp);
 
 /* Move requests and ACKs onto the wire and run the requester's timers. */
 static void qp_tx(struct sv_context *ctx, struct sv_qp *qp)
 {
 	qp_tx_requests(ctx, qp);
+	rd_resp_tx(ctx, qp);
 	/* an ACK no reply picked up goes out on its own */
 	if (qp->ack_pending && (ctx->in_thread || sv_now_ns() >= qp->ack_due_ns))
 		ack_flush(ctx, qp);
@@ -1030,7 +1055,9 @@ static bool rx_start(struct sv_context *ctx, struct sv_qp *qp,
 		/* the requester restarted this message: reuse what we hold */
 		return true;
 	}
-	if (p->op == SV_OP_WRITE) {
+	/* the spec (C9-88): a zero-length WRITE is not checked against its
+	 * R_Key, which may be anything (UCX flushes with rkey 0) */
+	if (p->op == SV_OP_WRITE && p->msg_len) {
 		qp->rx_mr = rkey_check(ctx, qp, p->rkey, p->raddr, p->msg_len,
 				       IBV_ACCESS_REMOTE_WRITE);
 		if (!qp->rx_mr) {
@@ -1077,48 +1104,80 @@ static bool rx_start(struct sv_context *ctx, struct sv_qp *qp,
 	return true;
 }
 
+/* Send what is left of the queued READ responses, oldest first, until the
+ * requester's queue is full; the rest goes on a later progress pass. */
+static void rd_resp_tx(struct sv_context *ctx, struct sv_qp *qp)
+{
+	if (!qp_can_receive(qp))
+		qp->rd_count = 0;
+	while (qp->rd_count) {
+		struct sv_rd_resp *e = &qp->rd[qp->rd_head];
+		struct sv_mr *mr = e->len ? rkey_check(ctx, qp, e->rkey, e->raddr,
+				e->len, IBV_ACCESS_REMOTE_READ) : NULL;
+		bool first = true;
+
+		/* MR gone meanwhile: the requester times out, asks again
+		 * and gets its NAK.  A zero-length READ is one empty packet. */
+		while ((mr && e->off < e->len) || (!e->len && first)) {
+			struct sv_pkt r;
+			uint32_t chunk = e->len - e->off, max = seg_size(qp);
+			struct iovec iov[2];
+
+			if (chunk > max)
+				chunk = max;
+			fill_pkt(ctx, qp, &r, SV_OP_READ_RESP);
+			r.psn = e->psn;
+			r.msg_len = e->len;
+			r.offset = e->off;
+			if (e->off + chunk == e->len)
+				r.flags = SV_F_LAST;
+			iov[0].iov_base = &r;
+			iov[0].iov_len = offsetof(struct sv_pkt, grh);
+			iov[1].iov_base = chunk ? mr_ptr(mr, e->raddr + e->off) : NULL;
+			iov[1].iov_len = chunk;
+			if (send_pkt(qp, &qp->peer, iov, 2) < 0) {
+				if (errno == EAGAIN)
+					return;
+				break;	/* peer gone: it will time out */
+			}
+			e->off += chunk;
+			first = false;
+		}
+		qp->rd_head = (qp->rd_head + 1) % SV_MAX_RD_ATOMIC;
+		qp->rd_count--;
+	}
+}
+
 static void rx_read(struct sv_context *ctx, struct sv_qp *qp,
 		    const struct sv_pkt *p)
 {
-	struct sv_mr *mr = rkey_check(ctx, qp, p->rkey, p->raddr, p->msg_len,
-				      IBV_ACCESS_REMOTE_READ);
-	uint32_t off = 0;
+	struct sv_mr *mr = p->msg_len ? rkey_check(ctx, qp, p->rkey, p->raddr,
+			p->msg_len, IBV_ACCESS_REMOTE_READ) : NULL;
+	struct sv_rd_resp *e;
 
 	if (qp->ibqp.qp_type != IBV_QPT_RC) {
 		responder_fatal(ctx, qp, p->psn, SV_NAK_INV_REQ,
 				IBV_EVENT_QP_REQ_ERR);
 		return;
 	}
-	if (!mr) {
+	if (!mr && p->msg_len) {
 		responder_fatal(ctx, qp, p->psn, SV_NAK_REM_ACCESS,
 				IBV_EVENT_QP_ACCESS_ERR);
 		return;
 	}
-	do {
-		struct sv_pkt r;
-		uint32_t chunk = p->msg_len - off, max = seg_size(qp);
-		struct iovec iov[2];
-
-		if (chunk > max)
-			chunk = max;
-		fill_pkt(ctx, qp, &r, SV_OP_READ_RESP);
-		r.psn = p->psn;
-		r.msg_len = p->msg_len;
-		r.offset = off;
-		if (off + chunk == p->msg_len)
-			r.flags = SV_F_LAST;
-		iov[0].iov_base = &r;
-		iov[0].iov_len = offsetof(struct sv_pkt, grh);
-		iov[1].iov_base = mr_ptr(mr, p->raddr + off);
-		iov[1].iov_len = chunk;
-		/* a blocked response is abandoned; the requester times out
-		 * and asks again (reads are idempotent) */
-		if (send_pkt(qp, &qp->peer, iov, 2) < 0 &&
-		    errno == EAGAIN)
+	/* a repeated request whose answer is still queued: nothing new */
+	for (uint32_t i = 0; i < qp->rd_count; i++)
+		if (qp->rd[(qp->rd_head + i) % SV_MAX_RD_ATOMIC].psn == p->psn)
 			return;
-		off += chunk;
-	} while (off < p->msg_len);
+	/* more READs in flight than responder resources: dropped, the
+	 * requester asks again after its timeout */
+	if (qp->rd_count == SV_MAX_RD_ATOMIC)
+		return;
+	e = &qp->rd[(qp->rd_head + qp->rd_count++) % SV_MAX_RD_ATOMIC];
+	*e = (struct sv_rd_resp){ .psn = p->psn, .rkey = p->rkey,
+				  .len = p->msg_len, .raddr = p->raddr };
 	qp->epsn = (qp->epsn + 1) & 0xffffff;
+	rd_resp_tx(ctx, qp);
 }
 
 static void rc_responder_rx(struct sv_context *ctx, struct sv_qp *qp,
@@ -1172,7 +1231,7 @@ static void rc_responder_rx(struct sv_context *ctx, struct sv_qp *qp,
 		scatter(qp->rx_wqe.sge, qp->rx_wqe.num_sge, p->offset, data,
 			len);
 	else if (len)
-		memcpy(mr_ptr(qp->rx_mr, p->raddr + p->offset), data, len);
+		dma_write(mr_ptr(qp->rx_mr, p->raddr + p->offset), data, len);
 	if (!(p->flags & SV_F_LAST))
 		return;
 	if (qp->rx_have_wqe)
@@ -1276,8 +1335,8 @@ static int next_timeout_ms(struct sv_context *ctx)
 	uint64_t now = sv_now_ns(), next = now + 100000000ull;
 
 	for (struct sv_qp *qp = ctx->qps; qp; qp = qp->next) {
-		if (qp->ack_pending || (qp->sq_tx != qp->sq_tail &&
-					!qp->retx_at_ns))
+		if (qp->ack_pending || qp->rd_count ||
+		    (qp->sq_tx != qp->sq_tail && !qp->retx_at_ns))
 			return 1;	/* back-pressured: retry soon */
 		if (qp->retx_at_ns && qp->retx_at_ns < next)
 			next = qp->retx_at_ns;
@@ -1293,6 +1352,8 @@ static void *progress_thread(void *arg)
 	struct sv_context *ctx = arg;
 	struct epoll_event ev[16];
 	int timeout;
+
+	dma_checked = true;
 
 	while (!atomic_load(&ctx->stop)) {
 		uint64_t v;
@@ -1443,6 +1504,25 @@ static int fill_swqe(struct sv_qp *qp, struct sv_swqe *w,
 	return 0;
 }
 
+static void count_send(struct sv_context *ctx, const struct sv_qp *qp,
+		       const struct sv_swqe *w)
+{
+	switch (qp->ibqp.qp_type) {
+	case IBV_QPT_RC:
+		ctx->stats.rc_wrs++;
+		ctx->stats.rc_bytes += w->len;
+		break;
+	case IBV_QPT_UC:
+		ctx->stats.uc_wrs++;
+		ctx->stats.uc_bytes += w->len;
+		break;
+	default:
+		ctx->stats.ud_wrs++;
+		ctx->stats.ud_bytes += w->len;
+		break;
+	}
+}
+
 int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		 struct ibv_send_wr **bad_wr)
 {
@@ -1467,6 +1547,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			*bad_wr = wr;
 			break;
 		}
+		count_send(ctx, qp, sq_slot(qp, qp->sq_tail));
 		qp->sq_tail++;
 	}
 	if (st == IBV_QPS_ERR)

@@ -975,6 +975,7 @@ static void qp_reset(struct sv_qp *qp)
 	qp->rx_active = qp->rx_drop = qp->rx_have_wqe = false;
 	qp->ack_pending = false;
 	qp->ack_count = 0;
+	qp->rd_head = qp->rd_count = 0;
 	qp->retx_at_ns = qp->ack_deadline_ns = 0;
 	memset(&qp->attr, 0, sizeof(qp->attr));
 }
@@ -1012,6 +1013,10 @@ static void enter_state(struct sv_context *ctx, struct sv_qp *qp,
 		break;
 	case IBV_QPS_ERR:
 		sv_qp_flush(ctx, qp);
+		/* an SRQ-attached QP tells its owner, once, that it will
+		 * consume no more of the SRQ's WQEs */
+		if (qp->ibqp.srq && cur != IBV_QPS_ERR)
+			sv_async_push(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, qp);
 		break;
 	default:
 		break;

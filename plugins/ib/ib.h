@@ -68,6 +68,7 @@ struct ib_channel {
 	struct ibv_comp_channel ibv;	/* fd: ours, a dup of the real one */
 	struct ibv_comp_channel *real;
 	struct ib_waited_fd waited;	/* the real fd, ibv_get_cq_event's */
+	int fd_flags;			/* ours while released (O_NONBLOCK) */
 	struct ib_channel *next;
 };
 
@@ -141,6 +142,7 @@ struct ib_ctx {
 	struct ibv_context ibv;		/* async_fd: ours, a dup of the real one */
 	struct ibv_context *real;
 	struct ib_waited_fd waited;	/* the real async fd, ibv_get_async_event's */
+	int async_fd_flags;		/* ours while released (O_NONBLOCK) */
 	char dev_name[IBV_SYSFS_NAME_MAX];
 	uint8_t nports;
 	uint16_t vlid[IB_MAX_PORTS + 1];	/* port -> the LID the app knows */

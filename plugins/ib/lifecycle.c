@@ -192,18 +192,22 @@ static int do_stop(void)
 	return 0;
 }
 
-/* The application's fd numbers stay taken, by /dev/null, until rebuilt. */
-static void hold_fd(int fd)
+/* The application's fd numbers stay taken, by /dev/null, until rebuilt.
+ * Returns the file status flags the application had set (UCX makes its
+ * async fd non-blocking): the rebuilt file gets them back. */
+static int hold_fd(int fd)
 {
-	int null;
+	int null, flags;
 
 	if (fd < 0)
-		return;
+		return -1;
+	flags = fcntl(fd, F_GETFL);
 	null = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (null >= 0 && null != fd) {
 		dup3(null, fd, O_CLOEXEC);
 		close(null);
 	}
+	return flags;
 }
 
 /*
@@ -308,7 +312,7 @@ static void release_ctx(struct ib_ctx *ctx)
 
 		ib_real.destroy_comp_channel(ch->real);
 		release_waited(&ch->waited, real_fd);
-		hold_fd(ch->ibv.fd);
+		ch->fd_flags = hold_fd(ch->ibv.fd);
 	}
 	for (struct ib_mr *mr = ctx->mrs; mr; mr = mr->next)
 		ib_real.dereg_mr(mr->real);
@@ -321,7 +325,7 @@ static void release_ctx(struct ib_ctx *ctx)
 		release_waited(&ctx->waited, async_fd);
 	}
 	ctx->real = NULL;
-	hold_fd(ctx->ibv.async_fd);
+	ctx->async_fd_flags = hold_fd(ctx->ibv.async_fd);
 	hold_fd(ctx->ibv.cmd_fd);
 }
 

@@ -3,15 +3,31 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include "ib.h"
 
 struct ib_real ib_real;
 
+/*
+ * Behind the plugin in the global scope when the program links libibverbs;
+ * otherwise the library was loaded by dlopen() with a library that needs
+ * it (UCX's libuct_ib), in that library's local scope: found by its name.
+ */
 static void *find(const char *name, const char *version)
 {
+	static void *local;
 	void *f = dlvsym(RTLD_NEXT, name, version);
 
-	return f ? f : dlsym(RTLD_NEXT, name);
+	if (!f)
+		f = dlsym(RTLD_NEXT, name);
+	if (f)
+		return f;
+	if (!local)
+		local = dlopen("libibverbs.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (!local)
+		return NULL;
+	f = dlvsym(local, name, version);
+	return f ? f : dlsym(local, name);
 }
 
 #define LOAD(field, name, version) \
@@ -60,16 +76,23 @@ static int load_all(void)
 	       ib_real.modify_qp ? 0 : ENOSYS;
 }
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int load_err;
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool loaded;
 
-static void load_once(void)
-{
-	load_err = load_all();
-}
-
+/* Tried again until it works: a library dlopen()ed later may bring the
+ * real libibverbs along. */
 int ib_real_load(void)
 {
-	pthread_once(&once, load_once);
-	return load_err;
+	int err = 0;
+
+	if (__atomic_load_n(&loaded, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&load_lock);
+	if (!loaded) {
+		err = load_all();
+		if (!err)
+			__atomic_store_n(&loaded, true, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&load_lock);
+	return err;
 }
