@@ -35,6 +35,7 @@ PROGRAMS = {
     "guard_pages": ["300", "10", "."],
     "private_maps": ["300", "10", "."],
     "socket_states": ["300", "10"],
+    "socket_backlog": ["300", "10"],
     "pipe_states": ["300", "10"],
     "file_locks": ["300", "10", "."],
     "posix_timers": ["300", "10"],

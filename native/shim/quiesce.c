@@ -158,6 +158,58 @@ void thread_fill_record(struct ckpt_thread *rec)
 	fill_capabilities(rec);
 }
 
+/*
+ * Work that must be done in the application's fd table, which the
+ * checkpoint thread does not share (checkpointer.c): a parked thread of
+ * the application does it, woken without being resumed.  Raw calls only,
+ * as in any signal handler.
+ */
+static void (*_Atomic app_work)(void *);
+static void *app_work_arg;
+static _Atomic unsigned app_work_slot, app_work_done;
+
+static void run_app_work(unsigned idx)
+{
+	void (*fn)(void *) = atomic_load(&app_work);
+
+	if (!fn || atomic_load(&app_work_slot) != idx)
+		return;
+	fn(app_work_arg);
+	atomic_store(&app_work, NULL);
+	atomic_fetch_add(&app_work_done, 1);
+	futex(&app_work_done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
+#define APP_WORK_TIMEOUT_MS 5000
+
+int quiesce_run_in_app(void (*fn)(void *), void *arg)
+{
+	unsigned done = atomic_load(&app_work_done);
+	struct timespec nap = { 0, 10 * 1000000 };
+	int idx = -1;
+
+	for (unsigned i = 0; i < nslots && idx < 0; i++)
+		if (atomic_load(&slots[i].state) == SLOT_PARKED ||
+		    atomic_load(&slots[i].state) == SLOT_RESTORED)
+			idx = i;
+	if (idx < 0)
+		return ESRCH;
+	app_work_arg = arg;
+	atomic_store(&app_work_slot, idx);
+	atomic_store(&app_work, fn);
+	/* woken again and again: it may have checked for work just before
+	 * this and gone to sleep after our wake */
+	for (int waited = 0; atomic_load(&app_work_done) == done; waited += 10) {
+		if (waited >= APP_WORK_TIMEOUT_MS) {
+			atomic_store(&app_work, NULL);
+			return ETIMEDOUT;
+		}
+		futex(&resume_gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+		futex(&app_work_done, FUTEX_WAIT_PRIVATE, done, &nap);
+	}
+	return 0;
+}
+
 void quiesce_handler(int sig, siginfo_t *si, void *uc)
 {
 	int saved_errno = errno;
@@ -180,8 +232,10 @@ void quiesce_handler(int sig, siginfo_t *si, void *uc)
 	thread_fill_record(&t->rec);
 	restored = ckpt_save_context(&t->rec.regs) != 0;
 	slot_set_state(&slots[idx], restored ? SLOT_RESTORED : SLOT_PARKED);
-	while (atomic_load(&resume_gen) == gen)
+	while (atomic_load(&resume_gen) == gen) {
+		run_app_work(idx);
 		futex(&resume_gen, FUTEX_WAIT_PRIVATE, gen, NULL);
+	}
 	syscall_restart_resume(uc, parked_ns, restored);
 out:
 	errno = saved_errno;
