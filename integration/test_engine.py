@@ -48,6 +48,7 @@ PROGRAMS = {
     "inotify_watch": ["300", "10", "."],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
+    **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),
 }
 
 

@@ -82,7 +82,7 @@ static void fill_scheduling(struct ckpt_thread *rec)
 	syscall(SYS_sched_getaffinity, 0, sizeof(rec->cpu_affinity), rec->cpu_affinity);
 }
 
-/* The thread's capability sets: restored by restore_capabilities
+/* The thread's capability sets and securebits: restored by restore_capabilities
  * (native/restart/threads.c).  Raw prctl, as above; the loops end at the
  * kernel's last capability, where prctl says EINVAL. */
 static void fill_capabilities(struct ckpt_thread *rec)
@@ -106,6 +106,8 @@ static void fill_capabilities(struct ckpt_thread *rec)
 		if (syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1)
 			rec->cap_ambient |= 1ULL << cap;
 	}
+	r = syscall(SYS_prctl, PR_GET_SECUREBITS, 0, 0, 0, 0);
+	rec->securebits = r > 0 ? r : 0;
 	rec->caps_read = 1;
 }
 
