@@ -36,6 +36,7 @@ PROGRAMS = {
     "private_maps": ["300", "10", "."],
     "socket_states": ["300", "10"],
     "socket_backlog": ["300", "10"],
+    "tcp_shutdowns": ["300", "10"],
     "pipe_states": ["300", "10"],
     "file_locks": ["300", "10", "."],
     "posix_timers": ["300", "10"],

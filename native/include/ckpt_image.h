@@ -346,8 +346,10 @@ struct ckpt_inotify_watch {
 #define CKPT_SOCK_LISTENING 1
 #define CKPT_SOCK_CONNECTED 2
 #define CKPT_SOCK_BOUND 4		/* has a local address of its own */
-#define CKPT_SOCK_SHUT_WR 8		/* Unix: shut down for writing (SEND_SHUTDOWN) */
-#define CKPT_SOCK_SHUT_RD 16		/* Unix: for reading (the peer's SHUT_WR too) */
+#define CKPT_SOCK_SHUT_WR 8		/* shut down for writing (SEND_SHUTDOWN) */
+#define CKPT_SOCK_SHUT_RD 16		/* for reading (the peer's SHUT_WR too) */
+#define CKPT_SOCK_PEER_FIN 32		/* TCP: the peer shut down writing (or closed):
+					 * EOF after the queue */
 #define CKPT_SOCK_OPTS 36		/* options saved per socket, at most */
 
 struct ckpt_sockaddr {

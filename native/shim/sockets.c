@@ -24,6 +24,7 @@
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
 #include <linux/sockios.h>
+#include <netinet/tcp.h>
 #include "ckpt_sockopts.h"
 #include "shim.h"
 
@@ -314,6 +315,54 @@ static void save_options(int s, uint64_t ino, struct ckpt_fd *rec)
 		close(fresh);
 }
 
+/*
+ * How far a TCP connection is closed, from its state.  A connection that ended (FINs both ways, or reset) is
+ * CLOSE, as is a socket never connected: the segments it received tell.
+ * An end's own SHUT_RD shows no state: with nothing queued, a peek says
+ * EOF rather than EAGAIN.
+ */
+
+struct tcp_info_segs {		/* the kernel's, past glibc's end (Linux 4.2) */
+	struct tcp_info base;
+	uint64_t pacing_rate, max_pacing_rate, bytes_acked, bytes_received;
+	uint32_t segs_out, segs_in;
+};
+
+static void tcp_shutdown_state(int s, struct ckpt_fd *rec)
+{
+	struct tcp_info_segs ti;
+	socklen_t len = sizeof(ti);
+	int inq = 0;
+	char c;
+
+	memset(&ti, 0, sizeof(ti));
+	if (getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &len))
+		return;
+	switch (ti.base.tcpi_state) {
+	case TCP_FIN_WAIT1:
+	case TCP_FIN_WAIT2:
+		rec->sock_flags |= CKPT_SOCK_SHUT_WR;
+		break;
+	case TCP_CLOSE_WAIT:
+		rec->sock_flags |= CKPT_SOCK_SHUT_RD | CKPT_SOCK_PEER_FIN;
+		break;
+	case TCP_LAST_ACK:
+	case TCP_CLOSING:
+	case TCP_TIME_WAIT:
+		rec->sock_flags |= CKPT_SOCK_SHUT_WR | CKPT_SOCK_SHUT_RD | CKPT_SOCK_PEER_FIN;
+		break;
+	case TCP_CLOSE:
+		/* a connect() refused got one segment: its RST */
+		if (ti.segs_in >= 2)
+			rec->sock_flags |= CKPT_SOCK_SHUT_WR | CKPT_SOCK_SHUT_RD | CKPT_SOCK_PEER_FIN;
+		break;
+	}
+	if ((ti.base.tcpi_state == TCP_ESTABLISHED || ti.base.tcpi_state == TCP_FIN_WAIT1 ||
+	     ti.base.tcpi_state == TCP_FIN_WAIT2) && !ioctl(s, SIOCINQ, &inq) && !inq &&
+	    recv(s, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+		rec->sock_flags |= CKPT_SOCK_SHUT_RD;
+}
+
 /* Fills the socket fields of rec; q gets the receive queue. */
 int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
 {
@@ -339,6 +388,9 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->sock_flags |= (shut & 1 ? CKPT_SOCK_SHUT_RD : 0) |
 				   (shut & 2 ? CKPT_SOCK_SHUT_WR : 0);
 	}
+	if ((rec->sock_domain == AF_INET || rec->sock_domain == AF_INET6) &&
+	    rec->sock_type == SOCK_STREAM)
+		tcp_shutdown_state(s, rec);
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	save_options(s, ino, rec);
