@@ -350,6 +350,8 @@ struct ckpt_inotify_watch {
 #define CKPT_SOCK_SHUT_RD 16		/* for reading (the peer's SHUT_WR too) */
 #define CKPT_SOCK_PEER_FIN 32		/* TCP: the peer shut down writing (or closed):
 					 * EOF after the queue */
+#define CKPT_SOCK_FILTER_LOCKED 64	/* SO_LOCK_FILTER */
+#define CKPT_SOCK_FILTER_MAX 4096	/* BPF_MAXINSNS */
 #define CKPT_SOCK_OPTS 36		/* options saved per socket, at most */
 
 struct ckpt_sockaddr {
@@ -386,7 +388,8 @@ struct ckpt_fd {
 	int32_t stdio_fd;		/* CKPT_FD_INHERIT: which restarter fd */
 	int32_t dup_of;			/* lower fd sharing this open file, or -1 */
 	/* CKPT_FD_SOCKET; the data are the bytes of its receive queue,
-	 * datagrams each after a uint32_t length */
+	 * datagrams each after a uint32_t length, then its classic BPF
+	 * filter (sock_filter_len struct sock_filter, 8 bytes each) */
 	uint64_t peer_id;		/* object_id of the connected peer socket */
 	int32_t sock_domain;		/* AF_UNIX, AF_INET, AF_INET6 */
 	int32_t sock_type;		/* SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET */
@@ -411,7 +414,7 @@ struct ckpt_fd {
 	int32_t owner_type;		/* F_OWNER_TID, F_OWNER_PID, F_OWNER_PGRP */
 	int32_t owner_pid;		/* 0: nobody */
 	int32_t async_signal;
-	int32_t pad2;
+	uint32_t sock_filter_len;	/* SO_ATTACH_FILTER instructions; 0: none */
 };
 
 struct ckpt_plugin_blob {

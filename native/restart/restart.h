@@ -36,6 +36,8 @@ struct loaded_fd {
 	struct ckpt_fd f;
 	const char *path;
 	const char *data;
+	const void *sock_filter;	/* f.sock_filter_len instructions; the
+					 * loader takes them off f.data_size */
 };
 
 struct sysv_object {			/* a CKPT_REC_SYSV_* record's payload */

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <linux/filter.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -752,6 +753,28 @@ static int how_to_shut(const struct ckpt_fd *f)
 	return rd && wr ? SHUT_RDWR : rd ? SHUT_RD : wr ? SHUT_WR : -1;
 }
 
+/* Pair of save_filter (native/shim/sockets.c): once the queue is back,
+ * which the filter let through already (refilled datagrams come from
+ * other addresses, which it might not). */
+static void attach_filters(void)
+{
+	for (unsigned i = 0; i < nsocks; i++) {
+		const struct loaded_fd *lf = socks[i].rec;
+		struct sock_fprog prog = { lf->f.sock_filter_len, (void *)lf->sock_filter };
+		int one = 1;
+
+		if (!lf->sock_filter)
+			continue;
+		if (setsockopt(socks[i].fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)))
+			die("pid %d: fd %d: cannot attach its socket filter again: %s",
+			    socks[i].img->hdr.pid, lf->f.fd, strerror(errno));
+		if ((lf->f.sock_flags & CKPT_SOCK_FILTER_LOCKED) &&
+		    setsockopt(socks[i].fd, SOL_SOCKET, SO_LOCK_FILTER, &one, sizeof(one)))
+			die("pid %d: fd %d: cannot lock its socket filter again: %s",
+			    socks[i].img->hdr.pid, lf->f.fd, strerror(errno));
+	}
+}
+
 static void shut_down_as_before(void)
 {
 	for (unsigned i = 0; i < nsocks; i++) {
@@ -871,6 +894,7 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 			     (size_t)lf->f.data_size);
 	}
 	refill_from_other_hosts();
+	attach_filters();
 	shut_down_as_before();
 }
 

@@ -411,7 +411,9 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		fi->rec.stdio_fd = fd;
 	} else {
 		fi->rec.kind = CKPT_FD_EXTERNAL;
-		if (err)
+		if (err == ECANCELED)	/* the user was told why */
+			;
+		else if (err)
 			ckpt_warn("fd %d (%s): %s: it will be /dev/null after restart",
 				  fd, fi->path, shim_strerror(err));
 		else

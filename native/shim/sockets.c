@@ -23,6 +23,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
+#include <linux/filter.h>
 #include <linux/sockios.h>
 #include <netinet/tcp.h>
 #include "ckpt_sockopts.h"
@@ -363,6 +364,49 @@ static void tcp_shutdown_state(int s, struct ckpt_fd *rec)
 		rec->sock_flags |= CKPT_SOCK_SHUT_RD;
 }
 
+static int payload_append(struct fd_payload *q, const void *p, size_t len)
+{
+	if (q->len + len > q->cap) {
+		char *bigger = scratch_map(q->len + len);
+
+		if (!bigger)
+			return ENOMEM;
+		if (q->len)
+			memcpy(bigger, q->data, q->len);
+		if (q->data)
+			scratch_unmap(q->data, q->cap);
+		q->data = bigger;
+		q->cap = q->len + len;
+	}
+	memcpy(q->data + q->len, p, len);
+	q->len += len;
+	return 0;
+}
+
+/*
+ * A classic BPF filter (SO_ATTACH_FILTER), as SO_GET_FILTER gives it back
+ * (a count of instructions, then the instructions), after the queue in
+ * the record's data; and whether SO_LOCK_FILTER locked it.  An eBPF
+ * program (SO_ATTACH_BPF) cannot be read back: EACCES, and the socket is
+ * not saved (the user is told), rather than restored unfiltered.
+ */
+static int save_filter(int s, struct ckpt_fd *rec, struct fd_payload *q)
+{
+	static struct sock_filter insns[CKPT_SOCK_FILTER_MAX];	/* the checkpoint thread's alone */
+	socklen_t n = 0;
+
+	if (getsockopt(s, SOL_SOCKET, SO_GET_FILTER, NULL, &n))
+		return errno == EACCES ? EACCES : 0;	/* EACCES: eBPF */
+	if (!n)
+		return 0;
+	if (n > CKPT_SOCK_FILTER_MAX || getsockopt(s, SOL_SOCKET, SO_GET_FILTER, insns, &n))
+		return n > CKPT_SOCK_FILTER_MAX ? E2BIG : errno;
+	rec->sock_filter_len = n;
+	if (get_int(s, SOL_SOCKET, SO_LOCK_FILTER) == 1)
+		rec->sock_flags |= CKPT_SOCK_FILTER_LOCKED;
+	return payload_append(q, insns, n * sizeof(insns[0]));
+}
+
 /* Fills the socket fields of rec; q gets the receive queue. */
 int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
 {
@@ -396,6 +440,13 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 	save_options(s, ino, rec);
 	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
 		err = queued_bytes(s, ino, rec->sock_type, q);
+	if (!err)
+		err = save_filter(s, rec, q);
+	if (err == EACCES) {
+		ckpt_warn("fd %d: its socket filter is an eBPF program, which cannot be read back: "
+			  "it will be /dev/null after restart", fd);
+		err = ECANCELED;	/* said */
+	}
 	close(s);
 	return err;
 }
