@@ -38,6 +38,7 @@ PROGRAMS = {
     "socket_backlog": ["300", "10"],
     "tcp_shutdowns": ["300", "10"],
     "socket_filter": ["300", "10"],
+    "mq_notify": ["300", "10"],
     "pipe_states": ["300", "10"],
     "file_locks": ["300", "10", "."],
     "posix_timers": ["300", "10"],

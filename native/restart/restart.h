@@ -191,6 +191,7 @@ void make_exited_pidfd(void);
 /* mqueues.c */
 void mqueues_create(struct image *imgs, unsigned n);
 int open_mqueue(const struct ckpt_fd *f);
+void restore_mq_notify(const struct image *img);
 unsigned mqueue_fds(int *out, unsigned max);
 void mqueues_close(void);
 

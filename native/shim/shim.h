@@ -166,6 +166,7 @@ struct fd_payload {
 
 /* mqueues.c: a POSIX message queue's fd; its messages once per host */
 SHIM_HIDDEN void mqueues_collect_begin(void);
+SHIM_HIDDEN void mqueues_restarted(void);
 SHIM_HIDDEN int is_mqueue(int fd);
 SHIM_HIDDEN int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload *q);
 
