@@ -146,14 +146,17 @@ static int make_token(int listener)
 	return move_high(s);
 }
 
-/* Everything in listener's backlog, without blocking. */
-static void drain_listener(int listener)
+/* Everything in listener's backlog, without blocking; how many had to
+ * be dropped for want of room. */
+static int drain_listener(int listener)
 {
+	int dropped = 0;
+
 	int flags = fcntl(listener, F_GETFL);
 	uint64_t ino = inode_of(listener);
 
 	if (flags < 0 || (!(flags & O_NONBLOCK) && fcntl(listener, F_SETFL, flags | O_NONBLOCK)))
-		return;
+		return 0;
 	for (;;) {
 		int a = syscall(SYS_accept4, listener, NULL, NULL, SOCK_CLOEXEC);
 		int owner;
@@ -168,8 +171,7 @@ static void drain_listener(int listener)
 		} else if (ntaken < MAX_TAKEN) {
 			taken[ntaken++] = (struct taken_conn){ listener, ino, move_high(a), -1 };
 		} else {
-			ckpt_warn("fd %d: more than %d connections not accepted yet: one is dropped",
-				  listener, MAX_TAKEN);
+			dropped++;
 			close(a);
 		}
 	}
@@ -178,22 +180,25 @@ static void drain_listener(int listener)
 	for (int i = 0; i < ntaken; i++)
 		if (taken[i].listener == listener && taken[i].token < 0)
 			taken[i].token = make_token(listener);
+	return dropped;
 }
 
 struct listeners {
 	int n;
 	int fd[MAX_LISTENERS];
+	int dropped[MAX_LISTENERS];
 };
 
-/* In a parked thread of the application (quiesce_run_in_app). */
+/* In a parked thread of the application (quiesce_run_in_app): raw work
+ * only, no messages (the coordinator's connection is not in its table). */
 static void take_in_app(void *arg)
 {
-	const struct listeners *l = arg;
+	struct listeners *l = arg;
 	uint64_t old;
 
 	lock(&old);
 	for (int i = 0; i < l->n; i++)
-		drain_listener(l->fd[i]);
+		l->dropped[i] = drain_listener(l->fd[i]);
 	unlock(&old);
 }
 
@@ -227,6 +232,10 @@ int backlog_take(const int *socks, int n)
 	if (err)
 		ckpt_hook_fail("cannot take the connections waiting on listeners: %s",
 			       shim_strerror(err));
+	for (int i = 0; !err && i < l.n; i++)
+		if (l.dropped[i])
+			ckpt_warn("fd %d: more than %d connections not accepted yet: %d dropped",
+				  l.fd[i], MAX_TAKEN, l.dropped[i]);
 	return err;
 }
 
