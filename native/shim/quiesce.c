@@ -190,10 +190,13 @@ int quiesce_run_in_app(void (*fn)(void *), void *arg)
 	struct timespec nap = { 0, 10 * 1000000 };
 	int idx = -1;
 
-	for (unsigned i = 0; i < nslots && idx < 0; i++)
+	/* the main thread if it can: others may run under seccomp filters of
+	 * their own, or on small stacks */
+	for (unsigned i = 0; i < nslots && (idx < 0 || slots[idx].rec.tid != getpid()); i++)
 		if (atomic_load(&slots[i].state) == SLOT_PARKED ||
 		    atomic_load(&slots[i].state) == SLOT_RESTORED)
-			idx = i;
+			if (idx < 0 || slots[i].rec.tid == getpid())
+				idx = i;
 	if (idx < 0)
 		return ESRCH;
 	app_work_arg = arg;
