@@ -35,6 +35,10 @@ PROGRAMS = {
     "guard_pages": ["300", "10", "."],
     "private_maps": ["300", "10", "."],
     "socket_states": ["300", "10"],
+    "socket_backlog": ["300", "10"],
+    "tcp_shutdowns": ["300", "10"],
+    "socket_filter": ["300", "10"],
+    "mq_notify": ["300", "10"],
     "pipe_states": ["300", "10"],
     "file_locks": ["300", "10", "."],
     "posix_timers": ["300", "10"],
@@ -47,6 +51,7 @@ PROGRAMS = {
     "inotify_watch": ["300", "10", "."],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
+    **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),
 }
 
 

@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 8
+#define CKPT_IMAGE_VERSION 9
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -173,6 +173,8 @@ struct ckpt_thread {
 	uint64_t cap_inheritable;
 	uint64_t cap_ambient;
 	uint64_t cap_bounding;
+	uint32_t securebits;		/* PR_GET_SECUREBITS, if caps_read */
+	uint32_t pad;
 	struct ckpt_regs regs;
 };
 
@@ -344,8 +346,12 @@ struct ckpt_inotify_watch {
 #define CKPT_SOCK_LISTENING 1
 #define CKPT_SOCK_CONNECTED 2
 #define CKPT_SOCK_BOUND 4		/* has a local address of its own */
-#define CKPT_SOCK_SHUT_WR 8		/* Unix: shut down for writing (SEND_SHUTDOWN) */
-#define CKPT_SOCK_SHUT_RD 16		/* Unix: for reading (the peer's SHUT_WR too) */
+#define CKPT_SOCK_SHUT_WR 8		/* shut down for writing (SEND_SHUTDOWN) */
+#define CKPT_SOCK_SHUT_RD 16		/* for reading (the peer's SHUT_WR too) */
+#define CKPT_SOCK_PEER_FIN 32		/* TCP: the peer shut down writing (or closed):
+					 * EOF after the queue */
+#define CKPT_SOCK_FILTER_LOCKED 64	/* SO_LOCK_FILTER */
+#define CKPT_SOCK_FILTER_MAX 4096	/* BPF_MAXINSNS */
 #define CKPT_SOCK_OPTS 36		/* options saved per socket, at most */
 
 struct ckpt_sockaddr {
@@ -382,7 +388,8 @@ struct ckpt_fd {
 	int32_t stdio_fd;		/* CKPT_FD_INHERIT: which restarter fd */
 	int32_t dup_of;			/* lower fd sharing this open file, or -1 */
 	/* CKPT_FD_SOCKET; the data are the bytes of its receive queue,
-	 * datagrams each after a uint32_t length */
+	 * datagrams each after a uint32_t length, then its classic BPF
+	 * filter (sock_filter_len struct sock_filter, 8 bytes each) */
 	uint64_t peer_id;		/* object_id of the connected peer socket */
 	int32_t sock_domain;		/* AF_UNIX, AF_INET, AF_INET6 */
 	int32_t sock_type;		/* SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET */
@@ -407,7 +414,7 @@ struct ckpt_fd {
 	int32_t owner_type;		/* F_OWNER_TID, F_OWNER_PID, F_OWNER_PGRP */
 	int32_t owner_pid;		/* 0: nobody */
 	int32_t async_signal;
-	int32_t pad2;
+	uint32_t sock_filter_len;	/* SO_ATTACH_FILTER instructions; 0: none */
 };
 
 struct ckpt_plugin_blob {

@@ -658,6 +658,7 @@ void restore_fds(struct image *img)
 	}
 	fill_epoll_sets(img);
 	shared_close_pipes();
+	restore_mq_notify(img);
 	restore_locks(img, 0);
 }
 

@@ -235,6 +235,21 @@ static void check_fd_fields(struct image *img, const struct ckpt_fd *f)
 			die("%s: corrupt fd record for fd %d (socket option)", img->file, f->fd);
 }
 
+/* A socket's BPF filter follows its queue: data_size is the queue's
+ * from here on. */
+static void split_socket_filter(const struct image *img, struct loaded_fd *lf)
+{
+	uint64_t bytes = (uint64_t)lf->f.sock_filter_len * 8;	/* struct sock_filter */
+
+	lf->sock_filter = NULL;
+	if (lf->f.kind != CKPT_FD_SOCKET || !lf->f.sock_filter_len)
+		return;
+	if (lf->f.sock_filter_len > CKPT_SOCK_FILTER_MAX || bytes > lf->f.data_size)
+		die("%s: corrupt fd record for fd %d (socket filter)", img->file, lf->f.fd);
+	lf->f.data_size -= bytes;
+	lf->sock_filter = lf->data + lf->f.data_size;
+}
+
 static void load_fd(struct image *img, uint64_t off, uint64_t size)
 {
 	struct loaded_fd *lf;
@@ -259,6 +274,7 @@ static void load_fd(struct image *img, uint64_t off, uint64_t size)
 	memcpy((char *)lf->path, payload + sizeof(lf->f), lf->f.path_len);
 	((char *)lf->path)[lf->f.path_len] = '\0';
 	lf->data = payload + sizeof(lf->f) + lf->f.path_len;
+	split_socket_filter(img, lf);
 }
 
 static int has_nul(const char *s, size_t len)

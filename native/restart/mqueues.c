@@ -12,6 +12,9 @@
 #include <mqueue.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include "restart.h"
 
@@ -104,6 +107,29 @@ int open_mqueue(const struct ckpt_fd *f)
 		return -1;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", q->fd);
 	return open(path, (f->flags & (O_ACCMODE | O_NONBLOCK)) | O_CLOEXEC);
+}
+
+/*
+ * Pair of save_registration (native/shim/mqueues.c): this process's
+ * mq_notify registrations again, once the restart closed its own fds of
+ * the queues (a close by the owner drops a registration).  The queues
+ * were refilled before: a registration does not fire for messages that
+ * were there already.
+ */
+void restore_mq_notify(const struct image *img)
+{
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct ckpt_fd *f = &img->fds[i].f;
+		struct sigevent sev = { .sigev_notify = (int)(f->value[4] & 0xff) - 1,
+					.sigev_signo = (int)(f->value[4] >> 8) };
+
+		if (f->kind != CKPT_FD_MQUEUE || !f->value[4])
+			continue;
+		sev.sigev_value.sival_ptr = (void *)(uintptr_t)f->value[5];
+		if (syscall(SYS_mq_notify, f->fd, &sev) && errno != EBUSY)
+			die("pid %d: fd %d (message queue %s): cannot register its mq_notify again: %s",
+			    img->hdr.pid, f->fd, img->fds[i].path, strerror(errno));
+	}
 }
 
 unsigned mqueue_fds(int *out, unsigned max)

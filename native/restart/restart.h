@@ -36,6 +36,8 @@ struct loaded_fd {
 	struct ckpt_fd f;
 	const char *path;
 	const char *data;
+	const void *sock_filter;	/* f.sock_filter_len instructions; the
+					 * loader takes them off f.data_size */
 };
 
 struct sysv_object {			/* a CKPT_REC_SYSV_* record's payload */
@@ -189,6 +191,7 @@ void make_exited_pidfd(void);
 /* mqueues.c */
 void mqueues_create(struct image *imgs, unsigned n);
 int open_mqueue(const struct ckpt_fd *f);
+void restore_mq_notify(const struct image *img);
 unsigned mqueue_fds(int *out, unsigned max);
 void mqueues_close(void);
 

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <linux/filter.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -57,6 +58,7 @@ struct shared_socket {
 	const struct loaded_fd *rec;	/* the record with its queue, else its first */
 	const struct image *img;	/* and the image that has it */
 	int fd;
+	int ghosted;			/* its queue came from a stand-in peer */
 };
 
 static struct shared_pipe *pipes;
@@ -659,6 +661,54 @@ static void refill_socket(const struct loaded_fd *lf, int peer)
 	}
 }
 
+/*
+ * A TCP end whose peer had shut down writing or closed, and is in no
+ * image (it closed, or is outside the job): a stand-in peer of a moment,
+ * on loopback, sends its queue again and its FIN, and closes.  Reads then
+ * give the bytes and EOF, and writes end in a reset, as they would have.
+ */
+static void connect_to_ghost(struct shared_socket *ss)
+{
+	const struct ckpt_fd *f = &ss->rec->f;
+	struct ckpt_sockaddr at = { .len = f->sock_domain == AF_INET6 ?
+					   sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in) };
+	struct sockaddr_in *in = (struct sockaddr_in *)at.addr;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)at.addr;
+	socklen_t len = sizeof(at.addr);
+	int l = socket(f->sock_domain, SOCK_STREAM | SOCK_CLOEXEC, 0), g;
+
+	if (f->sock_domain == AF_INET6) {
+		in6->sin6_family = AF_INET6;
+		in6->sin6_addr = in6addr_loopback;
+	} else {
+		in->sin_family = AF_INET;
+		in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	}
+	if (l < 0 || bind(l, sa(&at), at.len) || listen(l, 1) ||
+	    getsockname(l, (struct sockaddr *)at.addr, &len))
+		die("cannot make a stand-in for a closed TCP peer: %s", strerror(errno));
+	ss->fd = restart_socket(f);
+	make_room(ss->fd, SO_RCVBUF, f->data_size);
+	/* its old port, if the old connection's TIME_WAIT leaves it free */
+	if (f->sock_flags & CKPT_SOCK_BOUND)
+		bind(ss->fd, sa(&f->sock_local), f->sock_local.len);
+	if (connect(ss->fd, sa(&at), at.len) || (g = accept4(l, NULL, NULL, SOCK_CLOEXEC)) < 0)
+		die("cannot connect a TCP socket to a stand-in for its closed peer: %s",
+		    strerror(errno));
+	close(l);
+	make_room(g, SO_SNDBUF, f->data_size);
+	refill_socket(ss->rec, g);
+	shutdown(g, SHUT_WR);
+	close(g);
+	ss->ghosted = 1;
+}
+
+static int is_tcp(const struct ckpt_fd *f)
+{
+	return (f->sock_domain == AF_INET || f->sock_domain == AF_INET6) &&
+	       f->sock_type == SOCK_STREAM;
+}
+
 /* Datagrams waiting on a named socket (from whoever sent them): sent to
  * its name again, from a socket of a moment. */
 static void refill_by_name(const struct loaded_fd *lf)
@@ -683,26 +733,56 @@ static void refill_by_name(const struct loaded_fd *lf)
 }
 
 /*
- * Unix sockets shut down, once their queues are refilled (a socket shut
- * for writing sends nothing more).  A stream end shut for writing shuts
- * its peer for reading too, as the kernel did; its own SHUT_RD is that
- * side of its peer's SHUT_WR.  A datagram socket's bits are its own.
+ * Unix and TCP sockets shut down, once their queues are refilled (a
+ * socket shut for writing sends nothing more).  A stream end shut for
+ * writing shuts its peer for reading too, as the kernel did; its own
+ * SHUT_RD is that side of its peer's SHUT_WR (for TCP, unless the peer
+ * sent no FIN: then the end shut itself).  A datagram socket's bits are
+ * its own.
  */
+static int how_to_shut(const struct ckpt_fd *f)
+{
+	int rd = f->sock_flags & CKPT_SOCK_SHUT_RD, wr = f->sock_flags & CKPT_SOCK_SHUT_WR;
+
+	if (is_tcp(f) && (f->sock_flags & CKPT_SOCK_PEER_FIN))
+		rd = 0;
+	else if (f->sock_domain == AF_UNIX && f->sock_type != SOCK_DGRAM)
+		rd = 0;
+	else if (!is_tcp(f) && f->sock_domain != AF_UNIX)
+		return -1;
+	return rd && wr ? SHUT_RDWR : rd ? SHUT_RD : wr ? SHUT_WR : -1;
+}
+
+/* Pair of save_filter (native/shim/sockets.c): once the queue is back,
+ * which the filter let through already (refilled datagrams come from
+ * other addresses, which it might not). */
+static void attach_filters(void)
+{
+	for (unsigned i = 0; i < nsocks; i++) {
+		const struct loaded_fd *lf = socks[i].rec;
+		struct sock_fprog prog = { lf->f.sock_filter_len, (void *)lf->sock_filter };
+		int one = 1;
+
+		if (!lf->sock_filter)
+			continue;
+		if (setsockopt(socks[i].fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)))
+			die("pid %d: fd %d: cannot attach its socket filter again: %s",
+			    socks[i].img->hdr.pid, lf->f.fd, strerror(errno));
+		if ((lf->f.sock_flags & CKPT_SOCK_FILTER_LOCKED) &&
+		    setsockopt(socks[i].fd, SOL_SOCKET, SO_LOCK_FILTER, &one, sizeof(one)))
+			die("pid %d: fd %d: cannot lock its socket filter again: %s",
+			    socks[i].img->hdr.pid, lf->f.fd, strerror(errno));
+	}
+}
+
 static void shut_down_as_before(void)
 {
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct ckpt_fd *f = &socks[i].rec->f;
-		int how = -1;
+		int how = how_to_shut(f);
 
-		if (f->sock_domain != AF_UNIX)
-			continue;
-		if (f->sock_type != SOCK_DGRAM)
-			how = f->sock_flags & CKPT_SOCK_SHUT_WR ? SHUT_WR : -1;
-		else if (f->sock_flags & (CKPT_SOCK_SHUT_RD | CKPT_SOCK_SHUT_WR))
-			how = (f->sock_flags & CKPT_SOCK_SHUT_RD) && (f->sock_flags & CKPT_SOCK_SHUT_WR) ?
-			      SHUT_RDWR : f->sock_flags & CKPT_SOCK_SHUT_RD ? SHUT_RD : SHUT_WR;
-		if (how >= 0 && shutdown(socks[i].fd, how))
-			warn("a Unix socket could not be shut down again: %s", strerror(errno));
+		if (how >= 0 && shutdown(socks[i].fd, how) && errno != ENOTCONN)
+			warn("a socket could not be shut down again: %s", strerror(errno));
 	}
 }
 
@@ -724,9 +804,9 @@ static void collect_sockets(struct image *imgs, unsigned n)
 			 * flushed it carries its queue (tcp_flush.c) */
 			known = find_socket(lf->f.object_id);
 			if (known && !known->rec->f.data_size && lf->f.data_size)
-				*known = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1 };
+				*known = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1, 0 };
 			if (!known)
-				socks[nsocks++] = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1 };
+				socks[nsocks++] = (struct shared_socket){ lf->f.object_id, lf, &imgs[i], -1, 0 };
 		}
 }
 
@@ -777,6 +857,10 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 			connect_pair(&socks[i], find_socket(peer->f.object_id));
 	}
 	connect_other_hosts(coord);
+	for (unsigned i = 0; i < nsocks; i++)
+		if (socks[i].fd < 0 && is_tcp(&socks[i].rec->f) &&
+		    (socks[i].rec->f.sock_flags & CKPT_SOCK_PEER_FIN))
+			connect_to_ghost(&socks[i]);
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct ckpt_fd *f = &socks[i].rec->f;
 
@@ -796,7 +880,7 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 		const struct loaded_fd *lf = socks[i].rec, *peer;
 
 		sockopts_finish(socks[i].fd, &lf->f);
-		if (!lf->f.data_size)
+		if (!lf->f.data_size || socks[i].ghosted)
 			continue;
 		peer = peer_record(lf);
 		if (peer)
@@ -810,6 +894,7 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 			     (size_t)lf->f.data_size);
 	}
 	refill_from_other_hosts();
+	attach_filters();
 	shut_down_as_before();
 }
 

@@ -63,6 +63,8 @@ static int read_own_capabilities(uint64_t *effective, uint64_t *permitted)
 }
 
 #define CAP_SETPCAP_BIT (1ULL << 8)
+/* the lock bits of <linux/securebits.h>: a locked bit never changes again */
+#define SECBITS_LOCKED 0xaa
 
 /* This thread's bounding set, up to the kernel's last capability. */
 static uint64_t read_bounding_set(void)
@@ -87,6 +89,8 @@ static uint64_t read_bounding_set(void)
 void check_capabilities(const struct image *img)
 {
 	uint64_t effective, permitted, bounding = read_bounding_set();
+	long r = sys5(SYS_prctl, PR_GET_SECUREBITS, 0, 0, 0, 0);
+	uint32_t securebits = r > 0 ? r : 0, locked = securebits & SECBITS_LOCKED;
 
 	if (read_own_capabilities(&effective, &permitted))
 		die("cannot read this restart's capabilities: %s", strerror(errno));
@@ -102,6 +106,14 @@ void check_capabilities(const struct image *img)
 		if ((bounding & ~t->cap_bounding) && !(effective & CAP_SETPCAP_BIT))
 			die("thread %d of process %d had a smaller capability bounding set, which only "
 			    "CAP_SETPCAP can give back", t->tid, img->hdr.pid);
+		if (t->securebits == securebits || (t->flags & CKPT_THREAD_CHECKPOINTER))
+			continue;
+		if (!(effective & CAP_SETPCAP_BIT))
+			die("thread %d of process %d had securebits %#x (these are %#x), which only "
+			    "CAP_SETPCAP can set", t->tid, img->hdr.pid, t->securebits, securebits);
+		if ((t->securebits ^ securebits) & (locked | locked >> 1))
+			die("thread %d of process %d had securebits %#x: this restart's are locked "
+			    "(%#x)", t->tid, img->hdr.pid, t->securebits, securebits);
 	}
 }
 
@@ -131,6 +143,10 @@ static void restore_capabilities(const struct ckpt_thread *t)
 		if ((extra & (1ULL << cap)) &&
 		    (r = sys5(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0)) < 0)
 			fatal("dropping a capability from the bounding set", r);
+	/* before capset, which may give up the CAP_SETPCAP it needs */
+	if (t->securebits != (uint32_t)sys5(SYS_prctl, PR_GET_SECUREBITS, 0, 0, 0, 0) &&
+	    (r = sys5(SYS_prctl, PR_SET_SECUREBITS, t->securebits, 0, 0, 0)) < 0)
+		fatal("restoring the thread's securebits", r);
 	r = sys2(SYS_capset, &hdr, data);
 	if (r < 0)
 		fatal("restoring the thread's capabilities", r);

@@ -309,6 +309,7 @@ static int after_restart(void)
 		shim_log("restart: threads did not come back: %s", shim_strerror(err));
 		return err;
 	}
+	mqueues_restarted();	/* after close_copied_fds, which dropped them */
 	/* ckpt-restart's code is no longer used: reserve its range again */
 	shim_mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);

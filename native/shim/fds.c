@@ -411,7 +411,9 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		fi->rec.stdio_fd = fd;
 	} else {
 		fi->rec.kind = CKPT_FD_EXTERNAL;
-		if (err)
+		if (err == ECANCELED)	/* the user was told why */
+			;
+		else if (err)
 			ckpt_warn("fd %d (%s): %s: it will be /dev/null after restart",
 				  fd, fi->path, shim_strerror(err));
 		else
@@ -736,8 +738,11 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 
 		return socket_peers_publish(socks, list_sockets(socks));
 	}
-	case CKPT_PHASE_DRAIN:
-		return copy_pipes() ?: settle_sockets();
+	case CKPT_PHASE_DRAIN: {
+		int socks[MAX_FDS];
+
+		return copy_pipes() ?: backlog_take(socks, list_sockets(socks)) ?: settle_sockets();
+	}
 	case CKPT_PHASE_FLUSH: {
 		char why[200] = "";
 		int err = tcp_flush(ctx->arg, why, sizeof(why));
@@ -756,6 +761,7 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 		tcp_flush_give_back(ctx->restarted);
 		if (ctx->restarted) {
 			npipes = 0;	/* the buffers belonged to the old process */
+			backlog_restarted();
 			sockopt_buffers_renew();
 		} else
 			release_pipes();

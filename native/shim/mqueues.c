@@ -9,7 +9,11 @@
  * Restored by shared.c and fds.c in native/restart.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <mqueue.h>
 #include <stdio.h>
@@ -22,17 +26,15 @@
 
 #define MQUEUE_MAGIC 0x19800202
 
+/* Through /proc, not an fd of ours: closing one would drop the process's
+ * mq_notify registration (below). */
 int is_mqueue(int fd)
 {
 	struct statfs sf;
-	int ours = app_getfd(fd);
-	int yes;
+	char path[64];
 
-	if (ours < 0)
-		return 0;
-	yes = fstatfs(ours, &sf) == 0 && sf.f_type == MQUEUE_MAGIC;
-	close(ours);
-	return yes;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", getpid(), fd);
+	return statfs(path, &sf) == 0 && sf.f_type == MQUEUE_MAGIC;
 }
 
 /* Queues saved by this fd table's collection: another fd of one holds no
@@ -41,9 +43,12 @@ int is_mqueue(int fd)
 static uint64_t saved[SAVED_MAX];
 static unsigned nsaved;
 
+static unsigned nsaved_registrations;
+
 void mqueues_collect_begin(void)
 {
 	nsaved = 0;
+	nsaved_registrations = 0;
 }
 
 static int saved_already(uint64_t ino)
@@ -100,14 +105,146 @@ static int take_and_give_back(mqd_t mq, const struct mq_attr *a, struct fd_paylo
 	return err;
 }
 
+/*
+ * mq_notify registrations.  The queue's file tells whether one is there
+ * and whose ("NOTIFY:<how> SIGNO:<sig> NOTIFY_PID:<pid>"), not the value
+ * its signal carries: the shim's mq_notify remembers that.  A SIGEV_THREAD
+ * registration lives on glibc's netlink socket and helper thread, which a
+ * restart does not make again: it is dropped, and the user told.
+ */
+#define NOTIFY_MAX 64
+
+static struct registration {
+	int fd;
+	int notify, signo;
+	uint64_t value;
+} registrations[NOTIFY_MAX];
+static unsigned nregistrations;
+
+static struct registration *registration_of(int fd)
+{
+	for (unsigned i = 0; i < nregistrations; i++)
+		if (registrations[i].fd == fd)
+			return &registrations[i];
+	return NULL;
+}
+
+SHIM_EXPORT int mq_notify(mqd_t mq, const struct sigevent *sev)
+{
+	typedef int (*fn)(mqd_t, const struct sigevent *);
+	static fn real;
+	struct registration *r;
+
+	if (!real)
+		real = (fn)dlsym(RTLD_NEXT, "mq_notify");
+	if (real(mq, sev))
+		return -1;
+	r = registration_of(mq);
+	if (!r && nregistrations < NOTIFY_MAX)
+		r = &registrations[nregistrations++];
+	if (r)
+		*r = (struct registration){ mq, sev ? sev->sigev_notify : -1,
+					    sev ? sev->sigev_signo : 0,
+					    sev ? (uint64_t)(uintptr_t)sev->sigev_value.sival_ptr : 0 };
+	return 0;
+}
+
+/*
+ * The kernel drops a registration when any fd of its queue is closed by
+ * its process: the checkpoint thread's own fds count.  So a parked thread
+ * of the application reads it through the application's own fd first,
+ * and makes it again once the checkpoint thread is done with the queue.
+ */
+struct notify_work {
+	int fd;
+	int how, signo;			/* SIGEV_* + 1 (0: none of ours) */
+	uint64_t value;
+	char text[160];
+};
+
+static void read_in_app(void *arg)
+{
+	struct notify_work *w = arg;
+	ssize_t n = syscall(SYS_pread64, w->fd, w->text, sizeof(w->text) - 1, 0);
+
+	w->text[n > 0 ? n : 0] = '\0';
+}
+
+static void register_in_app(void *arg)
+{
+	const struct notify_work *w = arg;
+	struct sigevent sev = { .sigev_notify = w->how - 1, .sigev_signo = w->signo };
+
+	sev.sigev_value.sival_ptr = (void *)(uintptr_t)w->value;
+	syscall(SYS_mq_notify, w->fd, &sev);
+}
+
+static int field(const char *text, const char *name)
+{
+	const char *p = strstr(text, name);
+
+	return p ? atoi(p + strlen(name)) : 0;
+}
+
+/* This process's registration on fd's queue, into rec->value[4] (how +
+ * 1, signal << 8) and value[5] (the signal's value). */
+static int save_registration(int fd, struct ckpt_fd *rec)
+{
+	struct notify_work w = { .fd = fd };
+	const struct registration *r;
+	int err = quiesce_run_in_app(read_in_app, &w);
+
+	if (err || field(w.text, "NOTIFY_PID:") != getpid())
+		return err;
+	w.how = field(w.text, "NOTIFY:") + 1;
+	w.signo = field(w.text, "SIGNO:");
+	if (w.how - 1 == SIGEV_THREAD) {
+		ckpt_warn("fd %d (a message queue): its mq_notify(SIGEV_THREAD) registration "
+			  "cannot be restored: it is dropped at restart", fd);
+		return 0;
+	}
+	r = registration_of(fd);
+	rec->value[4] = w.how | (uint64_t)w.signo << 8;
+	/* the registration the wrapper saw: its value too */
+	rec->value[5] = r && r->notify == w.how - 1 && r->signo == w.signo ? r->value : 0;
+	return 0;
+}
+
+/* The registrations of this checkpoint's image, for after_restart. */
+static struct notify_work saved_registrations[NOTIFY_MAX];
+
+static int register_again(int fd, const struct ckpt_fd *rec)
+{
+	struct notify_work w = { .fd = fd, .how = rec->value[4] & 0xff,
+				 .signo = rec->value[4] >> 8, .value = rec->value[5] };
+
+	if (!rec->value[4])
+		return 0;
+	if (nsaved_registrations < NOTIFY_MAX)
+		saved_registrations[nsaved_registrations++] = w;
+	return quiesce_run_in_app(register_in_app, &w);
+}
+
+/* After a restart: ckpt-restart registered them again (restore_mq_notify,
+ * native/restart/mqueues.c), but the checkpoint thread's closing of its
+ * copy of the fd table dropped them. */
+void mqueues_restarted(void)
+{
+	for (unsigned i = 0; i < nsaved_registrations; i++)
+		quiesce_run_in_app(register_in_app, &saved_registrations[i]);
+}
+
 /* rec->path is the queue's name already ("/name", " (deleted)" cut). */
 int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload *q)
 {
 	struct mq_attr a;
 	struct stat st;
-	int ours = app_getfd(fd), rw, err = 0;
+	int ours, rw, err = save_registration(fd, rec);
 	char path[64];
 
+	if (err)
+		return err;
+	ours = app_getfd(fd);
 	if (ours < 0)
 		return errno;
 	if (fstat(ours, &st) || mq_getattr(ours, &a)) {
@@ -121,7 +258,7 @@ int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload
 	rec->value[0] = a.mq_maxmsg;
 	rec->value[1] = a.mq_msgsize;
 	if (!a.mq_curmsgs || !claim(seq, st.st_ino) || saved_already(st.st_ino))
-		return 0;
+		return register_again(fd, rec);
 	/* a descriptor of our own that may read and write, not blocking */
 	snprintf(path, sizeof(path), "/proc/%d/fd/%d", getpid(), fd);
 	rw = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
@@ -130,5 +267,5 @@ int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload
 	err = take_and_give_back(rw, &a, q);
 	close(rw);
 	rec->value[2] = 1;
-	return err;
+	return err ? err : register_again(fd, rec);
 }

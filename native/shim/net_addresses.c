@@ -176,10 +176,25 @@ SHIM_EXPORT int getpeername(int s, struct sockaddr *sa, socklen_t *len)
 	return r;
 }
 
+/* A connection the checkpoint took from the listener's backlog
+ * (backlog.c) comes first: 1 and *r set, else 0. */
+static int taken_first(int s, struct sockaddr *sa, socklen_t *len, int flags, int *r)
+{
+	if (!backlog_accept(s, flags, r))
+		return 0;
+	if (*r >= 0 && sa)
+		getpeername(*r, sa, len);
+	return 1;
+}
+
 SHIM_EXPORT int accept(int s, struct sockaddr *sa, socklen_t *len)
 {
 	REAL(name_call_fn, "accept");
-	int r = real_(s, sa, len);
+	int r;
+
+	if (taken_first(s, sa, len, 0, &r))
+		return r;
+	r = real_(s, sa, len);
 
 	if (r >= 0 && nmoves && sa)
 		to_virtual(sa, len);
@@ -190,7 +205,11 @@ SHIM_EXPORT int accept4(int s, struct sockaddr *sa, socklen_t *len, int flags)
 {
 	typedef int (*fn)(int, struct sockaddr *, socklen_t *, int);
 	REAL(fn, "accept4");
-	int r = real_(s, sa, len, flags);
+	int r;
+
+	if (taken_first(s, sa, len, flags, &r))
+		return r;
+	r = real_(s, sa, len, flags);
 
 	if (r >= 0 && nmoves && sa)
 		to_virtual(sa, len);

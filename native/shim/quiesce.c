@@ -82,7 +82,7 @@ static void fill_scheduling(struct ckpt_thread *rec)
 	syscall(SYS_sched_getaffinity, 0, sizeof(rec->cpu_affinity), rec->cpu_affinity);
 }
 
-/* The thread's capability sets: restored by restore_capabilities
+/* The thread's capability sets and securebits: restored by restore_capabilities
  * (native/restart/threads.c).  Raw prctl, as above; the loops end at the
  * kernel's last capability, where prctl says EINVAL. */
 static void fill_capabilities(struct ckpt_thread *rec)
@@ -106,6 +106,8 @@ static void fill_capabilities(struct ckpt_thread *rec)
 		if (syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1)
 			rec->cap_ambient |= 1ULL << cap;
 	}
+	r = syscall(SYS_prctl, PR_GET_SECUREBITS, 0, 0, 0, 0);
+	rec->securebits = r > 0 ? r : 0;
 	rec->caps_read = 1;
 }
 
@@ -158,6 +160,61 @@ void thread_fill_record(struct ckpt_thread *rec)
 	fill_capabilities(rec);
 }
 
+/*
+ * Work that must be done in the application's fd table, which the
+ * checkpoint thread does not share (checkpointer.c): a parked thread of
+ * the application does it, woken without being resumed.  Raw calls only,
+ * as in any signal handler.
+ */
+static void (*_Atomic app_work)(void *);
+static void *app_work_arg;
+static _Atomic unsigned app_work_slot, app_work_done;
+
+static void run_app_work(unsigned idx)
+{
+	void (*fn)(void *) = atomic_load(&app_work);
+
+	if (!fn || atomic_load(&app_work_slot) != idx)
+		return;
+	fn(app_work_arg);
+	atomic_store(&app_work, NULL);
+	atomic_fetch_add(&app_work_done, 1);
+	futex(&app_work_done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
+#define APP_WORK_TIMEOUT_MS 5000
+
+int quiesce_run_in_app(void (*fn)(void *), void *arg)
+{
+	unsigned done = atomic_load(&app_work_done);
+	struct timespec nap = { 0, 10 * 1000000 };
+	int idx = -1;
+
+	/* the main thread if it can: others may run under seccomp filters of
+	 * their own, or on small stacks */
+	for (unsigned i = 0; i < nslots && (idx < 0 || slots[idx].rec.tid != getpid()); i++)
+		if (atomic_load(&slots[i].state) == SLOT_PARKED ||
+		    atomic_load(&slots[i].state) == SLOT_RESTORED)
+			if (idx < 0 || slots[i].rec.tid == getpid())
+				idx = i;
+	if (idx < 0)
+		return ESRCH;
+	app_work_arg = arg;
+	atomic_store(&app_work_slot, idx);
+	atomic_store(&app_work, fn);
+	/* woken again and again: it may have checked for work just before
+	 * this and gone to sleep after our wake */
+	for (int waited = 0; atomic_load(&app_work_done) == done; waited += 10) {
+		if (waited >= APP_WORK_TIMEOUT_MS) {
+			atomic_store(&app_work, NULL);
+			return ETIMEDOUT;
+		}
+		futex(&resume_gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+		futex(&app_work_done, FUTEX_WAIT_PRIVATE, done, &nap);
+	}
+	return 0;
+}
+
 void quiesce_handler(int sig, siginfo_t *si, void *uc)
 {
 	int saved_errno = errno;
@@ -180,8 +237,10 @@ void quiesce_handler(int sig, siginfo_t *si, void *uc)
 	thread_fill_record(&t->rec);
 	restored = ckpt_save_context(&t->rec.regs) != 0;
 	slot_set_state(&slots[idx], restored ? SLOT_RESTORED : SLOT_PARKED);
-	while (atomic_load(&resume_gen) == gen)
+	while (atomic_load(&resume_gen) == gen) {
+		run_app_work(idx);
 		futex(&resume_gen, FUTEX_WAIT_PRIVATE, gen, NULL);
+	}
 	syscall_restart_resume(uc, parked_ns, restored);
 out:
 	errno = saved_errno;

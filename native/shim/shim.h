@@ -131,6 +131,8 @@ SHIM_HIDDEN int quiesce_leader_gone(void);
 SHIM_HIDDEN unsigned quiesce_count(void);
 SHIM_HIDDEN const struct parked_thread *quiesce_thread(unsigned i);
 SHIM_HIDDEN void quiesce_handler(int sig, siginfo_t *si, void *uc);
+/* fn(arg) in a parked thread of the application (its fd table) */
+SHIM_HIDDEN int quiesce_run_in_app(void (*fn)(void *), void *arg);
 SHIM_HIDDEN void thread_fill_record(struct ckpt_thread *rec);
 SHIM_HIDDEN int drop_restart_capabilities(const struct ckpt_thread *rec);
 
@@ -164,6 +166,7 @@ struct fd_payload {
 
 /* mqueues.c: a POSIX message queue's fd; its messages once per host */
 SHIM_HIDDEN void mqueues_collect_begin(void);
+SHIM_HIDDEN void mqueues_restarted(void);
 SHIM_HIDDEN int is_mqueue(int fd);
 SHIM_HIDDEN int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload *q);
 
@@ -173,6 +176,10 @@ SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struc
 SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_size);
 SHIM_HIDDEN void sockets_reset_on_close(const int *fds, int nfds);
 SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */
+/* backlog.c: connections a listener has not accepted yet */
+SHIM_HIDDEN int backlog_take(const int *socks, int n);
+SHIM_HIDDEN int backlog_accept(int listener, int flags, int *fd);
+SHIM_HIDDEN void backlog_restarted(void);
 
 /* sockopt_calls.c: the socket buffer sizes the application set */
 #define SOCKOPT_SET_SNDBUF 1

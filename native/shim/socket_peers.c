@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -242,6 +243,22 @@ static int name_known(const char *key)
 	return key[0] && ckpt_kv_get(key, owner, sizeof(owner)) == 0;
 }
 
+/* The peer sent its FIN: nothing more comes from it, wherever it is (a
+ * restart gives fd its bytes and EOF, native/restart/shared.c). */
+static int peer_finished(int fd)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	int s = app_getfd(fd), state = 0;
+
+	if (s < 0)
+		return 0;
+	if (!getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &len))
+		state = ti.tcpi_state;
+	close(s);
+	return state == TCP_CLOSE_WAIT || state == TCP_LAST_ACK || state == TCP_CLOSING;
+}
+
 /*
  * After SUSPEND: where fd's peer is: PEER_IN_JOB, PEER_PENDING (a
  * connection a listener of the job has not accepted yet), PEER_OUTSIDE
@@ -259,7 +276,7 @@ int socket_peer(int fd, int report)
 		return PEER_PENDING;
 	/* a datagram socket holds no state of its peer's: connected again,
 	 * it is as it was */
-	if (report && !e.datagram)
+	if (report && !e.datagram && !peer_finished(fd))
 		ckpt_warn("fd %d is connected outside the job, to %s: a restart connects it again, "
 			  "but that peer's state is not part of the checkpoint", fd, e.peer_text);
 	return PEER_OUTSIDE;

@@ -23,7 +23,9 @@
 #include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
+#include <linux/filter.h>
 #include <linux/sockios.h>
+#include <netinet/tcp.h>
 #include "ckpt_sockopts.h"
 #include "shim.h"
 
@@ -314,6 +316,97 @@ static void save_options(int s, uint64_t ino, struct ckpt_fd *rec)
 		close(fresh);
 }
 
+/*
+ * How far a TCP connection is closed, from its state.  A connection that ended (FINs both ways, or reset) is
+ * CLOSE, as is a socket never connected: the segments it received tell.
+ * An end's own SHUT_RD shows no state: with nothing queued, a peek says
+ * EOF rather than EAGAIN.
+ */
+
+struct tcp_info_segs {		/* the kernel's, past glibc's end (Linux 4.2) */
+	struct tcp_info base;
+	uint64_t pacing_rate, max_pacing_rate, bytes_acked, bytes_received;
+	uint32_t segs_out, segs_in;
+};
+
+static void tcp_shutdown_state(int s, struct ckpt_fd *rec)
+{
+	struct tcp_info_segs ti;
+	socklen_t len = sizeof(ti);
+	int inq = 0;
+	char c;
+
+	memset(&ti, 0, sizeof(ti));
+	if (getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &len))
+		return;
+	switch (ti.base.tcpi_state) {
+	case TCP_FIN_WAIT1:
+	case TCP_FIN_WAIT2:
+		rec->sock_flags |= CKPT_SOCK_SHUT_WR;
+		break;
+	case TCP_CLOSE_WAIT:
+		rec->sock_flags |= CKPT_SOCK_SHUT_RD | CKPT_SOCK_PEER_FIN;
+		break;
+	case TCP_LAST_ACK:
+	case TCP_CLOSING:
+	case TCP_TIME_WAIT:
+		rec->sock_flags |= CKPT_SOCK_SHUT_WR | CKPT_SOCK_SHUT_RD | CKPT_SOCK_PEER_FIN;
+		break;
+	case TCP_CLOSE:
+		/* a connect() refused got one segment: its RST */
+		if (ti.segs_in >= 2)
+			rec->sock_flags |= CKPT_SOCK_SHUT_WR | CKPT_SOCK_SHUT_RD | CKPT_SOCK_PEER_FIN;
+		break;
+	}
+	if ((ti.base.tcpi_state == TCP_ESTABLISHED || ti.base.tcpi_state == TCP_FIN_WAIT1 ||
+	     ti.base.tcpi_state == TCP_FIN_WAIT2) && !ioctl(s, SIOCINQ, &inq) && !inq &&
+	    recv(s, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+		rec->sock_flags |= CKPT_SOCK_SHUT_RD;
+}
+
+static int payload_append(struct fd_payload *q, const void *p, size_t len)
+{
+	if (q->len + len > q->cap) {
+		char *bigger = scratch_map(q->len + len);
+
+		if (!bigger)
+			return ENOMEM;
+		if (q->len)
+			memcpy(bigger, q->data, q->len);
+		if (q->data)
+			scratch_unmap(q->data, q->cap);
+		q->data = bigger;
+		q->cap = q->len + len;
+	}
+	memcpy(q->data + q->len, p, len);
+	q->len += len;
+	return 0;
+}
+
+/*
+ * A classic BPF filter (SO_ATTACH_FILTER), as SO_GET_FILTER gives it back
+ * (a count of instructions, then the instructions), after the queue in
+ * the record's data; and whether SO_LOCK_FILTER locked it.  An eBPF
+ * program (SO_ATTACH_BPF) cannot be read back: EACCES, and the socket is
+ * not saved (the user is told), rather than restored unfiltered.
+ */
+static int save_filter(int s, struct ckpt_fd *rec, struct fd_payload *q)
+{
+	static struct sock_filter insns[CKPT_SOCK_FILTER_MAX];	/* the checkpoint thread's alone */
+	socklen_t n = 0;
+
+	if (getsockopt(s, SOL_SOCKET, SO_GET_FILTER, NULL, &n))
+		return errno == EACCES ? EACCES : 0;	/* EACCES: eBPF */
+	if (!n)
+		return 0;
+	if (n > CKPT_SOCK_FILTER_MAX || getsockopt(s, SOL_SOCKET, SO_GET_FILTER, insns, &n))
+		return n > CKPT_SOCK_FILTER_MAX ? E2BIG : errno;
+	rec->sock_filter_len = n;
+	if (get_int(s, SOL_SOCKET, SO_LOCK_FILTER) == 1)
+		rec->sock_flags |= CKPT_SOCK_FILTER_LOCKED;
+	return payload_append(q, insns, n * sizeof(insns[0]));
+}
+
 /* Fills the socket fields of rec; q gets the receive queue. */
 int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
 {
@@ -339,11 +432,21 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->sock_flags |= (shut & 1 ? CKPT_SOCK_SHUT_RD : 0) |
 				   (shut & 2 ? CKPT_SOCK_SHUT_WR : 0);
 	}
+	if ((rec->sock_domain == AF_INET || rec->sock_domain == AF_INET6) &&
+	    rec->sock_type == SOCK_STREAM)
+		tcp_shutdown_state(s, rec);
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	save_options(s, ino, rec);
 	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
 		err = queued_bytes(s, ino, rec->sock_type, q);
+	if (!err)
+		err = save_filter(s, rec, q);
+	if (err == EACCES) {
+		ckpt_warn("fd %d: its socket filter is an eBPF program, which cannot be read back: "
+			  "it will be /dev/null after restart", fd);
+		err = ECANCELED;	/* said */
+	}
 	close(s);
 	return err;
 }

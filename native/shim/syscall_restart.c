@@ -39,6 +39,7 @@
 #include <link.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <ucontext.h>
 #include "shim.h"
@@ -176,12 +177,44 @@ static int application_signal_pending(const ucontext_t *uc)
 	return pending != 0;
 }
 
+/*
+ * An accept() the checkpoint interrupted (to be entered again, by us or,
+ * with SA_RESTART, by the kernel: RIP back on its `syscall`) returns a
+ * connection the checkpoint took from the listener's backlog, if any
+ * (backlog.c): entered again it would take our token.
+ */
+static int accept_from_backlog(greg_t *g, long nr)
+{
+	unsigned char code[SYSCALL_INSN_LEN];
+	int rewound = 0, fd;
+
+	if (nr != SYS_accept && nr != SYS_accept4) {
+		rewound = (g[REG_RAX] == SYS_accept || g[REG_RAX] == SYS_accept4) &&
+			  !read_code(g[REG_RIP], code, sizeof(code)) && code[0] == 0x0f &&
+			  code[1] == 0x05;
+		if (!rewound)
+			return 0;
+		nr = g[REG_RAX];
+	}
+	if (!backlog_accept(g[REG_RDI], nr == SYS_accept4 ? g[REG_R10] : 0, &fd))
+		return 0;
+	if (fd >= 0 && g[REG_RSI])
+		net_real_getpeername(fd, (struct sockaddr *)g[REG_RSI], (socklen_t *)g[REG_RDX]);
+	g[REG_RAX] = fd >= 0 ? fd : -errno;
+	if (rewound)
+		g[REG_RIP] += SYSCALL_INSN_LEN;
+	return 1;
+}
+
 void syscall_restart_resume(void *ucv, int64_t parked_ns, int restored)
 {
 	ucontext_t *uc = ucv;
 	greg_t *g = uc->uc_mcontext.gregs;
 	struct timed_call *tc = timed_call_current;
 	long nr = interrupted_call(uc);
+
+	if (accept_from_backlog(g, nr))
+		return;
 
 	/* the time a wrapped call had left goes on from now on a new kernel,
 	 * whose monotonic clock has nothing to do with the old one */
