@@ -28,7 +28,7 @@ from harness import REPO, Job, Restart, reap_orphans, restart_and_finish
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="mounts a small tmpfs per case (root)")
 
-APP = ["proctree", "200", "6"]
+APP = ["proctree", "300", "6"]  # long enough for two checkpoints on a busy machine
 CHECKPOINT_PHASES = ["STOP", "RELEASE", "SUSPEND", "DRAIN", "FLUSH", "WRITE", "RESUME", "SYNC",
                      "PUBLISH"]
 RESTART_PHASES = ["REBUILD", "REFILL", "RESUME"]
