@@ -11,7 +11,7 @@ from ckpt import __version__
 from ckpt import client
 from ckpt.config import load_config
 from ckpt.errors import CkptError
-from ckpt.image import verify_checkpoint
+from ckpt.image import memory_bytes, verify_checkpoint
 from ckpt.jobs import find_job, list_jobs
 from ckpt.manifest import CKPT_RE, MANIFEST_NAME, published_checkpoints
 
@@ -202,12 +202,17 @@ def _describe_checkpoint(path):
     """(its line, whether it verifies)"""
     size = sum(f.lstat().st_size for f in path.iterdir() if f.is_file())
     when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+    memory = "memory ?"
     try:
-        verify_checkpoint(path)
+        manifest = verify_checkpoint(path)
         verdict = "ok"
+        sizes = [memory_bytes(path / str(p["image"])) for p in manifest["processes"]]
+        if None not in sizes:
+            mem, stored = (sum(column) for column in zip(*sizes)) if sizes else (0, 0)
+            memory = f"memory {_human_size(mem)} stored as {_human_size(stored)}"
     except CkptError as exc:
         verdict = f"CORRUPT: {exc.message}"
-    return f"{path.name}\t{_human_size(size)}\t{when}\t{verdict}", verdict == "ok"
+    return f"{path.name}\t{_human_size(size)}\t{when}\t{memory}\t{verdict}", verdict == "ok"
 
 
 @main.command()
