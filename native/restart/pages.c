@@ -181,6 +181,16 @@ static long read_at(uint64_t addr, uint64_t len, uint64_t off)
 	return 0;
 }
 
+/* Fault in the pages a decompression writes to: a page that cannot be
+ * (a private map past its file's end) fails here with an error, not
+ * with SIGBUS under memcpy.  EINVAL: a kernel without it. */
+static long populate(uint64_t addr, uint64_t len)
+{
+	long r = sys3(SYS_madvise, addr, len, MADV_POPULATE_WRITE);
+
+	return r == -EINVAL ? 0 : r;
+}
+
 /* The run of lv holding byte pos of its page data, and where in it. */
 static uint64_t run_of(const struct loaded_vma *lv, uint64_t pos, uint64_t *into)
 {
@@ -199,20 +209,26 @@ static uint64_t run_of(const struct loaded_vma *lv, uint64_t pos, uint64_t *into
 
 /* Bytes [pos, pos + len) of lv's page data, from src into place: the
  * region mapped at base. */
-static void scatter(const struct loaded_vma *lv, char *base, uint64_t pos, const char *src,
+static long scatter(const struct loaded_vma *lv, char *base, uint64_t pos, const char *src,
 		    uint64_t len)
 {
 	uint64_t into, r = run_of(lv, pos, &into);
 
 	for (; len && r < lv->v.nruns; r++, into = 0) {
 		uint64_t n = lv->runs[r].npages * CKPT_PAGE_SIZE - into;
+		char *to = base + lv->runs[r].offset + into;
+		long err;
 
 		if (n > len)
 			n = len;
-		memcpy(base + lv->runs[r].offset + into, src, n);
+		err = populate((uint64_t)to, n);
+		if (err)
+			return err;
+		memcpy(to, src, n);
 		src += n;
 		len -= n;
 	}
+	return 0;
 }
 
 static long read_chunk(const struct piece *p, struct unpacker *u)
@@ -224,8 +240,8 @@ static long read_chunk(const struct piece *p, struct unpacker *u)
 	char *out = direct ? (char *)addr : u->out;
 	long err;
 
-	if (direct)
-		sys3(SYS_madvise, addr, p->len, MADV_POPULATE_WRITE);
+	if (direct && (err = populate(addr, p->len)))
+		return err;
 	if (p->format == CKPT_CHUNK_RAW) {
 		err = read_at((uint64_t)out, p->len, p->off);
 	} else {
@@ -234,7 +250,7 @@ static long read_chunk(const struct piece *p, struct unpacker *u)
 			err = -EBADMSG;	/* also a checksum that does not match */
 	}
 	if (!err && !direct)
-		scatter(p->lv, (char *)p->lv->v.start, p->pos, out, p->len);
+		err = scatter(p->lv, (char *)p->lv->v.start, p->pos, out, p->len);
 	return err;
 }
 
@@ -297,7 +313,9 @@ void read_region_at(struct image *img, const struct loaded_vma *lv, char *base)
 				die("%s: corrupt compressed chunk %llu of the memory at %#llx", img->file,
 				    (unsigned long long)i, (unsigned long long)lv->v.start);
 		}
-		scatter(lv, base, i * CKPT_CHUNK_SIZE, u.out, len);
+		if (scatter(lv, base, i * CKPT_CHUNK_SIZE, u.out, len))
+			die("%s: the shared memory at %#llx cannot hold its pages", img->file,
+			    (unsigned long long)lv->v.start);
 		off += c->stored;
 	}
 }

@@ -6,8 +6,8 @@
  *
  * The writer may be a bare clone of a process whose parked threads hold
  * locks (malloc's among them): no malloc, no pthreads here.  The workers
- * are CLONE_VM tasks on scratch stacks and the zstd contexts live in
- * static workspaces of scratch memory.  `auto` compresses a few samples of
+ * are CLONE_VM tasks on scratch stacks (none under seccomp) and the zstd
+ * contexts live in static workspaces of scratch memory.  `auto` compresses a few samples of
  * a record first and stores it raw when they do not shrink, so memory that
  * does not compress costs a few samples, not a pass over it.
  */
@@ -106,6 +106,8 @@ struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err)
 	c->slots = scratch_map(c->slot_size * c->max_chunks);
 	c->table = scratch_map(sizeof(*c->table) * c->max_chunks);
 	c->nworkers = want > MAX_WORKERS ? MAX_WORKERS : want ? want : 1;
+	if (seccomp_here())	/* a filter might kill the process on clone3 */
+		c->nworkers = 1;
 	*err = c->slots && c->table ? 0 : ENOMEM;
 	for (unsigned i = 0; !*err && i < c->nworkers; i++)
 		*err = worker_init(c, &c->wk[i], i > 0);

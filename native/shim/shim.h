@@ -240,6 +240,7 @@ SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
 struct compressor;
 /* copy len bytes of the record's page data, from off on, to dst */
 typedef int (*compress_gather_fn)(void *ctx, uint64_t off, size_t len, void *dst);
+SHIM_HIDDEN int seccomp_here(void);
 SHIM_HIDDEN struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err);
 SHIM_HIDDEN void compressor_free(struct compressor *c);
 SHIM_HIDDEN int compress_record(struct compressor *c, uint64_t data_size,
