@@ -79,7 +79,9 @@ def test_compressible_memory_makes_a_much_smaller_image(session, write):
     assert packed_size < plain_size / 2, (plain_size, packed_size)
     memory, stored = memory_bytes(the_image(packed))
     assert memory >= 48 << 20 and stored < memory / 2, (memory, stored)
-    assert memory_bytes(the_image(plain)) == (memory, memory)
+    plain_memory, plain_stored = memory_bytes(the_image(plain))
+    # the same memory, give or take a page the program touched in between
+    assert plain_stored == plain_memory and abs(plain_memory - memory) < 1 << 20
     listing = session.ckpt("images", packed).stdout
     assert "stored as" in listing and listing.rstrip().endswith("\tok"), listing
     assert restart_and_finish(session, packed, job) == reference
