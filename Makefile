@@ -27,6 +27,7 @@ test:
 
 bench: all
 	python3 bench/engine_bench.py
+	python3 bench/compress_bench.py
 	python3 bench/softverbs_bench.py
 	python3 bench/mpi_bench.py
 	python3 bench/multihost_bench.py

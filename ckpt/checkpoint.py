@@ -58,11 +58,12 @@ def _pids(text):
 class CheckpointRun:
     """Takes one checkpoint through a coordinator (its barriers and warnings)."""
 
-    def __init__(self, coordinator, procs, kill=False, forked=False):
+    def __init__(self, coordinator, procs, kill=False, forked=False, compress="none"):
         self.coord = coordinator
         self.procs = list(procs)
         self.kill = kill
         self.forked = forked and not kill  # --kill: nothing to run on for
+        self.compress = compress
         self.number, self.tmp = prepare_directory(coordinator.job_dir)
         self.start_ns = time.time_ns()
 
@@ -86,7 +87,8 @@ class CheckpointRun:
             # bytes a TCP sender holds reach their receiver: the marker
             # tells where its peer stopped writing
             await self._phase("FLUSH", secrets.token_hex(16))
-            mode = " fork" if self.forked else ""
+            mode = (" fork" if self.forked else "") + \
+                ("" if self.compress == "none" else " " + self.compress)
             written = await self._phase("WRITE", escape(self.tmp) + mode)
             if not self.forked:
                 entries = self._image_entries(written, threads)

@@ -11,7 +11,7 @@ from ckpt import __version__
 from ckpt import client
 from ckpt.config import load_config
 from ckpt.errors import CkptError
-from ckpt.image import verify_checkpoint
+from ckpt.image import memory_bytes, verify_checkpoint
 from ckpt.jobs import find_job, list_jobs
 from ckpt.manifest import CKPT_RE, MANIFEST_NAME, published_checkpoints
 
@@ -55,6 +55,12 @@ WRITE_MODE = click.option(
          "while the job runs on (default), or with the job stopped until they are.")
 
 
+COMPRESS = click.option(
+    "--compress", type=click.Choice(["none", "zstd", "auto"]), default=None,
+    help="Memory in the images: stored as it is, compressed with zstd, or compressed "
+         "where a sample of it shrinks (auto, the default).")
+
+
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckpt")
 def main():
@@ -67,11 +73,13 @@ def main():
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
 @KEEP
 @WRITE_MODE
+@COMPRESS
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(job_id, ckpt_dir, interval, keep, forked, command):
+def launch(job_id, ckpt_dir, interval, keep, forked, compress, command):
     """Run COMMAND in the foreground under the checkpoint shim."""
     from ckpt.launch import launch as run_launch
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked)
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
+                         compress=compress)
     sys.exit(run_launch(list(command), config, job_id))
 
 
@@ -82,9 +90,12 @@ def launch(job_id, ckpt_dir, interval, keep, forked, command):
               help="A copy-on-write child of each process writes its image while the job "
                    "runs on (the job's default: forked), or the job stays stopped until "
                    "every image is written.")
-def checkpoint(job_id, kill, forked):
+@click.option("--compress", type=click.Choice(["none", "zstd", "auto"]), default=None,
+              help="Memory in this checkpoint's images: as it is, compressed with zstd, or "
+                   "compressed where a sample shrinks (default: the job's setting).")
+def checkpoint(job_id, kill, forked, compress):
     """Checkpoint a running job; prints the checkpoint directory."""
-    path, warnings = client.checkpoint(job_id, kill=kill, forked=forked)
+    path, warnings = client.checkpoint(job_id, kill=kill, forked=forked, compress=compress)
     for warning in warnings:
         click.echo(f"ckpt: warning: {warning}", err=True)
     click.echo(path)
@@ -197,14 +208,19 @@ def _describe_checkpoint(path):
         when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
     except FileNotFoundError:
         return None
+    memory = "memory ?"
     try:
-        verify_checkpoint(path)
+        manifest = verify_checkpoint(path)
         verdict = "ok"
+        sizes = [memory_bytes(path / str(p["image"])) for p in manifest["processes"]]
+        if None not in sizes:
+            mem, stored = (sum(column) for column in zip(*sizes)) if sizes else (0, 0)
+            memory = f"memory {_human_size(mem)} stored as {_human_size(stored)}"
     except (CkptError, OSError) as exc:
         if not path.exists():
             return None
         verdict = f"CORRUPT: {getattr(exc, 'message', None) or exc}"
-    return f"{path.name}\t{_human_size(size)}\t{when}\t{verdict}", verdict == "ok"
+    return f"{path.name}\t{_human_size(size)}\t{when}\t{memory}\t{verdict}", verdict == "ok"
 
 
 @main.command()
@@ -244,11 +260,13 @@ def slurm():
 @click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
 @KEEP
 @WRITE_MODE
+@COMPRESS
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def slurm_run(ckpt_dir, interval, keep, forked, command):
+def slurm_run(ckpt_dir, interval, keep, forked, compress, command):
     """The batch script's last command: launch COMMAND, or restart it from
     its latest checkpoint when Slurm requeued the job; USR1 checkpoints and
     requeues it."""
     from ckpt.slurm import run as run_slurm
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked)
+    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
+                         compress=compress)
     sys.exit(run_slurm(list(command), config))

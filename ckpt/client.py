@@ -54,9 +54,10 @@ def request(job, command, timeout=None):
     raise CkptError(f"job {job.job_id}: the job ended before the coordinator answered")
 
 
-def checkpoint(job_id, kill=False, forked=None):
-    """Returns (checkpoint dir, warnings); forked None: the job's default."""
+def checkpoint(job_id, kill=False, forked=None, compress=None):
+    """Returns (checkpoint dir, warnings); forked, compress None: the job's default."""
     mode = {True: ["forked"], False: ["inplace"], None: []}[forked]
+    mode += [f"compress={compress}"] if compress else []
     words = ["CHECKPOINT"] + (["kill"] if kill else []) + mode
     value = request(find_job(job_id), " ".join(words))
     path, *warnings = value.split(" ")

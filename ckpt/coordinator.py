@@ -39,7 +39,7 @@ class Coordinator:
 
     def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
                  keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
-                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False,
+                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False, compress="none",
                  secret=None):
         self.job_id = job_id
         self.socket_path = str(socket_path)
@@ -48,6 +48,7 @@ class Coordinator:
         self.barrier_timeout = barrier_timeout
         self.keep = keep
         self.forked_write = forked_write  # default for periodic checkpoints
+        self.compress = compress          # none, zstd or auto: the same
         self.restarted_from = restarted_from
         self.warn = warn
         self.on_kill = on_kill
@@ -333,12 +334,14 @@ class Coordinator:
     async def pause_before(self, phase, procs):
         await pause_before(self.pause_point, phase, procs)
 
-    async def checkpoint(self, kill=False, forked=None):
+    async def checkpoint(self, kill=False, forked=None, compress=None):
         """Take one checkpoint; returns (published dir, warnings).
 
         forked: a copy-on-write child of each process writes its image
-        while the job runs on (None: the job's default)."""
+        while the job runs on (None: the job's default); compress: none,
+        zstd or auto (None: the job's)."""
         forked = self.forked_write if forked is None else forked
+        compress = self.compress if compress is None else compress
         async with self._busy:
             if self.lost_hosts:   # what is left of the job is no whole job
                 host, count = next(iter(self.lost_hosts.items()))
@@ -353,7 +356,7 @@ class Coordinator:
                 # not keep them all)
                 self.names = {k: v for k, v in self.names.items()
                               if not k.startswith(SPENT_BY_NEXT_CHECKPOINT)}
-                final = await CheckpointRun(self, procs, kill, forked).run()
+                final = await CheckpointRun(self, procs, kill, forked, compress).run()
                 warnings = self.checkpoint_warnings()
                 if kill:
                     await self._reset_connections()
@@ -460,7 +463,11 @@ class Coordinator:
         if command == "CHECKPOINT":
             # shielded: a client that goes away does not cut a checkpoint short
             forked = True if "forked" in args else False if "inplace" in args else None
-            task = self._spawn(self.checkpoint(kill="kill" in args, forked=forked))
+            compress = next((a.split("=", 1)[1] for a in args if a.startswith("compress=")), None)
+            if compress not in (None, "none", "zstd", "auto"):
+                compress = None  # a client of another version: the job's default
+            task = self._spawn(self.checkpoint(kill="kill" in args, forked=forked,
+                                               compress=compress))
             try:
                 path, warnings = await asyncio.shield(task)
                 answer = " ".join(["OK", escape(path)] + [escape(w) for w in warnings])

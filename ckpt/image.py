@@ -3,6 +3,7 @@
 import os
 import platform
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,38 @@ def check_header(path, headers=None):
         engine_version=_c_string(ffi, header.engine_version),
         time_ns=header.time_ns,
     )
+
+
+RECORD = struct.Struct("<IIQ")  # struct ckpt_record: type, pad, size
+
+
+def memory_bytes(path, headers=None):
+    """(memory, stored): bytes of saved pages in an image's memory records,
+    and the bytes they take in the file (less when compressed); None if
+    the records do not add up (a damaged image says so elsewhere)."""
+    headers = headers or load_headers()
+    ffi, const = headers.ffi, headers.const
+    vma_size = ffi.sizeof("struct ckpt_vma")
+    memory = stored = 0
+    try:
+        with open(path, "rb") as image:
+            end = os.fstat(image.fileno()).st_size
+            offset = const("CKPT_HEADER_SIZE")
+            while offset + RECORD.size <= end:
+                image.seek(offset)
+                kind, _pad, size = RECORD.unpack(image.read(RECORD.size))
+                if kind == const("CKPT_REC_END"):
+                    return memory, stored
+                if size > end - offset - RECORD.size:
+                    return None
+                if kind == const("CKPT_REC_VMA") and size >= vma_size:
+                    vma = ffi.cast("struct ckpt_vma *", ffi.from_buffer(image.read(vma_size)))
+                    memory += vma.data_size
+                    stored += vma.stored_size
+                offset += RECORD.size + size
+    except OSError:
+        return None
+    return None
 
 
 def verify_process_image(directory, proc, headers=None, checksum=True):

@@ -2,7 +2,8 @@
 
 A mutant is a copy of the checkpoint with one or two changes to its image
 (header fields, record types and lengths, the fields of process, thread,
-memory and fd records: counts, offsets, lengths, paths; truncation) or to
+memory and fd records: counts, offsets, lengths, paths; compressed chunks:
+their table and their bytes; truncation) or to
 its manifest (keys, types, values, sizes, checksums, image names, the raw
 text).  Most image mutants get the manifest's size and XXH3 recomputed,
 so the parsers behind the checksum are what is exercised; the others keep
@@ -83,6 +84,7 @@ class Fuzzer:
         self.image = (Path(checkpoint_dir) / self.image_name).read_bytes()
         self.header_size = self.h.const("CKPT_HEADER_SIZE")
         self.rec_size = self.ffi.sizeof("struct ckpt_record")
+        self.chunk_size = self.h.const("CKPT_CHUNK_SIZE")
         self.records = records(self.image, self.header_size, self.rec_size)
         self.fields = {rtype: leaf_fields(self.ffi, self.ffi.typeof(name))
                        for rtype, name in RECORD_STRUCTS.items()}
@@ -146,7 +148,7 @@ class Fuzzer:
         if rtype in (REC_VMA, REC_FD) and self.rng.random() < 0.6:
             names = {REC_VMA: ("start", "end", "pgoff", "path_len", "nruns", "data_offset",
                                "data_size", "nguards", "kind", "flags", "shm_id", "sysv_size",
-                               "prot", "shared"),
+                               "prot", "shared", "compression", "stored_size"),
                      REC_FD: ("fd", "kind", "path_len", "data_size", "dup_of", "share_pid",
                               "share_fd", "nsock_opts", "stdio_fd", "sock_local.len",
                               "sock_peer.len", "offset", "flags", "sock_domain", "sock_type")}
@@ -177,6 +179,31 @@ class Fuzzer:
         return (f"vma at {off:#x}: run " + ("offset" if part == 0 else "npages") + " "
                 + self.set_field(data, run + part, 8, "run"))
 
+    def mutate_chunks(self, data):
+        """A compressed memory record's chunk table, or a byte of a chunk."""
+        vmas = []
+        for _t, off, _s in self.records:
+            if _t != REC_VMA:
+                continue
+            pay = off + self.rec_size
+            vma = self.ffi.cast("struct ckpt_vma *", self.ffi.from_buffer(bytes(data[pay:pay + 256])))
+            if vma.compression:
+                vmas.append((off, pay, vma.path_len, vma.nruns + vma.nguards, vma.data_size,
+                             vma.data_offset, vma.stored_size))
+        if not vmas:
+            return self.mutate_record_field(data)
+        off, pay, path_len, nruns, data_size, data_offset, stored = self.rng.choice(vmas)
+        nchunks = -(-data_size // self.chunk_size)
+        if self.rng.random() < 0.5:
+            entry = pay + self.ffi.sizeof("struct ckpt_vma") + path_len + 16 * nruns + \
+                8 * self.rng.randrange(nchunks)
+            part = self.rng.choice([0, 4])
+            return (f"vma at {off:#x}: chunk " + ("stored" if part == 0 else "format") + " "
+                    + self.set_field(data, entry + part, 4, "chunk"))
+        spot = data_offset + self.rng.randrange(stored)
+        data[spot] ^= 1 << self.rng.randrange(8)
+        return f"vma at {off:#x}: compressed data bit flipped at {spot:#x}"
+
     def truncate(self, data):
         cuts = [r[1] for r in self.records] + [r[1] + 8 for r in self.records]
         cut = self.rng.choice(cuts + [self.rng.randrange(len(data)), self.header_size - 1, 1, 0])
@@ -202,7 +229,8 @@ class Fuzzer:
     def image_mutant(self):
         data = bytearray(self.image)
         ops = [(self.mutate_header, 2), (self.mutate_record_header, 3),
-               (self.mutate_record_field, 6), (self.mutate_vma_tail, 2), (self.truncate, 1),
+               (self.mutate_record_field, 6), (self.mutate_vma_tail, 2), (self.mutate_chunks, 2),
+               (self.truncate, 1),
                (self.drop_or_repeat_record, 1), (self.flip_bytes, 1)]
         m = Mutant()
         chosen = self.rng.choices([o for o, _ in ops], [w for _, w in ops],

@@ -154,7 +154,7 @@ def check_images_listing(proc, names):
     if "Traceback" in proc.stderr or proc.stderr.strip():
         problems.append(f"ckpt images wrote to stderr: {proc.stderr.strip()[-300:]}")
     for line in proc.stdout.splitlines():
-        name, _size, _when, verdict = line.split("\t", 3)
+        name, _size, _when, _memory, verdict = line.split("\t", 4)
         verdicts[name] = verdict
     if set(verdicts) != set(names):
         problems.append(f"ckpt images listed {sorted(verdicts)} for {sorted(names)}")

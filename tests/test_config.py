@@ -11,7 +11,7 @@ def config_file(tmp_path, monkeypatch):
     path = tmp_path / "config.yaml"
     monkeypatch.setenv("CKPT_CONFIG", str(path))
     for name in ("CKPT_DIR", "CKPT_INTERVAL", "CKPT_BARRIER_TIMEOUT", "CKPT_KEEP",
-                 "CKPT_FORKED_WRITE"):
+                 "CKPT_FORKED_WRITE", "CKPT_COMPRESS"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -24,6 +24,7 @@ def test_defaults_without_file(config_file, tmp_path, monkeypatch):
     assert config.barrier_timeout == 120
     assert config.keep == 0
     assert config.forked_write  # the job runs on while its images are written
+    assert config.compress == "none"  # restart speed first; zstd and auto on request
 
 
 def test_in_place_from_file_env_or_flag(config_file, monkeypatch):
@@ -32,6 +33,17 @@ def test_in_place_from_file_env_or_flag(config_file, monkeypatch):
     monkeypatch.setenv("CKPT_FORKED_WRITE", "yes")
     assert load_config().forked_write
     assert not load_config(forked_write=False).forked_write
+
+
+def test_compress_from_file_env_or_flag(config_file, monkeypatch):
+    config_file.write_text("compress: auto\n")
+    assert load_config().compress == "auto"
+    monkeypatch.setenv("CKPT_COMPRESS", "ZSTD")
+    assert load_config().compress == "zstd"
+    assert load_config(compress="none").compress == "none"
+    monkeypatch.setenv("CKPT_COMPRESS", "gzip")
+    with pytest.raises(CkptError, match="CKPT_COMPRESS: compress must be none, zstd or auto"):
+        load_config()
 
 
 def test_file_then_env_then_flags(config_file, monkeypatch):

@@ -1,11 +1,46 @@
 /* Benchmark job: MiB of memory (argv[1]) filled with incompressible data,
- * or touched only in part (argv[2] MiB of it touched, the rest untouched).
+ * or touched only in part (argv[2] MiB of it touched, the rest untouched);
+ * argv[3] "mixed": filled instead with what compresses as real programs'
+ * memory does (a smooth double-precision field, text-like records, every
+ * other page of a quarter zero).
  * Prints READY, then a line per 5 ms tick so restart time can be seen. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+static void fill_mixed(char *mem, size_t len)
+{
+	static const char *words[] = { "rank ", "step ", "residual ", "0.000125 ", "converged\n",
+				       "iteration ", "halo ", "exchange " };
+	uint64_t x = 88172645463325252ULL;
+	double *grid = (double *)mem;
+	size_t side = 1024, at;
+
+	for (size_t i = 0; i < len / 2 / sizeof(double); i++) {
+		double u = (double)(i % side) / side, v = (double)(i / side % side) / side;
+
+		grid[i] = u * (1 - u) * v * (1 - v) * 16.0;
+	}
+	for (at = len / 2; at < len;) {
+		const char *w;
+		size_t n;
+
+		if (at >= len * 3 / 4 && (at / 4096) % 2) {	/* a zero page */
+			at += 4096 - at % 4096;
+			continue;
+		}
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		w = words[x % 8];
+		n = strlen(w) < len - at ? strlen(w) : len - at;
+		memcpy(mem + at, w, n);
+		at += n;
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -19,6 +54,8 @@ int main(int argc, char **argv)
 		   MAP_NORESERVE, -1, 0);
 	if (mem == MAP_FAILED)
 		return 1;
+	if (argc > 3 && !strcmp(argv[3], "mixed"))
+		fill_mixed((char *)mem, touch << 20), words = 0;
 	for (size_t i = 0; i < words; i++) {
 		x ^= x << 13;
 		x ^= x >> 7;

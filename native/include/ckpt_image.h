@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 9
+#define CKPT_IMAGE_VERSION 10
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -105,7 +105,28 @@ struct ckpt_vma {
 	uint64_t nguards;		/* struct ckpt_run after the runs: guard
 					 * pages (MADV_GUARD_INSTALL), never read */
 	uint32_t advice;		/* CKPT_ADVICE_*: locks and madvise() */
-	uint32_t pad;
+	uint32_t compression;		/* CKPT_COMPRESS_*: how the page data is stored */
+	uint64_t stored_size;		/* bytes of page data in the file: data_size
+					 * uncompressed, the chunks' sum compressed */
+};
+
+/*
+ * Compressed page data (compression CKPT_COMPRESS_ZSTD): the bytes of the
+ * runs, in order, cut into CKPT_CHUNK_SIZE chunks (the last may be
+ * shorter); a struct ckpt_chunk per chunk follows the guard pages, and the
+ * chunks follow each other from data_offset on.  Each chunk is one zstd
+ * frame with its content size and checksum, or raw when it did not shrink,
+ * so the restart decompresses chunks in parallel, straight into place.
+ */
+#define CKPT_COMPRESS_NONE 0
+#define CKPT_COMPRESS_ZSTD 1
+#define CKPT_CHUNK_SIZE 1048576		/* 1 MiB */
+#define CKPT_CHUNK_RAW 0
+#define CKPT_CHUNK_ZSTD 1
+
+struct ckpt_chunk {
+	uint32_t stored;		/* bytes in the file */
+	uint32_t format;		/* CKPT_CHUNK_RAW or CKPT_CHUNK_ZSTD */
 };
 
 /* The process's membarrier() registrations for private expedited

@@ -24,7 +24,7 @@
 #include "restart.h"
 #include "sys.h"
 
-#define MAX_HELPERS 7
+#define MAX_HELPERS (HELPERS_MAX_TASKS - 1)
 #define PID_CANDIDATES 64
 
 static unsigned nhelpers;

@@ -159,6 +159,14 @@ static int64_t check_runs(const struct ckpt_run *runs, uint64_t n, uint64_t len)
 }
 
 /* The fixed part of a memory record, before its runs are read. */
+/* Chunks of compressed page data (ckpt_image.h), 0 for raw page data. */
+static uint64_t vma_chunks(const struct ckpt_vma *v)
+{
+	if (v->compression != CKPT_COMPRESS_ZSTD)
+		return 0;
+	return v->data_size / CKPT_CHUNK_SIZE + !!(v->data_size % CKPT_CHUNK_SIZE);
+}
+
 static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64_t off,
 			     uint64_t size)
 {
@@ -168,6 +176,12 @@ static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64
 	    v->nruns > (meta_max - v->path_len) / sizeof(struct ckpt_run) ||
 	    v->nguards > (meta_max - v->path_len) / sizeof(struct ckpt_run) - v->nruns)
 		die("%s: corrupt memory record (lengths)", img->file);
+	if (v->compression > CKPT_COMPRESS_ZSTD ||
+	    (v->compression == CKPT_COMPRESS_NONE && v->stored_size != v->data_size) ||
+	    (v->compression == CKPT_COMPRESS_ZSTD && !v->data_size) ||
+	    vma_chunks(v) > (meta_max - v->path_len - (v->nruns + v->nguards) *
+			     sizeof(struct ckpt_run)) / sizeof(struct ckpt_chunk))
+		die("%s: corrupt memory record (compression)", img->file);
 	if (v->end <= v->start || !page_aligned(v->start) || !page_aligned(v->end) ||
 	    v->end > USER_SPACE_END)
 		die("%s: corrupt memory record (range %#llx-%#llx)", img->file,
@@ -180,10 +194,11 @@ static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64
 	    v->sysv_size > UINT64_MAX / 2)
 		die("%s: corrupt memory record (file offset)", img->file);
 	/* page data: page-aligned, after the record's own fields, inside the record */
-	if (v->data_offset < off || v->data_offset - off > size || v->data_size > size ||
-	    v->data_offset - off > size - v->data_size || !page_aligned(v->data_offset) ||
+	if (v->data_offset < off || v->data_offset - off > size || v->stored_size > size ||
+	    v->data_offset - off > size - v->stored_size || !page_aligned(v->data_offset) ||
 	    v->data_offset - off < sizeof(*v) + v->path_len +
-					   (v->nruns + v->nguards) * sizeof(struct ckpt_run))
+					   (v->nruns + v->nguards) * sizeof(struct ckpt_run) +
+					   vma_chunks(v) * sizeof(struct ckpt_chunk))
 		die("%s: corrupt memory record (page data)", img->file);
 }
 
@@ -215,6 +230,11 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 		die("%s: corrupt memory record (runs of saved pages)", img->file);
 	if (check_runs(lv->guards, lv->v.nguards, lv->v.end - lv->v.start) < 0)
 		die("%s: corrupt memory record (guard pages)", img->file);
+	lv->nchunks = vma_chunks(&lv->v);
+	lv->chunks = read_payload(img, lv->nchunks * sizeof(struct ckpt_chunk),
+				  off + sizeof(lv->v) + lv->v.path_len +
+				  (lv->v.nruns + lv->v.nguards) * sizeof(struct ckpt_run));
+	check_chunks(img, lv);
 	if (lv->v.nguards && !guards_supported())
 		die("%s: the process has guard pages (MADV_GUARD_INSTALL), which this kernel "
 		    "cannot install (Linux 6.13 or later can)", img->file);

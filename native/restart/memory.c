@@ -381,7 +381,9 @@ static void map_region(struct image *img, unsigned idx)
 		fatal("mapping a saved region", r);
 	if ((uint64_t)r != v->start)
 		fatal("a saved region landed elsewhere", -EFAULT);
-	for (uint64_t i = 0, off = v->data_offset; i < v->nruns; i++) {
+	if (lv->nchunks)
+		reader_add_chunks(lv);
+	for (uint64_t i = 0, off = v->data_offset; !lv->nchunks && i < v->nruns; i++) {
 		uint64_t bytes = lv->runs[i].npages * CKPT_PAGE_SIZE;
 
 		reader_add(v->start + lv->runs[i].offset, bytes, off);

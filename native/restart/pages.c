@@ -2,14 +2,20 @@
  * Reading the saved pages into place.  The cost of a restart is mostly the
  * kernel's: faulting in fresh pages and copying from the page cache.  A
  * large image is cut into pieces that every CPU reads (helpers.c).
+ * Compressed page data is a piece per chunk (ckpt_image.h), decompressed
+ * straight into place by whichever CPU takes it; the zstd contexts and
+ * buffers are made before the point of no return, one per task.
  *
  * reader_prepare() runs before the point of no return; the rest after it,
  * with raw system calls only.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#define ZSTD_STATIC_LINKING_ONLY
+#include <zstd.h>
 #include "restart.h"
 #include "sys.h"
 
@@ -19,8 +25,20 @@
 #define PIECE (32UL << 20)		/* small enough to share out evenly */
 #define PARALLEL_FROM (128UL << 20)	/* below this, helpers cost more than they save */
 
+/* Raw: len bytes at file offset off belong at addr.  A chunk (lv set):
+ * the len bytes of lv's page data from pos on, stored at off. */
 struct piece {
 	uint64_t addr, len, off;
+	const struct loaded_vma *lv;
+	uint64_t pos;
+	uint32_t stored, format;
+};
+
+/* What one task decompresses with. */
+struct unpacker {
+	ZSTD_DCtx *dctx;
+	char *in;			/* a chunk as stored */
+	char *out;			/* a chunk whose pages are not contiguous */
 };
 
 static struct {
@@ -29,24 +47,109 @@ static struct {
 	unsigned npieces, max_pieces;
 	uint64_t bytes;
 	unsigned next;			/* the next piece to take (atomic) */
+	unsigned joined;		/* tasks at work, each an unpacker (atomic) */
 	long error;			/* the first failed read (atomic) */
+	struct unpacker unpackers[HELPERS_MAX_TASKS];
 } plan;
+
+static size_t chunk_len(const struct loaded_vma *lv, uint64_t i)
+{
+	uint64_t left = lv->v.data_size - i * CKPT_CHUNK_SIZE;
+
+	return left < CKPT_CHUNK_SIZE ? left : CKPT_CHUNK_SIZE;
+}
+
+static void unpacker_init(struct unpacker *u)
+{
+	size_t size = ZSTD_estimateDCtxSize();
+
+	u->dctx = ZSTD_initStaticDCtx(arena_alloc(size), size);
+	u->in = arena_alloc(ZSTD_compressBound(CKPT_CHUNK_SIZE));
+	u->out = arena_alloc(CKPT_CHUNK_SIZE);
+	if (!u->dctx)
+		die("cannot make a zstd decompression context");
+}
+
+/*
+ * Before the point of no return: the chunk table adds up, and each zstd
+ * chunk's frame header says the size the chunk must have.  (Its content
+ * is checked by the frame's checksum as it is decompressed.)
+ */
+void check_chunks(struct image *img, const struct loaded_vma *lv)
+{
+	uint64_t total = 0, off = lv->v.data_offset;
+
+	if (!lv->nchunks)
+		return;
+	for (uint64_t i = 0; i < lv->nchunks; i++) {
+		const struct ckpt_chunk *c = &lv->chunks[i];
+		size_t len = chunk_len(lv, i);
+		char head[ZSTD_FRAMEHEADERSIZE_MAX];
+		size_t n = c->stored < sizeof(head) ? c->stored : sizeof(head);
+
+		if ((c->format == CKPT_CHUNK_RAW && c->stored != len) ||
+		    (c->format == CKPT_CHUNK_ZSTD &&
+		     (!c->stored || c->stored > ZSTD_compressBound(len))) ||
+		    c->format > CKPT_CHUNK_ZSTD)
+			die("%s: corrupt memory record (compressed chunk %llu at %#llx)", img->file,
+			    (unsigned long long)i, (unsigned long long)lv->v.start);
+		total += c->stored;
+		if (total > lv->v.stored_size)
+			break;
+		if (c->format == CKPT_CHUNK_ZSTD) {
+			read_exact_at(img, head, n, off);
+			if (ZSTD_getFrameContentSize(head, n) != len)
+				die("%s: corrupt compressed chunk %llu of the memory at %#llx",
+				    img->file, (unsigned long long)i, (unsigned long long)lv->v.start);
+		}
+		off += c->stored;
+	}
+	if (total != lv->v.stored_size)
+		die("%s: corrupt memory record (compressed chunks add up to %llu bytes, not %llu)",
+		    img->file, (unsigned long long)total, (unsigned long long)lv->v.stored_size);
+}
 
 /* Room for the pieces of every region of img. */
 void reader_prepare(struct image *img)
 {
-	unsigned max = 0;
+	unsigned max = 0, compressed = 0;
 
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		const struct loaded_vma *lv = &img->vmas[i];
 
-		max += lv->v.nruns;
+		max += lv->v.nruns + lv->nchunks;
+		compressed |= lv->nchunks > 0;
 		for (unsigned r = 0; r < lv->v.nruns; r++)
 			max += lv->runs[r].npages * CKPT_PAGE_SIZE / PIECE;
 	}
 	plan.fd = img->fd;
 	plan.max_pieces = max;
 	plan.pieces = arena_alloc((max + 1) * sizeof(*plan.pieces));
+	for (unsigned i = 0; compressed && i < HELPERS_MAX_TASKS; i++)
+		unpacker_init(&plan.unpackers[i]);
+}
+
+static void add_piece(const struct piece *p)
+{
+	if (plan.npieces == plan.max_pieces)
+		fatal("more page data than the image's runs", -EOVERFLOW);
+	plan.pieces[plan.npieces++] = *p;
+	plan.bytes += p->len;
+}
+
+/* The chunks of a region with compressed page data. */
+void reader_add_chunks(const struct loaded_vma *lv)
+{
+	uint64_t off = lv->v.data_offset;
+
+	for (uint64_t i = 0; i < lv->nchunks; i++) {
+		struct piece p = { .len = chunk_len(lv, i), .off = off, .lv = lv,
+				   .pos = i * CKPT_CHUNK_SIZE, .stored = lv->chunks[i].stored,
+				   .format = lv->chunks[i].format };
+
+		add_piece(&p);
+		off += p.stored;
+	}
 }
 
 /* The pages at off in the image belong at addr. */
@@ -55,21 +158,15 @@ void reader_add(uint64_t addr, uint64_t len, uint64_t off)
 	while (len) {
 		uint64_t n = len > PIECE ? PIECE : len;
 
-		if (plan.npieces == plan.max_pieces)
-			fatal("more page data than the image's runs", -EOVERFLOW);
-		plan.pieces[plan.npieces++] = (struct piece){ addr, n, off };
-		plan.bytes += n;
+		add_piece(&(struct piece){ .addr = addr, .len = n, .off = off });
 		addr += n;
 		off += n;
 		len -= n;
 	}
 }
 
-static long read_piece(const struct piece *p)
+static long read_at(uint64_t addr, uint64_t len, uint64_t off)
 {
-	uint64_t addr = p->addr, len = p->len, off = p->off;
-
-	sys3(SYS_madvise, addr, len, MADV_POPULATE_WRITE);	/* batch the faults */
 	while (len) {
 		long n = sys4(SYS_pread64, plan.fd, addr, len, off);
 
@@ -84,8 +181,92 @@ static long read_piece(const struct piece *p)
 	return 0;
 }
 
+/* Fault in the pages a decompression writes to: a page that cannot be
+ * (a private map past its file's end) fails here with an error, not
+ * with SIGBUS under memcpy.  EINVAL: a kernel without it. */
+static long populate(uint64_t addr, uint64_t len)
+{
+	long r = sys3(SYS_madvise, addr, len, MADV_POPULATE_WRITE);
+
+	return r == -EINVAL ? 0 : r;
+}
+
+/* The run of lv holding byte pos of its page data, and where in it. */
+static uint64_t run_of(const struct loaded_vma *lv, uint64_t pos, uint64_t *into)
+{
+	uint64_t r = 0, at = 0;
+
+	for (; r < lv->v.nruns; r++) {
+		uint64_t bytes = lv->runs[r].npages * CKPT_PAGE_SIZE;
+
+		if (pos < at + bytes)
+			break;
+		at += bytes;
+	}
+	*into = pos - at;
+	return r;
+}
+
+/* Bytes [pos, pos + len) of lv's page data, from src into place: the
+ * region mapped at base. */
+static long scatter(const struct loaded_vma *lv, char *base, uint64_t pos, const char *src,
+		    uint64_t len)
+{
+	uint64_t into, r = run_of(lv, pos, &into);
+
+	for (; len && r < lv->v.nruns; r++, into = 0) {
+		uint64_t n = lv->runs[r].npages * CKPT_PAGE_SIZE - into;
+		char *to = base + lv->runs[r].offset + into;
+		long err;
+
+		if (n > len)
+			n = len;
+		err = populate((uint64_t)to, n);
+		if (err)
+			return err;
+		memcpy(to, src, n);
+		src += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static long read_chunk(const struct piece *p, struct unpacker *u)
+{
+	uint64_t into, r = run_of(p->lv, p->pos, &into);
+	const struct ckpt_run *run = &p->lv->runs[r];	/* r < nruns: runs add up */
+	int direct = run->npages * CKPT_PAGE_SIZE - into >= p->len;
+	uint64_t addr = p->lv->v.start + run->offset + into;
+	char *out = direct ? (char *)addr : u->out;
+	long err;
+
+	if (direct && (err = populate(addr, p->len)))
+		return err;
+	if (p->format == CKPT_CHUNK_RAW) {
+		err = read_at((uint64_t)out, p->len, p->off);
+	} else {
+		err = read_at((uint64_t)u->in, p->stored, p->off);
+		if (!err && ZSTD_decompressDCtx(u->dctx, out, p->len, u->in, p->stored) != p->len)
+			err = -EBADMSG;	/* also a checksum that does not match */
+	}
+	if (!err && !direct)
+		err = scatter(p->lv, (char *)p->lv->v.start, p->pos, out, p->len);
+	return err;
+}
+
+static long read_piece(const struct piece *p, struct unpacker *u)
+{
+	if (p->lv)
+		return read_chunk(p, u);
+	sys3(SYS_madvise, p->addr, p->len, MADV_POPULATE_WRITE);	/* batch the faults */
+	return read_at(p->addr, p->len, p->off);
+}
+
 static int read_pieces(void *unused)
 {
+	unsigned me = __atomic_fetch_add(&plan.joined, 1, __ATOMIC_RELAXED);
+	struct unpacker *u = &plan.unpackers[me % HELPERS_MAX_TASKS];
+
 	(void)unused;
 	for (;;) {
 		unsigned i = __atomic_fetch_add(&plan.next, 1, __ATOMIC_RELAXED);
@@ -93,11 +274,49 @@ static int read_pieces(void *unused)
 
 		if (i >= plan.npieces || __atomic_load_n(&plan.error, __ATOMIC_RELAXED))
 			return 0;
-		err = read_piece(&plan.pieces[i]);
+		err = read_piece(&plan.pieces[i], u);
 		if (err) {
 			__atomic_store_n(&plan.error, err, __ATOMIC_RELAXED);
 			return 0;
 		}
+	}
+}
+
+/*
+ * Before the point of no return, one region's pages into memory mapped at
+ * base (shared memory objects, made before): on this CPU, the errors of
+ * a damaged image each a line of their own.
+ */
+void read_region_at(struct image *img, const struct loaded_vma *lv, char *base)
+{
+	static struct unpacker u;
+	uint64_t off = lv->v.data_offset;
+
+	for (uint64_t r = 0; !lv->nchunks && r < lv->v.nruns; r++) {
+		uint64_t bytes = lv->runs[r].npages * CKPT_PAGE_SIZE;
+
+		madvise(base + lv->runs[r].offset, bytes, MADV_POPULATE_WRITE);
+		read_exact_at(img, base + lv->runs[r].offset, bytes, off);
+		off += bytes;
+	}
+	if (lv->nchunks && !u.dctx)
+		unpacker_init(&u);
+	for (uint64_t i = 0; i < lv->nchunks; i++) {
+		const struct ckpt_chunk *c = &lv->chunks[i];
+		size_t len = chunk_len(lv, i);
+
+		if (c->format == CKPT_CHUNK_RAW) {
+			read_exact_at(img, u.out, len, off);
+		} else {
+			read_exact_at(img, u.in, c->stored, off);
+			if (ZSTD_decompressDCtx(u.dctx, u.out, len, u.in, c->stored) != len)
+				die("%s: corrupt compressed chunk %llu of the memory at %#llx", img->file,
+				    (unsigned long long)i, (unsigned long long)lv->v.start);
+		}
+		if (scatter(lv, base, i * CKPT_CHUNK_SIZE, u.out, len))
+			die("%s: the shared memory at %#llx cannot hold its pages", img->file,
+			    (unsigned long long)lv->v.start);
+		off += c->stored;
 	}
 }
 
@@ -108,6 +327,8 @@ void reader_run(void)
 		helpers_run(read_pieces, NULL);
 	else
 		read_pieces(NULL);
+	if (plan.error == -EBADMSG)
+		fatal("a compressed chunk of page data is corrupt", plan.error);
 	if (plan.error)
 		fatal("reading page data", plan.error);
 }

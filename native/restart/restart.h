@@ -29,6 +29,8 @@ struct loaded_vma {
 	const char *path;
 	const struct ckpt_run *runs;
 	const struct ckpt_run *guards;	/* pages that fault on any access */
+	const struct ckpt_chunk *chunks;	/* compressed: v.data_size in chunks */
+	uint64_t nchunks;
 	int filled;			/* its pages were read in at restore */
 };
 
@@ -103,10 +105,14 @@ void make_fifo_again(const struct loaded_fd *lf);
 void helpers_init(void);
 void helpers_pick_pids(void);
 void helpers_run(int (*fn)(void *), void *arg);
+#define HELPERS_MAX_TASKS 8		/* fn runs on at most this many at once */
 
 /* pages.c */
 void reader_prepare(struct image *img);
 void reader_add(uint64_t addr, uint64_t len, uint64_t off);
+void reader_add_chunks(const struct loaded_vma *lv);
+void read_region_at(struct image *img, const struct loaded_vma *lv, char *base);
+void check_chunks(struct image *img, const struct loaded_vma *lv);
 void reader_run(void);
 
 /* image.c */

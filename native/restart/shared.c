@@ -213,21 +213,6 @@ static int already_filled(const struct filled *done, unsigned ndone, uint64_t id
 	return 0;
 }
 
-/* One region's saved pages, read straight into the object mapped at p. */
-static void fill_at(struct image *img, const struct loaded_vma *lv, char *p)
-{
-	const struct ckpt_vma *v = &lv->v;
-	uint64_t off = v->data_offset;
-
-	for (uint64_t r = 0; r < v->nruns; r++) {
-		uint64_t bytes = lv->runs[r].npages * CKPT_PAGE_SIZE;
-
-		madvise(p + lv->runs[r].offset, bytes, MADV_POPULATE_WRITE);
-		read_exact_at(img, p + lv->runs[r].offset, bytes, off);
-		off += bytes;
-	}
-}
-
 static void fill_from(struct image *img, const struct loaded_vma *lv, const struct shared_shm *s)
 {
 	const struct ckpt_vma *v = &lv->v;
@@ -238,14 +223,14 @@ static void fill_from(struct image *img, const struct loaded_vma *lv, const stru
 		p = shmat(s->sysv_id, NULL, 0);
 		if (p == (void *)-1)
 			die("cannot fill System V segment %d: %s", s->sysv_id, strerror(errno));
-		fill_at(img, lv, p + v->pgoff);
+		read_region_at(img, lv, p + v->pgoff);
 		shmdt(p);
 		return;
 	}
 	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, v->pgoff);
 	if (p == MAP_FAILED)
 		die("cannot fill shared memory: %s", strerror(errno));
-	fill_at(img, lv, p);
+	read_region_at(img, lv, p);
 	munmap(p, len);
 }
 

@@ -79,16 +79,29 @@ static void reply(enum ckpt_phase phase, int err, const char *detail)
 			   detail && *detail ? " " : "", detail ? detail : "");
 }
 
-static void write_image(char *dir, unsigned seq, int forked)
+/* Whether word is one of the space-separated words of list. */
+static int has_word(const char *list, const char *word)
+{
+	size_t n = strlen(word);
+
+	for (const char *p = list; p && (p = strstr(p, word)); p += n)
+		if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+			return 1;
+	return 0;
+}
+
+static void write_image(char *dir, unsigned seq, const char *mode)
 {
 	char detail[600];
 	int err = EAGAIN;
+	int compression = has_word(mode, "zstd") ? CKPT_COMPRESSION_ZSTD :
+			  has_word(mode, "auto") ? CKPT_COMPRESSION_AUTO : CKPT_COMPRESSION_NONE;
 
 	unescape(dir);
-	if (forked)
-		err = image_write_forked(dir, seq, &self_rec, detail, sizeof(detail));
+	if (has_word(mode, "fork"))
+		err = image_write_forked(dir, seq, &self_rec, compression, detail, sizeof(detail));
 	if (err == EAGAIN)	/* not forked, or not possible: write in place */
-		err = image_write_now(dir, seq, &self_rec, detail, sizeof(detail));
+		err = image_write_now(dir, seq, &self_rec, compression, detail, sizeof(detail));
 	reply(CKPT_PHASE_WRITE, err, detail);
 }
 
@@ -102,7 +115,8 @@ static int thawed_for(unsigned seq)
 }
 
 /* A restarted process returns from here a second time, with 1. */
-static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, int forked)
+/* mode: "fork" for a forked write, "zstd" or "auto" to compress */
+static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, const char *mode)
 {
 	stopped_in_image = thawed_for(seq);
 	thread_fill_record(&self_rec);
@@ -113,7 +127,7 @@ static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, int fo
 	self_rec.clear_child_tid = 0;
 	if (ckpt_save_context(&self_rec.regs))
 		return SESSION_RESTARTED;
-	write_image(dir, seq, forked);
+	write_image(dir, seq, mode);
 	return 0;
 }
 
@@ -226,7 +240,7 @@ static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 	if (!strcmp(name, "SUSPEND"))
 		phase_suspend(seq);
 	else if (!strcmp(name, "WRITE") && arg)
-		return phase_write(arg, seq, mode && !strcmp(mode, "fork"));
+		return phase_write(arg, seq, mode);
 	else if (!strcmp(name, "SYNC"))
 		phase_sync();
 	else if (!strcmp(name, "RESUME"))
@@ -263,7 +277,7 @@ static int run_session(void)
 		name = strtok_r(NULL, " ", &save);
 		seq = strtok_r(NULL, " ", &save);
 		arg = strtok_r(NULL, " ", &save);
-		mode = strtok_r(NULL, " ", &save);
+		mode = save;	/* the rest: WRITE's words */
 		if (!name || !seq)
 			continue;
 		if (handle_phase(name, strtoul(seq, NULL, 10), arg, mode) == SESSION_RESTARTED)

@@ -25,7 +25,9 @@
 #include <unistd.h>
 #include "shim.h"
 
-#define WINDOW_PAGES 65536UL		/* 256 MiB of address space */
+#define WINDOW_PAGES 8192UL		/* 32 MiB of address space: a compressed
+					 * record is held in memory before it is
+					 * written */
 #define MAPS_MAX (8 << 20)
 
 #define PM_PRESENT (1ULL << 63)
@@ -53,6 +55,7 @@ struct mem_saver {
 	long nguards;			/* of the window find_runs looked at */
 	uint64_t copied;		/* pages copied on write over an unlinked
 					 * file, in the region being saved */
+	struct compressor *z;		/* --compress, or NULL */
 };
 
 static int page_is_zero(const void *p)
@@ -363,6 +366,72 @@ static int window_elsewhere(struct mem_saver *s, const struct ckpt_vma *v)
 	return w ? w->elsewhere : saved_elsewhere(s, v);
 }
 
+/* The page data of one window, as the compressor asks for it. */
+struct window_data {
+	const struct mem_saver *s;
+	const struct region *r;
+	uint64_t start;
+	long nruns;
+};
+
+/* Copy out bytes [off, off + len) of the window's runs, laid end to end;
+ * called on every compressing CPU at once. */
+static int gather_runs(void *p, uint64_t off, size_t len, void *dst)
+{
+	const struct window_data *d = p;
+	const struct mem_saver *s = d->s;
+	uint64_t pos = 0;
+	char *out = dst;
+
+	for (long i = 0; len && i < d->nruns; i++) {
+		uint64_t run_len = s->runs[i].npages * CKPT_PAGE_SIZE;
+		uint64_t skip, n, addr;
+
+		if (off >= pos + run_len) {
+			pos += run_len;
+			continue;
+		}
+		skip = off - pos;
+		n = run_len - skip < len ? run_len - skip : len;
+		addr = d->start + s->runs[i].offset + skip;
+		if (s->copy)
+			memcpy(out, s->copy + (addr - d->start), n);
+		else if (copied_kind(d->r->kind)) {
+			if (copy_self(out, addr, n) != (ssize_t)n)
+				memset(out, 0, n);	/* gone meanwhile */
+		} else
+			memcpy(out, (const void *)addr, n);
+		out += n;
+		off += n;
+		len -= n;
+		pos += run_len;
+	}
+	return len ? EIO : 0;
+}
+
+static int write_window_data(struct mem_saver *s, const struct region *r, uint64_t start,
+			     uint64_t end, long nruns, uint64_t nchunks)
+{
+	/* our own stack and TLS change as we go: copy them, then hash */
+	int ours = checkpointer_memory(start, end);
+	int err = 0;
+
+	if (nchunks)
+		return compress_write(s->z, s->w);
+	for (long i = 0; !err && i < nruns; i++) {
+		void *p = (void *)(start + s->runs[i].offset);
+		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
+
+		if (s->copy)
+			err = iw_direct(s->w, s->copy + s->runs[i].offset, len);
+		else if (copied_kind(r->kind))
+			err = write_copied(s->w, (uint64_t)p, len);
+		else
+			err = ours ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
+	}
+	return err;
+}
+
 static int save_window(struct mem_saver *s, const struct region *r, uint64_t start,
 		       uint64_t end)
 {
@@ -378,9 +447,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	};
 	struct ckpt_vma sysv;
 	int readable = r->prot & PROT_READ;
-	/* our own stack and TLS change as we go: copy them, then hash */
-	int ours = checkpointer_memory(start, end);
 	int unprotected = 0;
+	const struct ckpt_chunk *chunks = NULL;
+	uint64_t nchunks = 0;
 	long nruns = 0;
 	size_t payload;
 	int err;
@@ -424,33 +493,36 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	v.nguards = s->nguards;
 	for (long i = 0; i < nruns; i++)
 		v.data_size += s->runs[i].npages * CKPT_PAGE_SIZE;
+	{
+		struct window_data d = { s, r, start, nruns };
 
-	payload = sizeof(v) + v.path_len + (nruns + v.nguards) * sizeof(struct ckpt_run);
+		err = compress_record(s->z, v.data_size, gather_runs, &d, &chunks, &nchunks,
+				      &v.stored_size);
+		if (err)
+			goto out;
+		v.compression = nchunks ? CKPT_COMPRESS_ZSTD : CKPT_COMPRESS_NONE;
+	}
+
+	payload = sizeof(v) + v.path_len + (nruns + v.nguards) * sizeof(struct ckpt_run) +
+		  nchunks * sizeof(struct ckpt_chunk);
 	/* data starts at the first page boundary after the payload */
 	v.data_offset = (iw_offset(s->w) + sizeof(struct ckpt_record) + payload +
 			 CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
 	{
 		uint64_t pad = v.data_offset - (iw_offset(s->w) + sizeof(struct ckpt_record) + payload);
-		struct ckpt_record rec = { .type = CKPT_REC_VMA, .size = payload + pad + v.data_size };
+		struct ckpt_record rec = { .type = CKPT_REC_VMA, .size = payload + pad + v.stored_size };
 
 		iw_append(s->w, &rec, sizeof(rec));
 		iw_append(s->w, &v, sizeof(v));
 		iw_append(s->w, r->path, v.path_len);
 		iw_append(s->w, s->runs, nruns * sizeof(struct ckpt_run));
 		iw_append(s->w, s->guards, v.nguards * sizeof(struct ckpt_run));
+		iw_append(s->w, chunks, nchunks * sizeof(struct ckpt_chunk));
 		err = iw_pad_to_page(s->w);
 	}
-	for (long i = 0; !err && i < nruns; i++) {
-		void *p = (void *)(start + s->runs[i].offset);
-		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
-
-		if (s->copy)
-			err = iw_direct(s->w, s->copy + s->runs[i].offset, len);
-		else if (copied_kind(r->kind))
-			err = write_copied(s->w, (uint64_t)p, len);
-		else
-			err = ours ? iw_append(s->w, p, len) : iw_direct(s->w, p, len);
-	}
+	if (!err)
+		err = write_window_data(s, r, start, end, nruns, nchunks);
+out:
 	if (unprotected && shim_mprotect((void *)start, end - start, r->prot) && !err)
 		err = errno;
 	return err;
@@ -544,7 +616,8 @@ static ssize_t read_maps(char *buf, size_t size)
 }
 
 int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds,
-		const struct shm_snapshot *shm, const struct vma_advice_table *advice)
+		const struct shm_snapshot *shm, const struct vma_advice_table *advice,
+		int compression)
 {
 	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds, .shm = shm,
 			       .advice = advice };
@@ -558,6 +631,12 @@ int save_memory(struct image_writer *w, const char *shared_key, const struct fd_
 	s.runs = scratch_map(runs_size);
 	s.guards = scratch_map(runs_size);
 	s.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	s.z = compressor_new(compression, WINDOW_PAGES * CKPT_PAGE_SIZE, &err);
+	if (err) {	/* not enough memory to compress: the image is whole all the same */
+		ckpt_warn("cannot compress the image (%s): written uncompressed",
+			  shim_strerror(err));
+		err = 0;
+	}
 	if (!maps || !s.pagemap || !s.runs || !s.guards || s.pagemap_fd < 0) {
 		err = s.pagemap_fd < 0 ? errno : ENOMEM;
 		goto out;
@@ -579,6 +658,7 @@ int save_memory(struct image_writer *w, const char *shared_key, const struct fd_
 			err = save_region(&s, &r);
 	}
 out:
+	compressor_free(s.z);
 	if (s.pagemap_fd >= 0)
 		close(s.pagemap_fd);
 	if (s.runs)

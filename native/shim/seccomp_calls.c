@@ -55,8 +55,8 @@ static int thread_seccomp(const char *tid, int *mode, int *filters)
 	char path[64], buf[4096], *p;
 	ssize_t n;
 
-	if (!strcmp(tid, "self"))
-		snprintf(path, sizeof(path), "/proc/self/status");
+	if (!strcmp(tid, "self") || !strcmp(tid, "thread-self"))
+		snprintf(path, sizeof(path), "/proc/%s/status", tid);
 	else
 		snprintf(path, sizeof(path), "/proc/self/task/%s/status", tid);
 	n = shim_read_proc(path, buf, sizeof(buf) - 1);
@@ -68,6 +68,15 @@ static int thread_seccomp(const char *tid, int *mode, int *filters)
 	p = strstr(buf, "\nSeccomp_filters:");
 	*filters = p ? atoi(p + 17) : 0;
 	return 0;
+}
+
+/* Whether the calling thread runs under seccomp: helpers it would start
+ * (compress.c) might meet a filter that kills on clone3. */
+int seccomp_here(void)
+{
+	int mode, filters;
+
+	return thread_seccomp("thread-self", &mode, &filters) != 0 || mode != 0;
 }
 
 /* Filters survive exec: a program may start with them. */

@@ -238,7 +238,23 @@ struct shm_snapshot;
 struct vma_advice_table;
 SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
 			    const struct fd_table *fds, const struct shm_snapshot *shm,
-			    const struct vma_advice_table *advice);
+			    const struct vma_advice_table *advice, int compression);
+
+/* compress.c: page data in chunks, compressed on every CPU (--compress) */
+#define CKPT_COMPRESSION_NONE 0
+#define CKPT_COMPRESSION_ZSTD 1		/* every record */
+#define CKPT_COMPRESSION_AUTO 2		/* records whose samples shrink */
+struct compressor;
+/* copy len bytes of the record's page data, from off on, to dst */
+typedef int (*compress_gather_fn)(void *ctx, uint64_t off, size_t len, void *dst);
+SHIM_HIDDEN int seccomp_here(void);
+SHIM_HIDDEN struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err);
+SHIM_HIDDEN void compressor_free(struct compressor *c);
+SHIM_HIDDEN int compress_record(struct compressor *c, uint64_t data_size,
+				compress_gather_fn gather, void *ctx,
+				const struct ckpt_chunk **chunks, uint64_t *nchunks,
+				uint64_t *stored);
+SHIM_HIDDEN int compress_write(struct compressor *c, struct image_writer *w);
 /* mlock and madvise state of every region, from smaps (vma_advice.c) */
 SHIM_HIDDEN struct vma_advice_table *vma_advice_read(int *err);
 SHIM_HIDDEN uint32_t vma_advice_at(const struct vma_advice_table *t, uint64_t addr);
@@ -278,9 +294,9 @@ SHIM_HIDDEN void warnings_to_fd(int fd);
 
 /* writer.c: the image file, written in place or by a forked child */
 SHIM_HIDDEN int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
-				char *detail, size_t size);
+				int compression, char *detail, size_t size);
 SHIM_HIDDEN int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *self,
-				   char *detail, size_t size);
+				   int compression, char *detail, size_t size);
 SHIM_HIDDEN int image_write_wait(char *detail, size_t size);
 SHIM_HIDDEN void image_write_cancel(void);
 SHIM_HIDDEN void image_writer_forget(void);

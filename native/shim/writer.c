@@ -59,6 +59,7 @@ struct snapshot {
 	struct shm_snapshot *shm;	/* forked: the shared memory to save */
 	struct sysv_snapshot *sysv;	/* System V IPC, if this process saves it */
 	struct vma_advice_table *advice;	/* mlock and madvise state */
+	int compression;		/* CKPT_COMPRESSION_* */
 };
 
 static int write_records(struct image_writer *w, const struct snapshot *snap,
@@ -77,7 +78,8 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 	if (!err)
 		err = save_fds(w, snap->fds);
 	if (!err)
-		err = save_memory(w, shared_key, snap->fds, snap->shm, snap->advice);
+		err = save_memory(w, shared_key, snap->fds, snap->shm, snap->advice,
+				  snap->compression);
 	if (!err)
 		err = sysv_ipc_write(w, snap->sysv);
 	if (!err)
@@ -187,8 +189,8 @@ static void shared_key(char *key, size_t size, unsigned seq)
 	snprintf(key, size, "shm:%u:%s", seq, shim_hostname());
 }
 
-int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self, char *detail,
-		    size_t size)
+int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
+		    int compression, char *detail, size_t size)
 {
 	struct snapshot snap;
 	char key[128];
@@ -196,6 +198,7 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 
 	if (err)
 		return err;
+	snap.compression = compression;
 	shared_key(key, sizeof(key), seq);
 	err = write_file(dir, &snap, key, detail, size);
 	drop_snapshot(&snap);
@@ -266,7 +269,7 @@ static void writer_child(const char *dir, const struct snapshot *snap, int repor
  * place), or another errno.
  */
 int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *self,
-		       char *detail, size_t size)
+		       int compression, char *detail, size_t size)
 {
 	struct snapshot snap;
 	char key[128];
@@ -287,6 +290,7 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 	err = take_snapshot(&snap, seq, self, advice, detail, size);
 	if (err)
 		return err;
+	snap.compression = compression;
 	shared_key(key, sizeof(key), seq);
 	snap.shm = snapshot_shared_memory(key, &err);
 	if (!snap.shm) {	/* too much shared memory to copy: in place */

@@ -6,6 +6,7 @@
  */
 	.text
 	.globl	clone3_run
+	.hidden	clone3_run
 	.type	clone3_run, @function
 clone3_run:
 	movq	%rdx, %r9		/* fn and arg survive the syscall */

@@ -1,0 +1,291 @@
+/*
+ * Compressed page data (--compress zstd|auto, ckpt_image.h): a memory
+ * record's bytes are cut into CKPT_CHUNK_SIZE chunks, each compressed on
+ * its own (one zstd frame with its size and checksum, or raw when it does
+ * not shrink), by every CPU at once, then written in order.
+ *
+ * The writer may be a bare clone of a process whose parked threads hold
+ * locks (malloc's among them): no malloc, no pthreads here.  The workers
+ * are CLONE_VM tasks on scratch stacks (none under seccomp) and the zstd
+ * contexts live in static workspaces of scratch memory.  `auto` compresses a few samples of
+ * a record first and stores it raw when they do not shrink, so memory that
+ * does not compress costs a few samples, not a pass over it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#define ZSTD_STATIC_LINKING_ONLY
+#define ZSTD_DISABLE_DEPRECATE_WARNINGS	/* ZSTD_compress_advanced: static contexts */
+#include <zstd.h>
+#include "shim.h"
+
+#define MAX_WORKERS 8
+#define WORKER_STACK (256 << 10)
+#define LEVEL 1				/* zstd -1: fast, most of the gain */
+#define SAMPLES 4			/* auto: pieces looked at per record */
+#define SAMPLE_SIZE (64 << 10)
+#define WORTH(raw, packed) ((packed) <= (raw) - (raw) / 8)	/* saves 1/8 or more */
+
+long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
+
+struct worker {
+	ZSTD_CCtx *cctx;
+	void *workspace;
+	char *gather;			/* the chunk's bytes, contiguous */
+	char *stack;
+};
+
+struct compressor {
+	int mode;			/* CKPT_COMPRESSION_* */
+	unsigned nworkers;		/* the caller is worker 0 */
+	size_t workspace_size, slot_size, max_chunks;
+	struct worker wk[MAX_WORKERS];
+	char *slots;			/* a compressBound-sized slot per chunk */
+	struct ckpt_chunk *table;
+	/* the record being compressed */
+	uint64_t data_size, nchunks;
+	compress_gather_fn gather;
+	void *ctx;
+	unsigned next, joined;		/* atomic */
+	int error;			/* atomic */
+};
+
+static unsigned cpus_available(void)
+{
+	cpu_set_t set;
+
+	if (sched_getaffinity(0, sizeof(set), &set))
+		return 1;
+	return CPU_COUNT(&set);
+}
+
+static int worker_init(struct compressor *c, struct worker *wk, int helper)
+{
+	wk->workspace = scratch_map(c->workspace_size);
+	wk->gather = scratch_map(CKPT_CHUNK_SIZE);
+	wk->stack = helper ? scratch_map(WORKER_STACK) : NULL;
+	if (!wk->workspace || !wk->gather || (helper && !wk->stack))
+		return ENOMEM;
+	wk->cctx = ZSTD_initStaticCCtx(wk->workspace, c->workspace_size);
+	return wk->cctx ? 0 : EINVAL;
+}
+
+static void worker_free(struct compressor *c, struct worker *wk)
+{
+	if (wk->workspace)
+		scratch_unmap(wk->workspace, c->workspace_size);
+	if (wk->gather)
+		scratch_unmap(wk->gather, CKPT_CHUNK_SIZE);
+	if (wk->stack)
+		scratch_unmap(wk->stack, WORKER_STACK);
+}
+
+/* For records of up to max_bytes of page data; NULL when mode is none. */
+struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err)
+{
+	struct compressor *c;
+	unsigned want = cpus_available();
+
+	*err = 0;
+	if (mode == CKPT_COMPRESSION_NONE)
+		return NULL;
+	c = scratch_map(sizeof(*c));
+	if (!c) {
+		*err = ENOMEM;
+		return NULL;
+	}
+	c->mode = mode;
+	c->workspace_size = ZSTD_estimateCCtxSize(LEVEL);
+	c->slot_size = ZSTD_compressBound(CKPT_CHUNK_SIZE);
+	c->max_chunks = (max_bytes + CKPT_CHUNK_SIZE - 1) / CKPT_CHUNK_SIZE;
+	c->slots = scratch_map(c->slot_size * c->max_chunks);
+	c->table = scratch_map(sizeof(*c->table) * c->max_chunks);
+	c->nworkers = want > MAX_WORKERS ? MAX_WORKERS : want ? want : 1;
+	if (seccomp_here())	/* a filter might kill the process on clone3 */
+		c->nworkers = 1;
+	*err = c->slots && c->table ? 0 : ENOMEM;
+	for (unsigned i = 0; !*err && i < c->nworkers; i++)
+		*err = worker_init(c, &c->wk[i], i > 0);
+	if (*err) {
+		compressor_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+void compressor_free(struct compressor *c)
+{
+	if (!c)
+		return;
+	for (unsigned i = 0; i < MAX_WORKERS; i++)
+		worker_free(c, &c->wk[i]);
+	if (c->slots)
+		scratch_unmap(c->slots, c->slot_size * c->max_chunks);
+	if (c->table)
+		scratch_unmap(c->table, sizeof(*c->table) * c->max_chunks);
+	scratch_unmap(c, sizeof(*c));
+}
+
+/* One frame with its content size (the restart checks it before it
+ * commits) and checksum (checked as it is decompressed). */
+static size_t compress_frame(struct worker *wk, void *dst, size_t cap, const void *src,
+			     size_t len)
+{
+	ZSTD_parameters params = ZSTD_getParams(LEVEL, len, 0);
+
+	params.fParams.contentSizeFlag = 1;
+	params.fParams.checksumFlag = 1;
+	return ZSTD_compress_advanced(wk->cctx, dst, cap, src, len, NULL, 0, params);
+}
+
+static size_t chunk_len(const struct compressor *c, uint64_t i)
+{
+	uint64_t left = c->data_size - i * CKPT_CHUNK_SIZE;
+
+	return left < CKPT_CHUNK_SIZE ? left : CKPT_CHUNK_SIZE;
+}
+
+static int compress_chunk(struct compressor *c, struct worker *wk, uint64_t i)
+{
+	size_t len = chunk_len(c, i), n;
+	char *slot = c->slots + i * c->slot_size;
+	int err = c->gather(c->ctx, i * CKPT_CHUNK_SIZE, len, wk->gather);
+
+	if (err)
+		return err;
+	n = compress_frame(wk, slot, c->slot_size, wk->gather, len);
+	if (!ZSTD_isError(n) && WORTH(len, n)) {
+		c->table[i] = (struct ckpt_chunk){ .stored = n, .format = CKPT_CHUNK_ZSTD };
+		return 0;
+	}
+	memcpy(slot, wk->gather, len);
+	c->table[i] = (struct ckpt_chunk){ .stored = len, .format = CKPT_CHUNK_RAW };
+	return 0;
+}
+
+/* Each worker takes the next chunk until none is left. */
+static int work(void *p)
+{
+	struct compressor *c = p;
+	unsigned me = __atomic_fetch_add(&c->joined, 1, __ATOMIC_RELAXED);
+
+	for (;;) {
+		unsigned i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+		int err;
+
+		if (i >= c->nchunks || __atomic_load_n(&c->error, __ATOMIC_RELAXED))
+			return 0;
+		err = compress_chunk(c, &c->wk[me], i);
+		if (err) {
+			__atomic_store_n(&c->error, err, __ATOMIC_RELAXED);
+			return 0;
+		}
+	}
+}
+
+static pid_t start_worker(struct compressor *c, unsigned i)
+{
+	struct clone_args ca;
+
+	memset(&ca, 0, sizeof(ca));
+	/* no exit signal: the application's SIGCHLD and wait() never see it */
+	ca.flags = CLONE_VM | CLONE_FS | CLONE_FILES;
+	ca.stack = (uint64_t)c->wk[i].stack;
+	ca.stack_size = WORKER_STACK;
+	return clone3_run(&ca, sizeof(ca), work, c);
+}
+
+/* Every chunk compressed, on every CPU; a worker that cannot start (a
+ * seccomp filter, no pids) leaves its share to the others. */
+static int compress_all(struct compressor *c)
+{
+	pid_t pid[MAX_WORKERS];
+	unsigned started = 0;
+
+	c->next = 0;
+	c->joined = 0;
+	c->error = 0;
+	for (unsigned i = 1; i < c->nworkers && i < c->nchunks; i++) {
+		long r = start_worker(c, i);
+
+		if (r > 0)
+			pid[started++] = r;
+	}
+	work(c);	/* each worker takes the buffers of the order it joined in */
+	for (unsigned i = 0; i < started; i++)
+		while (syscall(SYS_wait4, pid[i], NULL, __WALL, NULL) < 0 && errno == EINTR)
+			;
+	return c->error;
+}
+
+/* auto: whether a few pieces spread over the record shrink. */
+static int looks_compressible(struct compressor *c)
+{
+	struct worker *wk = &c->wk[0];
+	uint64_t raw = 0, packed = 0;
+	char *out = c->slots;
+
+	if (c->data_size <= SAMPLES * SAMPLE_SIZE)
+		return 1;	/* small: just compress it */
+	for (unsigned k = 0; k < SAMPLES; k++) {
+		uint64_t off = (c->data_size - SAMPLE_SIZE) / (SAMPLES - 1) * k;
+		size_t n;
+
+		off &= ~(uint64_t)(CKPT_PAGE_SIZE - 1);
+		if (c->gather(c->ctx, off, SAMPLE_SIZE, wk->gather))
+			return 1;
+		n = compress_frame(wk, out, c->slot_size, wk->gather, SAMPLE_SIZE);
+		raw += SAMPLE_SIZE;
+		packed += ZSTD_isError(n) ? SAMPLE_SIZE : n;
+	}
+	return WORTH(raw, packed);
+}
+
+/*
+ * Compress the data_size bytes that gather() copies out; returns 0 with
+ * *chunks set to the table (*nchunks entries, *stored bytes in all), or 0
+ * with *nchunks 0 when the record is better stored raw, or an errno.
+ */
+int compress_record(struct compressor *c, uint64_t data_size, compress_gather_fn gather,
+		    void *ctx, const struct ckpt_chunk **chunks, uint64_t *nchunks,
+		    uint64_t *stored)
+{
+	int err;
+
+	*nchunks = 0;
+	*stored = data_size;
+	if (!c || !data_size)
+		return 0;
+	c->data_size = data_size;
+	c->nchunks = (data_size + CKPT_CHUNK_SIZE - 1) / CKPT_CHUNK_SIZE;
+	c->gather = gather;
+	c->ctx = ctx;
+	if (c->nchunks > c->max_chunks)
+		return EOVERFLOW;
+	if (c->mode == CKPT_COMPRESSION_AUTO && !looks_compressible(c))
+		return 0;
+	err = compress_all(c);
+	if (err)
+		return err;
+	*stored = 0;
+	for (uint64_t i = 0; i < c->nchunks; i++)
+		*stored += c->table[i].stored;
+	*chunks = c->table;
+	*nchunks = c->nchunks;
+	return 0;
+}
+
+/* The chunks compress_record() made, in order. */
+int compress_write(struct compressor *c, struct image_writer *w)
+{
+	int err = 0;
+
+	for (uint64_t i = 0; !err && i < c->nchunks; i++)
+		err = iw_direct(w, c->slots + i * c->slot_size, c->table[i].stored);
+	return err;
+}
