@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 DEBS="gcc make libc6-dev libxxhash-dev libzstd-dev util-linux procps
 python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
 python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core ibverbs-providers
-libucx0 ucx-utils
+libucx0 ucx-utils perftest
 mpich libmpich-dev openmpi-bin libopenmpi-dev python3-mpi4py python3-dev
 openssh-client openssh-server slurm-wlm slurm-client munge"
 

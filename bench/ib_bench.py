@@ -11,6 +11,9 @@ it, over softverbs, and the time to rebuild all verbs state at a checkpoint.
     (verbs_ops): these include softverbs' system calls and their noise;
   * between two processes (svbench): RC and UD 8-byte one-way latency and
     the message rate of 8-byte messages in windows of 32;
+  * perftest (Debian's `perftest`, when installed): ib_send_lat (t_avg),
+    ib_send_bw and ib_write_bw (BW average) between two processes, server
+    and client over TCP-exchanged QP info, as their client reports them;
   * rebuild: a process with Q UD QPs and A address handles under
     `ckpt launch`; one checkpoint releases and rebuilds them all.  The
     plugin reports the rebuild's time and how many name-service requests
@@ -24,6 +27,7 @@ message rate ratio at least 0.95, rebuild time growing linearly.
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,6 +95,35 @@ def paired(fn, reps, best=statistics.median):
         plain.append(fn(False))
         plugin.append(fn(True))
     return best(plain), best(plugin)
+
+
+# (program, connection, size, iterations, column of the client's result
+# row after "#bytes #iterations": t_avg for latency, BW average for bandwidth)
+PERFTEST = [("ib_send_lat", "UD", 8, 20000, 3), ("ib_send_lat", "RC", 8, 20000, 3),
+            ("ib_send_bw", "UD", 4096, 20000, 1), ("ib_send_bw", "RC", 65536, 20000, 1),
+            ("ib_write_bw", "RC", 65536, 20000, 1)]
+PERFTEST_ROW = re.compile(r"^\s*(\d+)\s+(\d+)((?:\s+\S+)+)\s*$", re.M)
+
+
+def perftest(tmp, plugin, prog, conn, size, iters, column, port=19400):
+    """The client's figure of one perftest server+client run (inf when
+    perftest's cycle-counter calibration failed on a loaded machine)."""
+    cmd = [prog, "-d", "sv0", "-F", "-p", str(port), "-c", conn, "-s", str(size), "-n", str(iters)]
+    env = env_for(tmp, plugin)
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(cmd + ["localhost"], env=env, capture_output=True, text=True,
+                             timeout=300).stdout
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    rows = PERFTEST_ROW.findall(out)
+    if not rows:
+        raise RuntimeError(f"{prog} -c {conn}: no result row:\n{out[-1000:]}")
+    return float(rows[0][2].split()[column])
 
 
 def rebuild(tmp, qps, ahs):
@@ -172,6 +205,19 @@ def main():
             ok &= good
             print(f"{transport.upper() + ' (Mmsg/s)':<34} {plain / 8:>10.3f} {plugin / 8:>10.3f}"
                   f" {ratio:>9.3f}  >= 0.95 {'ok' if good else 'MISSED'}")
+        print()
+        if shutil.which("ib_send_lat"):
+            print(f"{'perftest (client figures, median)':<34} {'plain':>10} {'plugin':>10} "
+                  f"{'ratio':>9}")
+            for prog, conn, size, iters, column in PERFTEST:
+                plain, plugin = paired(
+                    lambda p: perftest(tmp, p, prog, conn, size, iters, column),
+                    max(3, opts.reps // 2))
+                unit = "t_avg us" if prog.endswith("lat") else "MB/s"
+                print(f"{f'{prog} {conn} {size} B ({unit})':<34} {plain:>10.2f} "
+                      f"{plugin:>10.2f} {plugin / plain:>9.3f}")
+        else:
+            print("perftest: not installed (Debian package perftest)")
         print()
         print("rebuild of all verbs state at a checkpoint (release, reopen, recreate, "
               "id exchange, replay)")
