@@ -126,6 +126,10 @@ class Job:
         self.id = job_id
         self.out = session.work / f"{job_id}.out"
         self.err = session.work / f"{job_id}.err"
+        # a program that calls zdtm_hold() waits after its steps until
+        # kill() removes this, so checkpoints never outrun it
+        self.hold = session.work / f"{job_id}.hold"
+        self.hold.touch()
         self.images = []
         with open(self.out, "w") as out, open(self.err, "w") as err:
             if session.user.uid != os.getuid():
@@ -133,8 +137,18 @@ class Job:
             self.proc = subprocess.Popen(
                 [*prefix] + session.ckpt_argv("launch", "--job-id", job_id, "--ckpt-dir",
                                   session.images, *launch_args, "--", *command(app, *args)),
-                cwd=session.work, env=session.env(), stdout=out,
-                stderr=err if stderr_file else subprocess.PIPE, text=True)
+                cwd=session.work, env={**session.env(), "ZDTM_HOLD": str(self.hold)},
+                stdout=out, stderr=err if stderr_file else subprocess.PIPE, text=True)
+
+    def _how_it_ended(self):
+        """What the job said if it is gone: a job that ended on its own
+        (outran the test) reads differently from one that crashed."""
+        if self.proc.poll() is None:
+            return ""
+        err = self.err.read_text() if self.proc.stderr is None else self.proc.stderr.read()
+        tail = " | ".join(self.output().strip().splitlines()[-2:])
+        return (f"; the job had ended with status {self.proc.returncode}, "
+                f"output ending {tail!r}, stderr {err.strip()[-400:]!r}")
 
     def stderr_text(self):
         return self.err.read_text()
@@ -153,7 +167,10 @@ class Job:
             time.sleep(0.02)
 
     def checkpoint(self, *extra):
-        proc = self.s.ckpt("checkpoint", self.id, *extra)
+        proc = self.s.ckpt("checkpoint", self.id, *extra, check=False)
+        if proc.returncode != 0:
+            raise AssertionError(f"ckpt checkpoint {self.id} failed ({proc.returncode}): "
+                                 f"{proc.stderr.strip()}{self._how_it_ended()}")
         path = Path(proc.stdout.strip().splitlines()[-1])
         assert path.is_dir(), f"checkpoint printed {path}, not a directory"
         self.images.append(path)
@@ -168,9 +185,11 @@ class Job:
         self.s.ckpt("kill", self.id)
         rc = self.proc.wait(timeout=60)
         reap_orphans()
+        self.hold.unlink(missing_ok=True)  # restarted programs run to their end
         return rc
 
     def wait(self, timeout=300):
+        self.hold.unlink(missing_ok=True)
         rc = self.proc.wait(timeout=timeout)
         reap_orphans()
         return rc

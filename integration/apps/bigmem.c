@@ -25,6 +25,7 @@ int main(int argc, char **argv)
 		mem[(step * 7919) % words] ^= 0;
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	seed = 7;
 	for (size_t i = 0; i < words; i++) {
 		zdtm_check(mem[i] == zdtm_xorshift(&seed), "word %zu differs", i);
