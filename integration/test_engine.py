@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -51,7 +53,24 @@ PROGRAMS = {
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),
+    # raw and packet sockets need CAP_NET_RAW
+    **({"socket_protocols": ["300", "10"]} if os.getuid() == 0 else {}),
 }
+
+PING_GROUPS = Path("/proc/sys/net/ipv4/ping_group_range")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ping_sockets_for_root():
+    """socket_protocols opens an ICMP echo socket: its group (root's)
+    must be within net.ipv4.ping_group_range (Debian's allows none)."""
+    if os.getuid() != 0:
+        yield
+        return
+    before = PING_GROUPS.read_text()
+    PING_GROUPS.write_text("0 0")
+    yield
+    PING_GROUPS.write_text(before)
 
 
 @pytest.mark.parametrize("app", sorted(PROGRAMS))

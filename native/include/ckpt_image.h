@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 10
+#define CKPT_IMAGE_VERSION 11
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -412,8 +412,8 @@ struct ckpt_fd {
 	 * datagrams each after a uint32_t length, then its classic BPF
 	 * filter (sock_filter_len struct sock_filter, 8 bytes each) */
 	uint64_t peer_id;		/* object_id of the connected peer socket */
-	int32_t sock_domain;		/* AF_UNIX, AF_INET, AF_INET6 */
-	int32_t sock_type;		/* SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET */
+	int32_t sock_domain;		/* AF_UNIX, AF_INET(6), AF_NETLINK, AF_PACKET */
+	int32_t sock_type;		/* SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET, SOCK_RAW */
 	uint32_t sock_flags;		/* CKPT_SOCK_* */
 	int32_t sock_backlog;
 	struct ckpt_sockaddr sock_local;
@@ -428,7 +428,10 @@ struct ckpt_fd {
 	int32_t share_fd;		/* share_pid, inherited across fork; 0: none */
 	/* CKPT_FD_SOCKET: the options the application changed, for setsockopt() */
 	uint32_t nsock_opts;
-	uint32_t pad;
+	int32_t sock_protocol;		/* socket()'s third argument (ICMP, raw,
+					 * netlink, packet sockets need theirs);
+					 * the path of a packet socket bound to
+					 * an interface is the interface's name */
 	struct ckpt_sockopt sock_opts[CKPT_SOCK_OPTS];
 	/* O_ASYNC: who gets the signal-driven I/O signal (F_SETOWN_EX), and
 	 * which signal (F_SETSIG, 0: SIGIO) */

@@ -22,7 +22,10 @@
 #include <stdlib.h>
 #include <termios.h>
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <linux/if_packet.h>
+#include <linux/netlink.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -374,19 +377,36 @@ int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b)
 	return x.len && x.len == y.len && !memcmp(x.addr, y.addr, x.len);
 }
 
+static int is_tcp(const struct ckpt_fd *f)
+{
+	return (f->sock_domain == AF_INET || f->sock_domain == AF_INET6) &&
+	       f->sock_type == SOCK_STREAM;
+}
+
 static const struct sockaddr *sa(const struct ckpt_sockaddr *a)
 {
 	return (const struct sockaddr *)a->addr;
 }
 
+/* Why socket() may refuse what the application could make: its privileges. */
+static const char *privilege_needed(const struct ckpt_fd *f)
+{
+	if (f->sock_domain == AF_PACKET || f->sock_type == SOCK_RAW)
+		return ": a raw or packet socket needs CAP_NET_RAW";
+	if (f->sock_protocol == IPPROTO_ICMP || f->sock_protocol == IPPROTO_ICMPV6)
+		return ": an ICMP socket needs a group within net.ipv4.ping_group_range";
+	return "";
+}
+
 int restart_socket(const struct ckpt_fd *f)
 {
-	int s = socket(f->sock_domain, f->sock_type | SOCK_CLOEXEC, 0);
+	int s = socket(f->sock_domain, f->sock_type | SOCK_CLOEXEC, f->sock_protocol);
 	int one = 1;
 
 	if (s < 0)
-		die("cannot recreate a socket: %s", strerror(errno));
-	if (f->sock_domain != AF_UNIX)
+		die("fd %d: cannot recreate a socket: %s%s", f->fd, strerror(errno),
+		    errno == EPERM || errno == EACCES ? privilege_needed(f) : "");
+	if (f->sock_domain == AF_INET || f->sock_domain == AF_INET6)
 		setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	sockopts_apply(s, f);
 	return move_high(s, "a socket");
@@ -443,16 +463,40 @@ static int bind_after_time_wait(int s, const struct ckpt_fd *f, const char *at)
 	return 0;
 }
 
+/*
+ * The address to bind again (pair of is_bound, native/shim/sockets.c): a
+ * netlink socket's groups with a port id the kernel chooses (the old one
+ * may be taken), a packet socket's interface by name.
+ */
+static struct ckpt_sockaddr address_to_bind(const struct loaded_fd *lf)
+{
+	struct ckpt_sockaddr at = lf->f.sock_local;
+	struct sockaddr_nl *nl = (struct sockaddr_nl *)at.addr;
+	struct sockaddr_ll *ll = (struct sockaddr_ll *)at.addr;
+
+	if (lf->f.sock_domain == AF_NETLINK) {
+		nl->nl_pid = 0;
+	} else if (lf->f.sock_domain == AF_PACKET) {
+		ll->sll_ifindex = if_nametoindex(lf->path);
+		if (!ll->sll_ifindex)
+			die("fd %d: its packet socket was bound to interface %s, which this host "
+			    "does not have", lf->f.fd, lf->path);
+		at.len = sizeof(*ll);	/* getsockname gives less; bind wants it all */
+	}
+	return at;
+}
+
 static void bind_as_before(int s, const struct shared_socket *ss)
 {
 	const struct ckpt_fd *f = &ss->rec->f;
+	const struct ckpt_sockaddr local = address_to_bind(ss->rec);
 
 	/* a relative socket file name is relative to the process's cwd */
 	if (f->sock_domain == AF_UNIX && chdir(ss->img->proc->cwd))
 		die("cannot bind socket %s: %s: %s", f->sock_local.addr + 2, ss->img->proc->cwd,
 		    strerror(errno));
 	unlink_stale_name(f);
-	if (bind(s, sa(&f->sock_local), f->sock_local.len)) {
+	if (bind(s, sa(&local), local.len)) {
 		char at[128];
 
 		if (f->sock_domain == AF_UNIX)
@@ -579,16 +623,20 @@ static void connect_pair(struct shared_socket *a, struct shared_socket *b)
 
 /* Connected to an address that is not a socket of the job: connect
  * again (a listener of the job, or a server that is still there). */
-static int reconnect(const struct ckpt_fd *f)
+static int reconnect(const struct loaded_fd *lf)
 {
+	const struct ckpt_fd *f = &lf->f;
 	int s = restart_socket(f);
 
-	if (f->sock_domain != AF_UNIX && (f->sock_flags & CKPT_SOCK_BOUND))
-		bind(s, sa(&f->sock_local), f->sock_local.len);
+	if (f->sock_domain != AF_UNIX && (f->sock_flags & CKPT_SOCK_BOUND)) {
+		struct ckpt_sockaddr local = address_to_bind(lf);
+
+		bind(s, sa(&local), local.len);
+	}
 	if (!f->sock_peer.len || connect(s, sa(&f->sock_peer), f->sock_peer.len))
 		warn("a socket connected outside the job (%s) could not be reconnected: %s",
 		     f->sock_domain == AF_UNIX ? ((const struct sockaddr_un *)f->sock_peer.addr)->sun_path :
-		     "TCP", strerror(errno));
+		     is_tcp(f) ? "TCP" : "not a stream", strerror(errno));
 	return s;
 }
 
@@ -686,12 +734,6 @@ static void connect_to_ghost(struct shared_socket *ss)
 	shutdown(g, SHUT_WR);
 	close(g);
 	ss->ghosted = 1;
-}
-
-static int is_tcp(const struct ckpt_fd *f)
-{
-	return (f->sock_domain == AF_INET || f->sock_domain == AF_INET6) &&
-	       f->sock_type == SOCK_STREAM;
 }
 
 /* Datagrams waiting on a named socket (from whoever sent them): sent to
@@ -832,10 +874,11 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 		const struct ckpt_fd *f = &socks[i].rec->f;
 		const struct loaded_fd *peer;
 
-		/* a connected UDP socket only names its default peer: it is
-		 * bound and connected again below, like one connected outside */
+		/* a connected UDP (ICMP, raw...) socket only names its default
+		 * peer: it is bound and connected again below, like one
+		 * connected outside */
 		if (socks[i].fd >= 0 || !(f->sock_flags & CKPT_SOCK_CONNECTED) ||
-		    (f->sock_domain != AF_UNIX && f->sock_type == SOCK_DGRAM))
+		    (f->sock_domain != AF_UNIX && !is_tcp(f)))
 			continue;
 		peer = peer_record(socks[i].rec);
 		if (peer)
@@ -860,7 +903,7 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 	for (unsigned i = 0; i < nsocks; i++)
 		if (socks[i].fd < 0)
 			socks[i].fd = socks[i].rec->f.sock_flags & CKPT_SOCK_CONNECTED ?
-				reconnect(&socks[i].rec->f) : restart_socket(&socks[i].rec->f);
+				reconnect(socks[i].rec) : restart_socket(&socks[i].rec->f);
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct loaded_fd *lf = socks[i].rec, *peer;
 

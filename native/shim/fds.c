@@ -401,7 +401,8 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		if (fi->rec.kind == CKPT_FD_PIPE_READ)
 			fi->rec.value[0] = pipe_writers_gone(fd);
 	} else if (S_ISSOCK(st->st_mode) &&
-		   !(err = socket_describe(fd, st->st_ino, &fi->rec, &fi->payload))) {
+		   !(err = socket_describe(fd, st->st_ino, &fi->rec, &fi->payload,
+					  fi->path, sizeof(fi->path)))) {
 		return;
 	} else if (!strncmp(fi->path, "anon_inode:", 11) &&
 		   !(err = event_fd_describe(fd, fi->path, &fi->rec, &fi->payload))) {

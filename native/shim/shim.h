@@ -172,7 +172,8 @@ SHIM_HIDDEN int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struc
 
 /* sockets.c */
 SHIM_HIDDEN int app_getfd(int fd);
-SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q);
+SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q,
+				char *path, size_t path_size);
 SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_size);
 SHIM_HIDDEN void sockets_reset_on_close(const int *fds, int nfds);
 SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */

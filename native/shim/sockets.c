@@ -19,6 +19,8 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <net/if.h>
+#include <linux/if_packet.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
@@ -102,6 +104,33 @@ static int get_int(int s, int level, int opt)
 	return getsockopt(s, level, opt, &v, &len) ? -1 : v;
 }
 
+/* Whether a socket's address was given by bind() (or an automatic bind
+ * that a restart must keep: an IP port, an ICMP echo id). */
+static int is_bound(const struct ckpt_fd *rec)
+{
+	const void *a = rec->sock_local.addr;
+
+	switch (rec->sock_domain) {
+	case AF_UNIX:		/* more than the family: a name */
+		return rec->sock_local.len > sizeof(sa_family_t);
+	case AF_NETLINK:	/* its port id is the kernel's to choose again */
+		return ((const struct sockaddr_nl *)a)->nl_groups != 0;
+	case AF_PACKET:		/* its protocol is socket()'s */
+		return ((const struct sockaddr_ll *)a)->sll_ifindex != 0;
+	default:		/* a port (raw sockets: their protocol) */
+		return ((const struct sockaddr_in *)a)->sin_port != 0;
+	}
+}
+
+/* A netlink socket always has a peer: the kernel's (port id 0), unless
+ * connect() named another. */
+static int unconnected_netlink(const struct ckpt_fd *rec)
+{
+	const struct sockaddr_nl *nl = (const void *)rec->sock_peer.addr;
+
+	return rec->sock_domain == AF_NETLINK && !nl->nl_pid && !nl->nl_groups;
+}
+
 static void get_addresses(int s, struct ckpt_fd *rec)
 {
 	socklen_t len = sizeof(rec->sock_local.addr);
@@ -109,14 +138,56 @@ static void get_addresses(int s, struct ckpt_fd *rec)
 	if (net_real_getsockname(s, (struct sockaddr *)rec->sock_local.addr, &len) == 0)
 		rec->sock_local.len = len;
 	len = sizeof(rec->sock_peer.addr);
-	if (net_real_getpeername(s, (struct sockaddr *)rec->sock_peer.addr, &len) == 0) {
+	if (net_real_getpeername(s, (struct sockaddr *)rec->sock_peer.addr, &len) == 0 &&
+	    !unconnected_netlink(rec)) {
 		rec->sock_peer.len = len;
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	}
-	/* unbound: a Unix address of just the family, or IP port 0 */
-	if (rec->sock_domain == AF_UNIX ? rec->sock_local.len > sizeof(sa_family_t) :
-	    ((struct sockaddr_in *)rec->sock_local.addr)->sin_port != 0)
+	if (is_bound(rec))
 		rec->sock_flags |= CKPT_SOCK_BOUND;
+}
+
+/*
+ * socket()'s protocol.  A packet socket's is in its address (SO_PROTOCOL
+ * says 0), and one bound to an interface keeps the interface's name in
+ * path: its index may differ on another host.
+ */
+static int save_protocol(int s, struct ckpt_fd *rec, char *path, size_t path_size)
+{
+	const struct sockaddr_ll *ll = (const void *)rec->sock_local.addr;
+	char name[IF_NAMESIZE];
+
+	if (rec->sock_domain != AF_PACKET) {
+		rec->sock_protocol = get_int(s, SOL_SOCKET, SO_PROTOCOL);
+		return rec->sock_protocol < 0 ? errno : 0;
+	}
+	rec->sock_protocol = ll->sll_protocol;
+	if (!ll->sll_ifindex)
+		return 0;
+	if (!if_indextoname(ll->sll_ifindex, name))
+		return errno;
+	snprintf(path, path_size, "%s", name);
+	return 0;
+}
+
+/* Only Unix, TCP and UDP queues can be filled again (by a peer that sends
+ * the bytes again); what an ICMP, raw, netlink or packet socket holds came
+ * from the kernel or the network, which would not send it twice. */
+static int queue_refillable(const struct ckpt_fd *rec)
+{
+	int ip = rec->sock_domain == AF_INET || rec->sock_domain == AF_INET6;
+
+	return rec->sock_domain == AF_UNIX ||
+	       (ip && (rec->sock_protocol == IPPROTO_TCP || rec->sock_protocol == IPPROTO_UDP));
+}
+
+static void warn_dropped_queue(int s, int fd)
+{
+	int inq = 0;
+
+	if (!ioctl(s, FIONREAD, &inq) && inq > 0)
+		ckpt_warn("fd %d: %d bytes queued on a socket that cannot be filled again "
+			  "(ICMP, raw, netlink or packet) are dropped", fd, inq);
 }
 
 /* Kernels before 6.9 have no SO_PEEK_OFF for TCP: one peek of all that
@@ -291,8 +362,7 @@ static void add_buffer_size(int s, struct ckpt_fd *rec, int name)
 /* The options in which s differs from a new socket of its kind. */
 static void save_options(int s, uint64_t ino, struct ckpt_fd *rec)
 {
-	int fresh = socket(rec->sock_domain, rec->sock_type | SOCK_CLOEXEC,
-			   get_int(s, SOL_SOCKET, SO_PROTOCOL));
+	int fresh = socket(rec->sock_domain, rec->sock_type | SOCK_CLOEXEC, rec->sock_protocol);
 	unsigned set = sockopt_buffers_set(ino);
 
 	rec->nsock_opts = 0;
@@ -407,8 +477,10 @@ static int save_filter(int s, struct ckpt_fd *rec, struct fd_payload *q)
 	return payload_append(q, insns, n * sizeof(insns[0]));
 }
 
-/* Fills the socket fields of rec; q gets the receive queue. */
-int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q)
+/* Fills the socket fields of rec; q gets the receive queue; path, the
+ * interface a packet socket is bound to. */
+int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q,
+		    char *path, size_t path_size)
 {
 	int s = app_getfd(fd);
 	int err = 0;
@@ -424,6 +496,11 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		rec->sock_backlog = 128;
 	}
 	get_addresses(s, rec);	/* needs sock_domain */
+	err = save_protocol(s, rec, path, path_size);
+	if (err) {
+		close(s);
+		return err;
+	}
 	if (rec->sock_domain == AF_UNIX) {
 		unsigned shut;
 
@@ -438,7 +515,9 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 	if (rec->peer_id)
 		rec->sock_flags |= CKPT_SOCK_CONNECTED;
 	save_options(s, ino, rec);
-	if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
+	if (!queue_refillable(rec))
+		warn_dropped_queue(s, fd);
+	else if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
 		err = queued_bytes(s, ino, rec->sock_type, q);
 	if (!err)
 		err = save_filter(s, rec, q);
