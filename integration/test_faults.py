@@ -283,3 +283,30 @@ def test_half_closed_connection_is_not_flushed(session):
     go.touch()
     assert job.wait() == 0
     assert f"received {sent} intact\n" in job.output(), job.output()
+
+
+# A packet socket with a receive ring mapped: the kernel writes frames
+# into that memory, which an image cannot hold.
+PACKET_RING = """
+import mmap, os, socket, struct, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+block, count = 1 << 16, 4
+s.setsockopt(263, 5, struct.pack("IIII", block, count, 2048, block * count // 2048))
+ring = mmap.mmap(s.fileno(), block * count)  # SOL_PACKET, PACKET_RX_RING above
+print("READY", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("ring still", len(ring), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="packet sockets need CAP_NET_RAW")
+def test_packet_socket_ring_is_refused_and_job_keeps_running(session):
+    go = session.work / "go"
+    job = Job(session, "ring", [sys.executable, "-c", PACKET_RING], go)
+    job.wait_ready()
+    one_line(session.ckpt("checkpoint", job.id, check=False), "socket's ring buffer is mapped",
+             "not supported")
+    go.touch()
+    assert job.wait() == 0
+    assert "ring still 262144\n" in job.output(), job.output()

@@ -165,6 +165,11 @@ static void phase_suspend(unsigned seq)
 		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;
 	}
+	err = memory_unsupported(detail, sizeof(detail));
+	if (err) {
+		reply(CKPT_PHASE_SUSPEND, err, detail);
+		return;
+	}
 	if (quiesce_leader_gone()) {
 		reply(CKPT_PHASE_SUSPEND, ENOTSUP,
 		      "the main thread has exited (pthread_exit): not supported yet");

@@ -615,6 +615,33 @@ static ssize_t read_maps(char *buf, size_t size)
 	return len;
 }
 
+/*
+ * Memory no image can hold, found before the job is stopped: a packet
+ * socket's mmap ring (the kernel writes frames there; a restored copy
+ * would be memory nobody writes).  0, or ENOTSUP with why.
+ */
+int memory_unsupported(char *why, size_t why_size)
+{
+	char *maps = scratch_map(MAPS_MAX);
+	ssize_t len = maps ? read_maps(maps, MAPS_MAX) : -ENOMEM;
+	const char *ring = len > 0 ? strstr(maps, " socket:[") : NULL;
+	int err = 0;
+
+	if (ring) {
+		const char *line = ring;
+
+		while (line > maps && line[-1] != '\n')
+			line--;
+		snprintf(why, why_size, "a socket's ring buffer is mapped (%.*s): packet socket "
+			 "rings (PACKET_RX_RING/TX_RING) are not supported",
+			 (int)(strcspn(line, "\n")), line);
+		err = ENOTSUP;
+	}
+	if (maps)
+		scratch_unmap(maps, MAPS_MAX);
+	return err;
+}
+
 int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds,
 		const struct shm_snapshot *shm, const struct vma_advice_table *advice,
 		int compression)

@@ -237,6 +237,7 @@ SHIM_HIDDEN int save_threads(struct image_writer *w, const struct ckpt_thread *s
 struct fd_table;
 struct shm_snapshot;
 struct vma_advice_table;
+SHIM_HIDDEN int memory_unsupported(char *why, size_t why_size);
 SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
 			    const struct fd_table *fds, const struct shm_snapshot *shm,
 			    const struct vma_advice_table *advice, int compression);
