@@ -37,6 +37,8 @@ PROGRAMS = {
     "guard_pages": ["300", "10", "."],
     "private_maps": ["300", "10", "."],
     "socket_states": ["300", "10"],
+    "socket_backlog": ["300", "10"],
+    "accept_threads": ["300", "10"],
     "tcp_shutdowns": ["300", "10"],
     "socket_filter": ["300", "10"],
     "mq_notify": ["300", "10"],

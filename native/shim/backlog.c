@@ -11,7 +11,10 @@
  * A "token" stands in for each in the backlog: a connection of the shim's
  * to the same listener, so that poll and epoll still see the listener
  * ready.  accept() takes one token off the backlog for each connection it
- * hands out; a token accepted at a later DRAIN is dropped and made again.
+ * hands out, but only when no other thread can be in the kernel's accept
+ * (a token it takes there would leave us blocked in accept): else the
+ * token stays, and whichever accept() gets it drops it and accepts again.
+ * A token accepted at a later DRAIN is dropped and made again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,12 +40,22 @@ struct taken_conn {
 	int listener;		/* the application's fd */
 	uint64_t listener_ino;
 	int fd;			/* the accepted connection, ours until accept() */
-	int token;		/* our connection in the listener's backlog, or -1 */
+};
+
+struct token {
+	int listener;
+	uint64_t listener_ino;
+	int fd;			/* our end; the other is in the listener's backlog */
 };
 
 static struct taken_conn taken[MAX_TAKEN];
 static int ntaken;
+static struct token tokens[MAX_TAKEN];
+static int ntokens;
 static atomic_flag taken_lock = ATOMIC_FLAG_INIT;
+/* threads inside accept() (backlog_accept_begin/end): the kernel's accept
+ * of another thread may take a token before we do */
+static atomic_int accepting;
 
 /* Never parked while holding it: the parked thread may be the one that
  * takes the backlogs (take_in_app). */
@@ -108,14 +121,37 @@ static int is_token_end(int accepted, int token)
 	       same_sockaddr(&peer, plen, &local, llen);
 }
 
-/* The entry of listener whose token accepted belongs to, or -1. */
-static int token_owner(int listener, int accepted)
+static void forget_token(int t)
 {
-	for (int i = 0; i < ntaken; i++)
-		if (taken[i].listener == listener && taken[i].token >= 0 &&
-		    is_token_end(accepted, taken[i].token))
-			return i;
-	return -1;
+	close(tokens[t].fd);
+	tokens[t] = tokens[--ntokens];
+}
+
+/* accepted is one of our tokens of listener: it and the token are closed
+ * (1), else 0. */
+static int drop_if_token(int listener, int accepted)
+{
+	for (int t = 0; t < ntokens; t++)
+		if (tokens[t].listener == listener && is_token_end(accepted, tokens[t].fd)) {
+			close(accepted);
+			forget_token(t);
+			return 1;
+		}
+	return 0;
+}
+
+static int count_of(int listener, int of_tokens)
+{
+	int n = 0;
+
+	if (of_tokens) {
+		for (int t = 0; t < ntokens; t++)
+			n += tokens[t].listener == listener;
+	} else {
+		for (int i = 0; i < ntaken; i++)
+			n += taken[i].listener == listener;
+	}
+	return n;
 }
 
 /* A new connection to listener, from the shim: the listener's address,
@@ -146,8 +182,8 @@ static int make_token(int listener)
 	return move_high(s);
 }
 
-/* Everything in listener's backlog, without blocking; how many had to
- * be dropped for want of room. */
+/* Everything in listener's backlog, without blocking (every thread of the
+ * application is parked); how many had to be dropped for want of room. */
 static int drain_listener(int listener)
 {
 	int dropped = 0;
@@ -159,17 +195,13 @@ static int drain_listener(int listener)
 		return 0;
 	for (;;) {
 		int a = syscall(SYS_accept4, listener, NULL, NULL, SOCK_CLOEXEC);
-		int owner;
 
 		if (a < 0)
 			break;
-		owner = token_owner(listener, a);
-		if (owner >= 0) {	/* ours: made again below */
-			close(a);
-			close(taken[owner].token);
-			taken[owner].token = -1;
-		} else if (ntaken < MAX_TAKEN) {
-			taken[ntaken++] = (struct taken_conn){ listener, ino, move_high(a), -1 };
+		if (drop_if_token(listener, a))	/* made again below */
+			continue;
+		if (ntaken < MAX_TAKEN) {
+			taken[ntaken++] = (struct taken_conn){ listener, ino, move_high(a) };
 		} else {
 			dropped++;
 			close(a);
@@ -177,9 +209,13 @@ static int drain_listener(int listener)
 	}
 	if (!(flags & O_NONBLOCK))
 		fcntl(listener, F_SETFL, flags);
-	for (int i = 0; i < ntaken; i++)
-		if (taken[i].listener == listener && taken[i].token < 0)
-			taken[i].token = make_token(listener);
+	for (int n = count_of(listener, 1); n < count_of(listener, 0) && ntokens < MAX_TAKEN; n++) {
+		int fd = make_token(listener);
+
+		if (fd < 0)
+			break;
+		tokens[ntokens++] = (struct token){ listener, ino, fd };
+	}
 	return dropped;
 }
 
@@ -239,70 +275,91 @@ int backlog_take(const int *socks, int n)
 	return err;
 }
 
-/* RESUME after a restart: the listeners are new files. */
-void backlog_restarted(void)
-{
-	for (int i = 0; i < ntaken; i++)
-		taken[i].listener_ino = 0;
-}
-
 static void forget(int i)
 {
 	memmove(&taken[i], &taken[i + 1], sizeof(taken[0]) * (ntaken - i - 1));
 	ntaken--;
 }
 
-static int first_of(int listener)
+/* Connections and tokens of a listener fd that was closed since (its
+ * number is another file now) go. */
+static void forget_closed(int listener, uint64_t ino)
 {
-	uint64_t ino = 0;
-
 	for (int i = 0; i < ntaken; i++) {
 		if (taken[i].listener != listener)
 			continue;
-		if (!ino)
-			ino = inode_of(listener);
 		if (!taken[i].listener_ino)	/* restarted: a new listener */
 			taken[i].listener_ino = ino;
-		if (ino == taken[i].listener_ino)
-			return i;
-		/* that listener was closed: its fd is another file now */
-		close(taken[i].fd);
-		if (taken[i].token >= 0)
-			close(taken[i].token);
-		forget(i--);
+		if (taken[i].listener_ino != ino) {
+			close(taken[i].fd);
+			forget(i--);
+		}
 	}
+	for (int t = 0; t < ntokens; t++) {
+		if (tokens[t].listener != listener)
+			continue;
+		if (!tokens[t].listener_ino)
+			tokens[t].listener_ino = ino;
+		if (tokens[t].listener_ino != ino)
+			forget_token(t--);
+	}
+}
+
+static int first_of(int listener)
+{
+	for (int i = 0; i < ntaken; i++)
+		if (taken[i].listener == listener)
+			return i;
 	return -1;
 }
 
-/* One token off the backlog for the connection i, which goes. */
-static void consume_token(int i)
+/*
+ * One token of listener off its backlog, now that a connection of it goes
+ * (the caller holds the lock).  Only when this thread is the only one in
+ * accept(): another one could take the token first and leave our accept
+ * waiting.  What is accepted instead of a token is a new connection: it
+ * waits after ours, its place taken by the token left in the backlog.
+ */
+static void consume_token(int listener)
 {
-	struct pollfd p = { .fd = taken[i].listener, .events = POLLIN };
-	int a, owner;
+	struct pollfd p = { .fd = listener, .events = POLLIN };
+	int a;
 
-	if (taken[i].token < 0 || syscall(SYS_poll, &p, 1, 0) != 1)
+	if (atomic_load(&accepting) > 1 || syscall(SYS_poll, &p, 1, 0) != 1)
 		return;
-	a = syscall(SYS_accept4, taken[i].listener, NULL, NULL, SOCK_CLOEXEC);
-	if (a < 0)
+	a = syscall(SYS_accept4, listener, NULL, NULL, SOCK_CLOEXEC);
+	if (a < 0 || drop_if_token(listener, a))
 		return;
-	owner = token_owner(taken[i].listener, a);
-	if (owner >= 0) {
+	if (ntaken < MAX_TAKEN)
+		taken[ntaken++] = (struct taken_conn){ listener, inode_of(listener), move_high(a) };
+	else
 		close(a);
-		close(taken[owner].token);
-		taken[owner].token = taken[i].token;
-	} else if (ntaken < MAX_TAKEN) {	/* a new connection: after ours */
-		taken[ntaken++] = (struct taken_conn){ taken[i].listener, taken[i].listener_ino,
-						       move_high(a), taken[i].token };
-	} else {
-		close(a);
-	}
-	taken[i].token = -1;
+}
+
+/* RESUME after a restart: the listeners are new files. */
+void backlog_restarted(void)
+{
+	for (int i = 0; i < ntaken; i++)
+		taken[i].listener_ino = 0;
+	for (int t = 0; t < ntokens; t++)
+		tokens[t].listener_ino = 0;
+}
+
+/* Around every accept() of the application (net_addresses.c). */
+void backlog_accept_begin(void)
+{
+	atomic_fetch_add(&accepting, 1);
+}
+
+void backlog_accept_end(void)
+{
+	atomic_fetch_sub(&accepting, 1);
 }
 
 /*
- * accept()/accept4() of the application: a connection taken from this
- * listener's backlog if there is one (1, *fd set; sa filled by the
- * caller's getpeername), else 0.
+ * accept()/accept4() of the application, before the kernel's: a
+ * connection taken from this listener's backlog if there is one (1, *fd
+ * set; sa filled by the caller's getpeername), else 0.
  */
 int backlog_accept(int listener, int flags, int *fd)
 {
@@ -312,12 +369,14 @@ int backlog_accept(int listener, int flags, int *fd)
 	if (!ntaken)
 		return 0;
 	lock(&old);
+	forget_closed(listener, inode_of(listener));
 	i = first_of(listener);
 	if (i < 0) {
 		unlock(&old);
 		return 0;
 	}
-	consume_token(i);
+	if (count_of(listener, 1) >= count_of(listener, 0))
+		consume_token(listener);
 	/* the lowest free number, as accept() gives */
 	*fd = fcntl(taken[i].fd, (flags & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
 	if (*fd >= 0) {
@@ -328,4 +387,19 @@ int backlog_accept(int listener, int flags, int *fd)
 	}
 	unlock(&old);
 	return 1;
+}
+
+/* What the kernel's accept gave: 1 if it was one of our tokens left in
+ * the backlog (closed: accept again), else 0. */
+int backlog_was_token(int listener, int accepted)
+{
+	uint64_t old;
+	int dropped;
+
+	if (!ntokens)
+		return 0;
+	lock(&old);
+	dropped = drop_if_token(listener, accepted);
+	unlock(&old);
+	return dropped;
 }

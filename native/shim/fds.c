@@ -742,12 +742,7 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	case CKPT_PHASE_DRAIN: {
 		int socks[MAX_FDS];
 
-		/* backlog_take() (connections not accepted yet) is off: taking a
-		 * token back in accept() raced with the application's own
-		 * accept on the same listener and blocked a rank inside the
-		 * checkpoint handler (the load test: bench/load_bench.py) */
-		(void)socks;
-		return copy_pipes() ?: settle_sockets();
+		return copy_pipes() ?: backlog_take(socks, list_sockets(socks)) ?: settle_sockets();
 	}
 	case CKPT_PHASE_FLUSH: {
 		char why[200] = "";

@@ -190,13 +190,14 @@ static int taken_first(int s, struct sockaddr *sa, socklen_t *len, int flags, in
 SHIM_EXPORT int accept(int s, struct sockaddr *sa, socklen_t *len)
 {
 	REAL(name_call_fn, "accept");
-	int r;
+	int r, taken;
 
-	if (taken_first(s, sa, len, 0, &r))
-		return r;
-	r = real_(s, sa, len);
-
-	if (r >= 0 && nmoves && sa)
+	backlog_accept_begin();
+	while (!(taken = taken_first(s, sa, len, 0, &r)) &&
+	       (r = real_(s, sa, len)) >= 0 && backlog_was_token(s, r))
+		;
+	backlog_accept_end();
+	if (!taken && r >= 0 && nmoves && sa)
 		to_virtual(sa, len);
 	return r;
 }
@@ -205,13 +206,14 @@ SHIM_EXPORT int accept4(int s, struct sockaddr *sa, socklen_t *len, int flags)
 {
 	typedef int (*fn)(int, struct sockaddr *, socklen_t *, int);
 	REAL(fn, "accept4");
-	int r;
+	int r, taken;
 
-	if (taken_first(s, sa, len, flags, &r))
-		return r;
-	r = real_(s, sa, len, flags);
-
-	if (r >= 0 && nmoves && sa)
+	backlog_accept_begin();
+	while (!(taken = taken_first(s, sa, len, flags, &r)) &&
+	       (r = real_(s, sa, len, flags)) >= 0 && backlog_was_token(s, r))
+		;
+	backlog_accept_end();
+	if (!taken && r >= 0 && nmoves && sa)
 		to_virtual(sa, len);
 	return r;
 }

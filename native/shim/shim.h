@@ -180,6 +180,9 @@ SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */
 /* backlog.c: connections a listener has not accepted yet */
 SHIM_HIDDEN int backlog_take(const int *socks, int n);
 SHIM_HIDDEN int backlog_accept(int listener, int flags, int *fd);
+SHIM_HIDDEN int backlog_was_token(int listener, int accepted);
+SHIM_HIDDEN void backlog_accept_begin(void);
+SHIM_HIDDEN void backlog_accept_end(void);
 SHIM_HIDDEN void backlog_restarted(void);
 
 /* sockopt_calls.c: the socket buffer sizes the application set */
