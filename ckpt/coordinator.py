@@ -24,7 +24,7 @@ from ckpt.wire import escape, split_line
 
 # name-service keys that live for one checkpoint: open files and sockets,
 # shared memory, System V and message queue claims, thawed stopped processes
-SPENT_BY_NEXT_CHECKPOINT = ("file:", "sock:", "shm:", "sysv:", "mq:", "stopped:")
+SPENT_BY_NEXT_CHECKPOINT = ("file:", "sock:", "shm:", "sysv:", "mq:", "stopped:", "backlog:")
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
 TERMINATE_TIMEOUT = 2.0
 CLIENT_ANSWER_WAIT = 0.1  # a checkpoint's client gets its answer before the coordinator closes  # a process busy elsewhere is killed without it

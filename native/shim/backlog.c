@@ -23,6 +23,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -253,15 +255,74 @@ static int is_stream_listener(int fd)
 	return listening && type == SOCK_STREAM;
 }
 
-/* DRAIN, in the checkpoint thread: the listeners' backlogs taken. */
-int backlog_take(const int *socks, int n)
+/*
+ * A listener several processes hold (mpirun's, inherited by its ranks) is
+ * left alone: a process that took its connections would keep them from
+ * the others, which may be the ones that accept (and two processes taking
+ * at once race on the shared O_NONBLOCK).  At SUSPEND each holder claims
+ * "backlog:<checkpoint>:<host>:<inode>"; a second one marks it shared.
+ */
+static void holder_key(char *key, size_t size, unsigned seq, int fd, const char *suffix)
+{
+	int s = app_getfd(fd);
+
+	snprintf(key, size, "backlog:%u:%s:%llu%s", seq, shim_hostname(),
+		 (unsigned long long)(s >= 0 ? inode_of(s) : 0), suffix);
+	if (s >= 0)
+		close(s);
+}
+
+int backlog_note_holders(unsigned seq, const int *socks, int n)
+{
+	char key[200], value[16], owner[16];
+
+	snprintf(value, sizeof(value), "%d", getpid());
+	for (int i = 0; i < n; i++) {
+		if (!is_stream_listener(socks[i]))
+			continue;
+		holder_key(key, sizeof(key), seq, socks[i], "");
+		if (kv_claim(key, value, owner, sizeof(owner)) != EEXIST || atoi(owner) == getpid())
+			continue;
+		holder_key(key, sizeof(key), seq, socks[i], ":shared");
+		kv_claim(key, value, owner, sizeof(owner));
+	}
+	return 0;
+}
+
+static int held_alone(unsigned seq, int fd)
+{
+	char key[200], owner[16];
+
+	holder_key(key, sizeof(key), seq, fd, ":shared");
+	return ckpt_kv_get(key, owner, sizeof(owner)) == ENOENT;
+}
+
+static int is_ready(int fd)
+{
+	struct pollfd p = { .fd = app_getfd(fd), .events = POLLIN };
+	int ready = p.fd >= 0 && syscall(SYS_poll, &p, 1, 0) == 1;
+
+	if (p.fd >= 0)
+		close(p.fd);
+	return ready;
+}
+
+/* DRAIN, in the checkpoint thread: the backlogs of listeners this process
+ * alone holds, taken. */
+int backlog_take(unsigned seq, const int *socks, int n)
 {
 	struct listeners l = { 0 };
 	int err;
 
-	for (int i = 0; i < n && l.n < MAX_LISTENERS; i++)
-		if (is_stream_listener(socks[i]))
+	for (int i = 0; i < n && l.n < MAX_LISTENERS; i++) {
+		if (!is_stream_listener(socks[i]))
+			continue;
+		if (held_alone(seq, socks[i]))
 			l.fd[l.n++] = socks[i];
+		else if (is_ready(socks[i]))
+			ckpt_warn("fd %d: a listener shared with other processes has connections not "
+				  "accepted yet: a restart from this checkpoint loses them", socks[i]);
+	}
 	if (!l.n)
 		return 0;
 	err = quiesce_run_in_app(take_in_app, &l);

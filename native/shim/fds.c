@@ -737,12 +737,15 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	case CKPT_PHASE_SUSPEND: {
 		int socks[MAX_FDS];
 
-		return socket_peers_publish(socks, list_sockets(socks));
+		int n = list_sockets(socks);
+
+		return socket_peers_publish(socks, n) ?: backlog_note_holders(ctx->seq, socks, n);
 	}
 	case CKPT_PHASE_DRAIN: {
 		int socks[MAX_FDS];
 
-		return copy_pipes() ?: backlog_take(socks, list_sockets(socks)) ?: settle_sockets();
+		return copy_pipes() ?: backlog_take(ctx->seq, socks, list_sockets(socks)) ?:
+		       settle_sockets();
 	}
 	case CKPT_PHASE_FLUSH: {
 		char why[200] = "";

@@ -178,7 +178,8 @@ SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_s
 SHIM_HIDDEN void sockets_reset_on_close(const int *fds, int nfds);
 SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */
 /* backlog.c: connections a listener has not accepted yet */
-SHIM_HIDDEN int backlog_take(const int *socks, int n);
+SHIM_HIDDEN int backlog_note_holders(unsigned seq, const int *socks, int n);
+SHIM_HIDDEN int backlog_take(unsigned seq, const int *socks, int n);
 SHIM_HIDDEN int backlog_accept(int listener, int flags, int *fd);
 SHIM_HIDDEN int backlog_was_token(int listener, int accepted);
 SHIM_HIDDEN void backlog_accept_begin(void);
