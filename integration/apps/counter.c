@@ -29,6 +29,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, table[(hash >> 11) % TABLE_WORDS]);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	seed = 42;
 	for (long i = 0; i < TABLE_WORDS; i++)
 		zdtm_check(table[i] == zdtm_xorshift(&seed), "table word %ld changed", i);
