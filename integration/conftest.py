@@ -32,7 +32,9 @@ def rng():
 
 @pytest.fixture
 def session(tmp_path, rng):
-    return Session(tmp_path, rng=rng)
+    s = Session(tmp_path, rng=rng)
+    yield s
+    s.end()
 
 
 @pytest.fixture
@@ -42,7 +44,9 @@ def unprivileged_session(rng):
     # not under pytest's basetemp: pytest keeps that private (0700)
     root = Path(tempfile.mkdtemp(prefix="ckpt-unpriv-", dir="/tmp"))
     os.chmod(root, 0o755)
-    yield Session(root / "s", user=User(uid=UNPRIVILEGED_UID), rng=rng)
+    s = Session(root / "s", user=User(uid=UNPRIVILEGED_UID), rng=rng)
+    yield s
+    s.end()
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -79,6 +79,16 @@ class Session:
         if self.user.uid != os.getuid():
             os.chown(self.root, self.user.uid, self.user.uid)
 
+    def end(self):
+        """Kill what the test's jobs left running (a test that failed
+        before its kill): orphaned MPI ranks would spin on for good."""
+        listed = self.ckpt("list", check=False, timeout=60)
+        for line in listed.stdout.splitlines():
+            job_id = line.split("\t")[0].strip()
+            if job_id:
+                self.ckpt("kill", job_id, check=False, timeout=60)
+        reap_orphans()
+
     def env(self):
         env = dict(os.environ)
         env["XDG_RUNTIME_DIR"] = str(self.state)
