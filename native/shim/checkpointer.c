@@ -165,11 +165,6 @@ static void phase_suspend(unsigned seq)
 		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;
 	}
-	err = memory_unsupported(detail, sizeof(detail));
-	if (err) {
-		reply(CKPT_PHASE_SUSPEND, err, detail);
-		return;
-	}
 	if (quiesce_leader_gone()) {
 		reply(CKPT_PHASE_SUSPEND, ENOTSUP,
 		      "the main thread has exited (pthread_exit): not supported yet");
@@ -179,6 +174,13 @@ static void phase_suspend(unsigned seq)
 	if (err) {
 		reply(CKPT_PHASE_SUSPEND, err, err == ETIMEDOUT ?
 		      "a thread did not stop (is the checkpoint signal blocked?)" : NULL);
+		return;
+	}
+	/* once the threads are parked: its scratch map is not to move the
+	 * memory map under a thread reading /proc/self/maps */
+	err = memory_unsupported(detail, sizeof(detail));
+	if (err) {
+		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;
 	}
 	if (run_hooks(CKPT_PHASE_SUSPEND, seq, 0, NULL))

@@ -616,7 +616,7 @@ static ssize_t read_maps(char *buf, size_t size)
 }
 
 /*
- * Memory no image can hold, found before the job is stopped: a packet
+ * Memory no image can hold, found before anything is written: a packet
  * socket's mmap ring (the kernel writes frames there; a restored copy
  * would be memory nobody writes).  0, or ENOTSUP with why.
  */
