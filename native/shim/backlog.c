@@ -142,17 +142,21 @@ static int drop_if_token(int listener, int accepted)
 	return 0;
 }
 
-static int count_of(int listener, int of_tokens)
+static int tokens_of(int listener)
 {
 	int n = 0;
 
-	if (of_tokens) {
-		for (int t = 0; t < ntokens; t++)
-			n += tokens[t].listener == listener;
-	} else {
-		for (int i = 0; i < ntaken; i++)
-			n += taken[i].listener == listener;
-	}
+	for (int t = 0; t < ntokens; t++)
+		n += tokens[t].listener == listener;
+	return n;
+}
+
+static int taken_of(int listener)
+{
+	int n = 0;
+
+	for (int i = 0; i < ntaken; i++)
+		n += taken[i].listener == listener;
 	return n;
 }
 
@@ -211,7 +215,7 @@ static int drain_listener(int listener)
 	}
 	if (!(flags & O_NONBLOCK))
 		fcntl(listener, F_SETFL, flags);
-	for (int n = count_of(listener, 1); n < count_of(listener, 0) && ntokens < MAX_TAKEN; n++) {
+	for (int n = tokens_of(listener); n < taken_of(listener) && ntokens < MAX_TAKEN; n++) {
 		int fd = make_token(listener);
 
 		if (fd < 0)
@@ -262,39 +266,40 @@ static int is_stream_listener(int fd)
  * at once race on the shared O_NONBLOCK).  At SUSPEND each holder claims
  * "backlog:<checkpoint>:<host>:<inode>"; a second one marks it shared.
  */
-static void holder_key(char *key, size_t size, unsigned seq, int fd, const char *suffix)
+static void holder_key(char *key, size_t size, unsigned seq, int fd)
 {
 	int s = app_getfd(fd);
 
-	snprintf(key, size, "backlog:%u:%s:%llu%s", seq, shim_hostname(),
-		 (unsigned long long)(s >= 0 ? inode_of(s) : 0), suffix);
+	snprintf(key, size, "backlog:%u:%s:%llu", seq, shim_hostname(),
+		 (unsigned long long)(s >= 0 ? inode_of(s) : 0));
 	if (s >= 0)
 		close(s);
 }
 
 int backlog_note_holders(unsigned seq, const int *socks, int n)
 {
-	char key[200], value[16], owner[16];
+	char key[200], shared[210], value[16], owner[16];
 
 	snprintf(value, sizeof(value), "%d", getpid());
 	for (int i = 0; i < n; i++) {
 		if (!is_stream_listener(socks[i]))
 			continue;
-		holder_key(key, sizeof(key), seq, socks[i], "");
+		holder_key(key, sizeof(key), seq, socks[i]);
 		if (kv_claim(key, value, owner, sizeof(owner)) != EEXIST || atoi(owner) == getpid())
 			continue;
-		holder_key(key, sizeof(key), seq, socks[i], ":shared");
-		kv_claim(key, value, owner, sizeof(owner));
+		snprintf(shared, sizeof(shared), "%s:shared", key);
+		kv_claim(shared, value, owner, sizeof(owner));
 	}
 	return 0;
 }
 
 static int held_alone(unsigned seq, int fd)
 {
-	char key[200], owner[16];
+	char key[200], shared[210], owner[16];
 
-	holder_key(key, sizeof(key), seq, fd, ":shared");
-	return ckpt_kv_get(key, owner, sizeof(owner)) == ENOENT;
+	holder_key(key, sizeof(key), seq, fd);
+	snprintf(shared, sizeof(shared), "%s:shared", key);
+	return ckpt_kv_get(shared, owner, sizeof(owner)) == ENOENT;
 }
 
 static int is_ready(int fd)
@@ -342,28 +347,26 @@ static void forget(int i)
 	ntaken--;
 }
 
-/* Connections and tokens of a listener fd that was closed since (its
- * number is another file now) go. */
+/* Whether the listener fd whose inode was *seen is another file now (it
+ * was closed since); after a restart (*seen 0) it is the new listener. */
+static int listener_replaced(uint64_t *seen, uint64_t ino)
+{
+	if (!*seen)
+		*seen = ino;
+	return *seen != ino;
+}
+
+/* Connections and tokens of a listener fd that was closed since go. */
 static void forget_closed(int listener, uint64_t ino)
 {
-	for (int i = 0; i < ntaken; i++) {
-		if (taken[i].listener != listener)
-			continue;
-		if (!taken[i].listener_ino)	/* restarted: a new listener */
-			taken[i].listener_ino = ino;
-		if (taken[i].listener_ino != ino) {
+	for (int i = 0; i < ntaken; i++)
+		if (taken[i].listener == listener && listener_replaced(&taken[i].listener_ino, ino)) {
 			close(taken[i].fd);
 			forget(i--);
 		}
-	}
-	for (int t = 0; t < ntokens; t++) {
-		if (tokens[t].listener != listener)
-			continue;
-		if (!tokens[t].listener_ino)
-			tokens[t].listener_ino = ino;
-		if (tokens[t].listener_ino != ino)
+	for (int t = 0; t < ntokens; t++)
+		if (tokens[t].listener == listener && listener_replaced(&tokens[t].listener_ino, ino))
 			forget_token(t--);
-	}
 }
 
 static int first_of(int listener)
@@ -436,7 +439,7 @@ int backlog_accept(int listener, int flags, int *fd)
 		unlock(&old);
 		return 0;
 	}
-	if (count_of(listener, 1) >= count_of(listener, 0))
+	if (tokens_of(listener) >= taken_of(listener))
 		consume_token(listener);
 	/* the lowest free number, as accept() gives */
 	*fd = fcntl(taken[i].fd, (flags & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);

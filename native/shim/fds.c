@@ -736,7 +736,6 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	switch (ctx->phase) {
 	case CKPT_PHASE_SUSPEND: {
 		int socks[MAX_FDS];
-
 		int n = list_sockets(socks);
 
 		return socket_peers_publish(socks, n) ?: backlog_note_holders(ctx->seq, socks, n);
