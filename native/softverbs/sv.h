@@ -140,6 +140,7 @@ struct sv_cq {
 	int head, count;
 	int armed;			/* 0, 1 = any, 2 = solicited only */
 	bool overflowed;
+	uint32_t events_reported;	/* async events read (ctx->lock) */
 };
 
 struct sv_rwqe {
@@ -158,6 +159,7 @@ struct sv_srq {
 	struct ibv_srq ibsrq;
 	struct sv_rq rq;
 	uint32_t limit;			/* 0 = not armed */
+	uint32_t events_reported;	/* async events read (ctx->lock) */
 };
 
 struct sv_ah {
@@ -197,6 +199,7 @@ struct sv_rd_resp {
 struct sv_qp {
 	struct ibv_qp ibqp;
 	struct sv_qp *next;		/* context's QP list */
+	uint32_t events_reported;	/* async events read (ctx->lock) */
 	int fd;				/* datagram socket named by LID+QPN */
 	int ufd;			/* UDP socket for other hosts */
 	struct ibv_qp_attr attr;	/* current attributes */

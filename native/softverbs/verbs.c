@@ -284,6 +284,175 @@ SV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
+/* ---- async events ---- */
+
+enum sv_async_kind { SV_ASYNC_PORT, SV_ASYNC_CQ, SV_ASYNC_SRQ, SV_ASYNC_QP };
+
+static enum sv_async_kind async_kind(enum ibv_event_type type)
+{
+	switch (type) {
+	case IBV_EVENT_CQ_ERR:
+		return SV_ASYNC_CQ;
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+	case IBV_EVENT_SRQ_ERR:
+		return SV_ASYNC_SRQ;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		return SV_ASYNC_QP;
+	default:
+		return SV_ASYNC_PORT;
+	}
+}
+
+/* The object an event names (its verbs struct is first in ours). */
+static void *async_object(const struct ibv_async_event *ev)
+{
+	switch (async_kind(ev->event_type)) {
+	case SV_ASYNC_CQ:
+		return ev->element.cq;
+	case SV_ASYNC_SRQ:
+		return ev->element.srq;
+	case SV_ASYNC_QP:
+		return ev->element.qp;
+	default:
+		return NULL;
+	}
+}
+
+static uint32_t *async_reported(const struct ibv_async_event *ev)
+{
+	switch (async_kind(ev->event_type)) {
+	case SV_ASYNC_CQ:
+		return &to_scq(ev->element.cq)->events_reported;
+	case SV_ASYNC_SRQ:
+		return &to_ssrq(ev->element.srq)->events_reported;
+	case SV_ASYNC_QP:
+		return &to_sqp(ev->element.qp)->events_reported;
+	default:
+		return NULL;
+	}
+}
+
+/* Called with ctx->lock held. */
+void sv_async_push(struct sv_context *ctx, enum ibv_event_type type, void *obj)
+{
+	struct ibv_async_event ev = { .event_type = type };
+	uint64_t one = 1;
+
+	switch (async_kind(type)) {
+	case SV_ASYNC_CQ:
+		ev.element.cq = obj;
+		break;
+	case SV_ASYNC_SRQ:
+		ev.element.srq = obj;
+		break;
+	case SV_ASYNC_QP:
+		ev.element.qp = obj;
+		break;
+	default:
+		ev.element.port_num = 1;
+		break;
+	}
+	if (ctx->naq == ctx->aqcap) {
+		int n = ctx->aqcap ? ctx->aqcap * 2 : 16;
+		struct sv_async *q = realloc(ctx->aq, n * sizeof(*q));
+
+		if (!q)
+			return;
+		ctx->aq = q;
+		ctx->aqcap = n;
+	}
+	ctx->aq[ctx->naq++].ev = ev;
+	if (write(ctx->vctx.context.async_fd, &one, sizeof(one)) != sizeof(one))
+		ctx->naq--;
+}
+
+/* What the kernel does when an object is destroyed (ib_uverbs): its events
+ * not read yet are dropped, and the destroy waits until those already read are
+ * acknowledged (async_wait_acked); a reader never holds a
+ * pointer to a freed object.  Called with ctx->lock held. */
+static void async_forget(struct sv_context *ctx, void *obj)
+{
+	int kept = 0;
+
+	for (int i = 0; i < ctx->naq; i++)
+		if (async_object(&ctx->aq[i].ev) != obj)
+			ctx->aq[kept++] = ctx->aq[i];
+	ctx->naq = kept;
+	/* the eventfd keeps its counts: a reader woken for a dropped event
+	 * finds the queue empty and waits for the next (or gets EAGAIN) */
+}
+
+static void async_wait_acked(pthread_mutex_t *m, pthread_cond_t *c,
+			     const uint32_t *completed, uint32_t reported)
+{
+	pthread_mutex_lock(m);
+	while (*completed != reported)
+		pthread_cond_wait(c, m);
+	pthread_mutex_unlock(m);
+}
+
+SV_EXPORT int ibv_get_async_event(struct ibv_context *ibctx,
+				  struct ibv_async_event *event)
+{
+	struct sv_context *ctx = to_sctx(ibctx);
+	uint32_t *reported;
+	uint64_t v;
+
+	for (;;) {
+		if (read(ibctx->async_fd, &v, sizeof(v)) != sizeof(v))
+			return -1;	/* EAGAIN on a non-blocking fd */
+		pthread_mutex_lock(&ctx->lock);
+		if (ctx->naq)
+			break;
+		pthread_mutex_unlock(&ctx->lock);	/* its object was destroyed */
+	}
+	*event = ctx->aq[0].ev;
+	memmove(ctx->aq, ctx->aq + 1, --ctx->naq * sizeof(*ctx->aq));
+	reported = async_reported(event);
+	if (reported)
+		++*reported;
+	pthread_mutex_unlock(&ctx->lock);
+	return 0;
+}
+
+SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
+{
+	pthread_mutex_t *m;
+	pthread_cond_t *c;
+	uint32_t *counter;
+
+	switch (async_kind(event->event_type)) {
+	case SV_ASYNC_CQ:
+		m = &event->element.cq->mutex;
+		c = &event->element.cq->cond;
+		counter = &event->element.cq->async_events_completed;
+		break;
+	case SV_ASYNC_SRQ:
+		m = &event->element.srq->mutex;
+		c = &event->element.srq->cond;
+		counter = &event->element.srq->events_completed;
+		break;
+	case SV_ASYNC_QP:
+		m = &event->element.qp->mutex;
+		c = &event->element.qp->cond;
+		counter = &event->element.qp->events_completed;
+		break;
+	default:
+		return;
+	}
+	pthread_mutex_lock(m);
+	++*counter;
+	pthread_cond_signal(c);
+	pthread_mutex_unlock(m);
+}
+
 /* ---- CQ ---- */
 
 int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
@@ -414,6 +583,7 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct sv_context *ctx = to_sctx(ibcq->context);
 	struct sv_cq *cq = to_scq(ibcq);
+	uint32_t reported;
 
 	pthread_mutex_lock(&ctx->lock);
 	for (struct sv_qp *qp = ctx->qps; qp; qp = qp->next) {
@@ -426,106 +596,14 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 		channel_forget(to_sch(ibcq->channel), cq);
 		ibcq->channel->refcnt--;
 	}
+	async_forget(ctx, cq);
+	reported = cq->events_reported;
 	pthread_mutex_unlock(&ctx->lock);
+	async_wait_acked(&ibcq->mutex, &ibcq->cond,
+			 &ibcq->async_events_completed, reported);
 	free(cq->ring);
 	free(cq);
 	return 0;
-}
-
-/* ---- async events ---- */
-
-void sv_async_push(struct sv_context *ctx, enum ibv_event_type type, void *obj)
-{
-	struct ibv_async_event ev = { .event_type = type };
-	uint64_t one = 1;
-
-	switch (type) {
-	case IBV_EVENT_CQ_ERR:
-		ev.element.cq = obj;
-		break;
-	case IBV_EVENT_SRQ_LIMIT_REACHED:
-	case IBV_EVENT_SRQ_ERR:
-		ev.element.srq = obj;
-		break;
-	case IBV_EVENT_PORT_ACTIVE:
-	case IBV_EVENT_PORT_ERR:
-		ev.element.port_num = 1;
-		break;
-	default:
-		ev.element.qp = obj;
-		break;
-	}
-	if (ctx->naq == ctx->aqcap) {
-		int n = ctx->aqcap ? ctx->aqcap * 2 : 16;
-		struct sv_async *q = realloc(ctx->aq, n * sizeof(*q));
-
-		if (!q)
-			return;
-		ctx->aq = q;
-		ctx->aqcap = n;
-	}
-	ctx->aq[ctx->naq++].ev = ev;
-	if (write(ctx->vctx.context.async_fd, &one, sizeof(one)) != sizeof(one))
-		ctx->naq--;
-}
-
-SV_EXPORT int ibv_get_async_event(struct ibv_context *ibctx,
-				  struct ibv_async_event *event)
-{
-	struct sv_context *ctx = to_sctx(ibctx);
-	uint64_t v;
-
-	if (read(ibctx->async_fd, &v, sizeof(v)) != sizeof(v))
-		return -1;
-	pthread_mutex_lock(&ctx->lock);
-	if (!ctx->naq) {
-		pthread_mutex_unlock(&ctx->lock);
-		errno = EAGAIN;
-		return -1;
-	}
-	*event = ctx->aq[0].ev;
-	memmove(ctx->aq, ctx->aq + 1, --ctx->naq * sizeof(*ctx->aq));
-	pthread_mutex_unlock(&ctx->lock);
-	return 0;
-}
-
-SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
-{
-	pthread_mutex_t *m;
-	pthread_cond_t *c;
-	uint32_t *counter;
-
-	switch (event->event_type) {
-	case IBV_EVENT_CQ_ERR:
-		m = &event->element.cq->mutex;
-		c = &event->element.cq->cond;
-		counter = &event->element.cq->async_events_completed;
-		break;
-	case IBV_EVENT_SRQ_ERR:
-	case IBV_EVENT_SRQ_LIMIT_REACHED:
-		m = &event->element.srq->mutex;
-		c = &event->element.srq->cond;
-		counter = &event->element.srq->events_completed;
-		break;
-	case IBV_EVENT_QP_FATAL:
-	case IBV_EVENT_QP_REQ_ERR:
-	case IBV_EVENT_QP_ACCESS_ERR:
-	case IBV_EVENT_COMM_EST:
-	case IBV_EVENT_SQ_DRAINED:
-	case IBV_EVENT_PATH_MIG:
-	case IBV_EVENT_PATH_MIG_ERR:
-	case IBV_EVENT_QP_LAST_WQE_REACHED:
-		m = &event->element.qp->mutex;
-		c = &event->element.qp->cond;
-		counter = &event->element.qp->events_completed;
-		break;
-	default:
-		return;
-	}
-	pthread_mutex_lock(m);
-	++*counter;
-	pthread_cond_signal(c);
-	pthread_mutex_unlock(m);
 }
 
 /* ---- SRQ ---- */
@@ -623,6 +701,7 @@ SV_EXPORT int ibv_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct sv_context *ctx = to_sctx(ibsrq->context);
 	struct sv_srq *srq = to_ssrq(ibsrq);
+	uint32_t reported;
 
 	pthread_mutex_lock(&ctx->lock);
 	for (struct sv_qp *qp = ctx->qps; qp; qp = qp->next) {
@@ -631,7 +710,11 @@ SV_EXPORT int ibv_destroy_srq(struct ibv_srq *ibsrq)
 			return EBUSY;
 		}
 	}
+	async_forget(ctx, srq);
+	reported = srq->events_reported;
 	pthread_mutex_unlock(&ctx->lock);
+	async_wait_acked(&ibsrq->mutex, &ibsrq->cond,
+			 &ibsrq->events_completed, reported);
 	free(srq->rq.wqe);
 	free(srq);
 	return 0;
@@ -1085,6 +1168,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct sv_context *ctx = to_sctx(ibqp->context);
 	struct sv_qp *qp = to_sqp(ibqp), **pp;
+	uint32_t reported;
 
 	pthread_mutex_lock(&ctx->lock);
 	for (pp = &ctx->qps; *pp; pp = &(*pp)->next) {
@@ -1099,7 +1183,11 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	cq_clean(to_scq(ibqp->send_cq), ibqp->qp_num);
 	if (ibqp->recv_cq != ibqp->send_cq)
 		cq_clean(to_scq(ibqp->recv_cq), ibqp->qp_num);
+	async_forget(ctx, qp);
+	reported = qp->events_reported;
 	pthread_mutex_unlock(&ctx->lock);
+	async_wait_acked(&ibqp->mutex, &ibqp->cond,
+			 &ibqp->events_completed, reported);
 	free(qp->rq.wqe);
 	free(qp->sq);
 	free(qp);

@@ -80,6 +80,7 @@ struct ib_cq {
 	int armed, solicited_only;
 	unsigned events_unacked;	/* handed to the application, not acked */
 	unsigned made_unacked;		/* of those, made by us (armed_with_pending) */
+	uint32_t async_handed;		/* async events handed out (ibv.mutex) */
 	/* completions collected at a checkpoint, returned before new ones */
 	struct ibv_wc *pending;
 	unsigned pending_head, pending_tail, pending_cap;
@@ -107,6 +108,7 @@ struct ib_srq {
 	struct ibv_srq_init_attr attr;
 	struct ib_recv_log posted;
 	pthread_mutex_t post_lock;
+	uint32_t async_handed;		/* async events handed out (ibv.mutex) */
 	struct ib_srq *next;
 };
 
@@ -124,6 +126,7 @@ struct ib_qp {
 	unsigned nhistory;
 	struct ib_recv_log posted;
 	_Atomic long sends_pending;	/* signaled sends not completed */
+	uint32_t async_handed;		/* async events handed out (ibv.mutex) */
 	/* the connected peer (RC/UC), resolved at each rebuild */
 	char peer_owner[80];
 	struct ib_idmap rkeys;		/* peer's virtual rkey -> real */

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +416,17 @@ IB_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *vch)
 	return 0;
 }
 
+/* A destroy waits until the application acked every async event of the
+ * object that it was handed (see ibv_get_async_event), as libibverbs' does. */
+static void async_wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond,
+			     const uint32_t *acked, const uint32_t *handed)
+{
+	pthread_mutex_lock(mutex);
+	while (*acked != *handed)
+		pthread_cond_wait(cond, mutex);
+	pthread_mutex_unlock(mutex);
+}
+
 IB_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
 				       struct ibv_comp_channel *vch, int comp_vector)
 {
@@ -461,7 +473,8 @@ IB_EXPORT int ibv_resize_cq(struct ibv_cq *vcq, int cqe)
 	return err;
 }
 
-IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
+/* Destroys the real CQ and forgets ours, which the caller frees. */
+static int destroy_real_cq(struct ibv_cq *vcq)
 {
 	IB_CONTROL_CALL;
 	struct ib_cq *cq = cq_of(vcq);
@@ -475,6 +488,22 @@ IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 	pthread_mutex_lock(&ib_objects_lock);
 	UNLINK(struct ib_cq, ctx_from(vcq)->cqs, cq);
 	pthread_mutex_unlock(&ib_objects_lock);
+	return 0;
+}
+
+/* Once the real object is gone every event of it that was read has been
+ * handed out (ibv_get_async_event counts before it acks the real one); the
+ * wait for the application's acks is outside the control lock: the ack that
+ * ends it takes no lock, and a checkpoint must not wait for the application. */
+IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
+{
+	struct ib_cq *cq = cq_of(vcq);
+	int err = destroy_real_cq(vcq);
+
+	if (err)
+		return err;
+	async_wait_acked(&vcq->mutex, &vcq->cond, &vcq->async_events_completed,
+			 &cq->async_handed);
 	free(cq->pending);
 	free(cq);
 	return 0;
@@ -615,7 +644,8 @@ IB_EXPORT int ibv_query_srq(struct ibv_srq *vsrq, struct ibv_srq_attr *attr)
 	return err;
 }
 
-IB_EXPORT int ibv_destroy_srq(struct ibv_srq *vsrq)
+/* Destroys the real SRQ and forgets ours, which the caller frees. */
+static int destroy_real_srq(struct ibv_srq *vsrq)
 {
 	IB_CONTROL_CALL;
 	struct ib_srq *srq = srq_of(vsrq);
@@ -629,6 +659,19 @@ IB_EXPORT int ibv_destroy_srq(struct ibv_srq *vsrq)
 	pthread_mutex_lock(&ib_objects_lock);
 	UNLINK(struct ib_srq, ctx_from(vsrq)->srqs, srq);
 	pthread_mutex_unlock(&ib_objects_lock);
+	return 0;
+}
+
+/* Waits for the application's acks as ibv_destroy_cq does. */
+IB_EXPORT int ibv_destroy_srq(struct ibv_srq *vsrq)
+{
+	struct ib_srq *srq = srq_of(vsrq);
+	int err = destroy_real_srq(vsrq);
+
+	if (err)
+		return err;
+	async_wait_acked(&vsrq->mutex, &vsrq->cond, &vsrq->events_completed,
+			 &srq->async_handed);
 	free(srq->posted.ring);
 	free(srq);
 	return 0;
@@ -781,7 +824,8 @@ IB_EXPORT int ibv_query_qp(struct ibv_qp *vqp, struct ibv_qp_attr *attr, int mas
 	return 0;
 }
 
-IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
+/* Destroys the real QP and forgets ours, which the caller frees. */
+static int destroy_real_qp(struct ibv_qp *vqp)
 {
 	IB_CONTROL_CALL;
 	struct ib_qp *qp = qp_of(vqp);
@@ -797,6 +841,19 @@ IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
 	ib_idmap_put(&ib_ids.qp_by_real, (uint64_t)real_qpn + 1, 0);
 	UNLINK(struct ib_qp, ctx_from(vqp)->qps, qp);
 	pthread_mutex_unlock(&ib_objects_lock);
+	return 0;
+}
+
+/* Waits for the application's acks as ibv_destroy_cq does. */
+IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
+{
+	struct ib_qp *qp = qp_of(vqp);
+	int err = destroy_real_qp(vqp);
+
+	if (err)
+		return err;
+	async_wait_acked(&vqp->mutex, &vqp->cond, &vqp->events_completed,
+			 &qp->async_handed);
 	free(qp->posted.ring);
 	ib_idmap_free(&qp->rkeys);
 	free(qp);
@@ -877,29 +934,69 @@ IB_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc 
 	return ibv_create_ah(pd, &attr);
 }
 
-/* Blocks in the real library, like ibv_get_cq_event: a checkpoint that
- * releases the device under a waiting thread makes it wait for the rebuild
- * and try again on the new context. */
-IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+/*
+ * Async events keep libibverbs' promise to the application, that an object
+ * is destroyed only once every event naming it was acked, on our objects:
+ * the real event is acked as soon as it is read, so a release at a
+ * checkpoint never waits for an application thread, and our destroy waits
+ * for the application's acks instead (async_wait_acked).
+ */
+struct async_counts {
+	pthread_mutex_t *mutex;
+	pthread_cond_t *cond;
+	uint32_t *acked, *handed;
+};
+
+static bool async_counts_of(const struct ibv_async_event *event, struct async_counts *k)
 {
-	struct ib_ctx *ctx = ctx_of(context);
+	switch (event->event_type) {
+	case IBV_EVENT_CQ_ERR: {
+		struct ib_cq *cq = cq_of(event->element.cq);
 
-	for (;;) {
-		struct ibv_context *real;
-		unsigned gen;
-		int err;
-
-		ib_gate_wait();
-		gen = ib_wait_enter(&ctx->waited);
-		real = ctx->real;
-		err = real ? ib_real.get_async_event(real, event) : -1;
-		ib_wait_leave(&ctx->waited, gen);
-		if (!err)
-			break;
-		if (real && atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
-			return -1;	/* a real failure, not a checkpoint */
+		*k = (struct async_counts){ &cq->ibv.mutex, &cq->ibv.cond,
+			&cq->ibv.async_events_completed, &cq->async_handed };
+		return true;
 	}
-	switch (event->event_type) {	/* the objects were created with ours as context */
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+		struct ib_srq *srq = srq_of(event->element.srq);
+
+		*k = (struct async_counts){ &srq->ibv.mutex, &srq->ibv.cond,
+			&srq->ibv.events_completed, &srq->async_handed };
+		return true;
+	}
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED: {
+		struct ib_qp *qp = qp_of(event->element.qp);
+
+		*k = (struct async_counts){ &qp->ibv.mutex, &qp->ibv.cond,
+			&qp->ibv.events_completed, &qp->async_handed };
+		return true;
+	}
+	default:	/* port and device events name no object */
+		return false;
+	}
+}
+
+static void async_count(uint32_t *counter, const struct async_counts *k)
+{
+	pthread_mutex_lock(k->mutex);
+	++*counter;
+	pthread_cond_broadcast(k->cond);
+	pthread_mutex_unlock(k->mutex);
+}
+
+/* Our object of a real event: the real objects were created with ours as
+ * their context. */
+static void async_to_virtual(struct ibv_async_event *event)
+{
+	switch (event->event_type) {
 	case IBV_EVENT_CQ_ERR:
 		event->element.cq = &((struct ib_cq *)event->element.cq->cq_context)->ibv;
 		break;
@@ -919,33 +1016,47 @@ IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 	default:
 		event->element.qp = &((struct ib_qp *)event->element.qp->qp_context)->ibv;
 	}
+}
+
+/* Blocks in the real library, like ibv_get_cq_event: a checkpoint that
+ * releases the device under a waiting thread makes it wait for the rebuild
+ * and try again on the new context. */
+IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+{
+	struct ib_ctx *ctx = ctx_of(context);
+	struct async_counts k;
+
+	for (;;) {
+		struct ibv_context *real;
+		unsigned gen;
+		int err;
+
+		ib_gate_wait();
+		gen = ib_wait_enter(&ctx->waited);
+		real = ctx->real;
+		err = real ? ib_real.get_async_event(real, event) : -1;
+		ib_wait_leave(&ctx->waited, gen);
+		if (!err)
+			break;
+		if (real && atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
+			return -1;	/* a real failure, not a checkpoint */
+	}
+	{
+		struct ibv_async_event real_event = *event;
+
+		async_to_virtual(event);
+		if (async_counts_of(event, &k))
+			async_count(k.handed, &k);
+		ib_real.ack_async_event(&real_event);
+	}
 	return 0;
 }
 
+/* Takes no control lock: a destroy may be waiting for this ack. */
 IB_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	IB_CONTROL_CALL;
-	struct ibv_async_event real = *event;
+	struct async_counts k;
 
-	switch (event->event_type) {
-	case IBV_EVENT_CQ_ERR:
-		real.element.cq = cq_of(event->element.cq)->real;
-		break;
-	case IBV_EVENT_SRQ_ERR:
-	case IBV_EVENT_SRQ_LIMIT_REACHED:
-		real.element.srq = srq_of(event->element.srq)->real;
-		break;
-	case IBV_EVENT_DEVICE_FATAL:
-	case IBV_EVENT_PORT_ACTIVE:
-	case IBV_EVENT_PORT_ERR:
-	case IBV_EVENT_LID_CHANGE:
-	case IBV_EVENT_PKEY_CHANGE:
-	case IBV_EVENT_SM_CHANGE:
-	case IBV_EVENT_CLIENT_REREGISTER:
-	case IBV_EVENT_GID_CHANGE:
-		break;
-	default:
-		real.element.qp = qp_of(event->element.qp)->real;
-	}
-	ib_real.ack_async_event(&real);
+	if (async_counts_of(event, &k))
+		async_count(k.acked, &k);
 }

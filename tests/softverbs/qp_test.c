@@ -11,7 +11,9 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -871,6 +873,71 @@ static void test_mr_access(void)
 	printf("ok %s\n", cur_test);
 }
 
+/* An SRQ-attached QP moved to the error state, which queues its "last WQE
+ * reached" event. */
+static struct ibv_qp *srq_qp_in_error(struct ibv_cq *cq, struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq,
+		.srq = srq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_send_sge = 1 } };
+	struct ibv_qp_attr err = { .qp_state = IBV_QPS_ERR };
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+
+	if (qp && (to_init(qp, ALL_ACCESS) ||
+		   ibv_modify_qp(qp, &err, IBV_QP_STATE))) {
+		ibv_destroy_qp(qp);
+		qp = NULL;
+	}
+	return qp;
+}
+
+static atomic_int acked;
+
+static void *ack_later(void *arg)
+{
+	usleep(200 * 1000);
+	atomic_store(&acked, 1);
+	ibv_ack_async_event(arg);
+	return NULL;
+}
+
+/* As the kernel does: destroying a QP drops its events nobody has read yet,
+ * and waits until those already read are acknowledged, so that a reader
+ * (UCX's async thread) never looks at a freed QP. */
+static void test_async_destroy(void)
+{
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+	int flags = fcntl(ctx->async_fd, F_GETFL);
+	struct ibv_async_event ev;
+	struct ibv_qp *qp;
+	pthread_t t;
+
+	CHECK(cq && srq, "cq/srq");
+	fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
+	qp = srq_qp_in_error(cq, srq);
+	CHECK(qp, "qp in error");
+	CHECK(!ibv_destroy_qp(qp), "destroy unread");
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
+	      "the destroyed QP's unread event was delivered");
+	fcntl(ctx->async_fd, F_SETFL, flags);
+
+	qp = srq_qp_in_error(cq, srq);
+	CHECK(qp, "qp in error");
+	CHECK(!ibv_get_async_event(ctx, &ev), "get event");
+	CHECK(ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED &&
+	      ev.element.qp == qp, "wrong event %s",
+	      ibv_event_type_str(ev.event_type));
+	atomic_store(&acked, 0);
+	CHECK(!pthread_create(&t, NULL, ack_later, &ev), "thread");
+	CHECK(!ibv_destroy_qp(qp), "destroy read");
+	CHECK(atomic_load(&acked), "destroy returned before the ack");
+	pthread_join(t, NULL);
+	CHECK(!ibv_destroy_srq(srq) && !ibv_destroy_cq(cq), "cleanup");
+	printf("ok %s\n", cur_test);
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -884,6 +951,7 @@ static const struct {
 	{ "uc", test_uc },
 	{ "ext_ops", test_ext_ops },
 	{ "mr_access", test_mr_access },
+	{ "async_destroy", test_async_destroy },
 };
 
 int main(int argc, char **argv)

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 QP_TESTS = ["state_machine", "rc_transfer", "rc_errors", "ud", "events",
-            "srq", "uc", "ext_ops", "mr_access"]
+            "srq", "uc", "ext_ops", "mr_access", "async_destroy"]
 
 
 @pytest.mark.parametrize("name", QP_TESTS)
