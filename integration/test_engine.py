@@ -51,6 +51,7 @@ PROGRAMS = {
     "leases": ["300", "10", "."],
     "async_io": ["300", "10"],
     "inotify_watch": ["300", "10", "."],
+    "aio_context": ["300", "10", "."],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),
@@ -89,7 +90,8 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood",
-                                 "guard_pages", "private_maps", "sharedmem", "mem_advice"])
+                                 "guard_pages", "private_maps", "sharedmem", "mem_advice",
+                                 "aio_context"])
 def test_in_place_checkpoints(session, app):
     """--in-place: the job stays stopped until its images are written (the
     default has a copy-on-write child write them while the job runs on);
@@ -281,22 +283,23 @@ def test_system_v_semaphores_and_message_queues(session):
 
 
 def test_posix_message_queues(session):
-    """A named POSIX message queue with two fds on it and an unlinked one
-    shared with a child come back with their messages in order, their
-    attributes and access modes; the killed run's named queue, left in
-    this namespace, is removed at the end."""
+    """A named POSIX message queue with two fds on it, an unlinked one
+    shared with a child and a mailbox queue no fd holds come back with
+    their messages in order, their attributes and access modes; the killed
+    run's named queues, left in this namespace, are removed at the end."""
     args = ["300", "10", "."]
     reference = session.reference("mqueues", *args)
     job = Job(session, "mqueues", "mqueues", *args)
     job.wait_ready()
-    name = (session.work / "mqueues.name").read_text().strip()
+    names = (session.work / "mqueues.name").read_text().split()
     try:
         job.checkpoint_at_random_moments(3)
         job.kill()
         for image in (job.images[0], job.images[-1]):
             assert restart_and_finish(session, image, job) == reference
     finally:
-        ctypes.CDLL(None, use_errno=True).mq_unlink(name.encode())
+        for name in names:
+            ctypes.CDLL(None, use_errno=True).mq_unlink(name.encode())
 
 
 def test_thousands_of_regions_restart_under_a_low_fd_limit(session):

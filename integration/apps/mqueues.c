@@ -3,10 +3,12 @@
  * write-only, non-blocking fd on it) that always holds the last three
  * steps' messages at three priorities, and an unlinked queue shared with
  * a child, which sends a numbered message every step for the parent to
- * take in order.  After a restart the attributes, the access modes, the
- * order (priority, then age) and the unlinked queue's privacy hold.  The
- * named queue's name goes to <dir>/mqueues.name, for the test to remove
- * a killed run's.
+ * take in order, and a mailbox queue that no fd holds between steps:
+ * each step opens it by name, takes the oldest of its two messages,
+ * leaves a new one and closes it.  After a restart the attributes, the
+ * access modes, the order (priority, then age), the unlinked queue's
+ * privacy and the mailbox with its messages hold.  The named queues'
+ * names go to <dir>/mqueues.name, for the test to remove a killed run's.
  *
  *   mqueues [steps] [ms-per-step] [dir]
  */
@@ -31,12 +33,35 @@ static void send_step(mqd_t q, long s)
 	zdtm_check(mq_send(q, text, strlen(text) + 1, 1) == 0, "mq_send");
 }
 
+/* The mailbox keeps the last two steps' letters; nobody holds it open. */
+static void make_mailbox(const char *name, struct mq_attr *attr)
+{
+	mqd_t m = mq_open(name, O_WRONLY | O_CREAT | O_EXCL, 0600, attr);
+
+	zdtm_check(m >= 0 && mq_send(m, "letter -1", 10, 0) == 0 &&
+		   mq_send(m, "letter 0", 9, 0) == 0 && mq_close(m) == 0, "mailbox");
+}
+
+static void visit_mailbox(const char *name, long s)
+{
+	mqd_t m = mq_open(name, O_RDWR | O_NONBLOCK);
+	char text[SIZE], want[SIZE];
+
+	zdtm_check(m >= 0, "step %ld: the mailbox %s is gone: %m", s, name);
+	zdtm_check(mq_receive(m, text, SIZE, NULL) > 0, "step %ld: the mailbox is empty", s);
+	snprintf(want, sizeof(want), "letter %ld", s - 2);
+	zdtm_check(!strcmp(text, want), "step %ld: the mailbox held \"%s\", not \"%s\"", s,
+		   text, want);
+	snprintf(text, sizeof(text), "letter %ld", s);
+	zdtm_check(mq_send(m, text, strlen(text) + 1, 0) == 0 && mq_close(m) == 0, "mailbox");
+}
+
 int main(int argc, char **argv)
 {
 	long steps = 300, pace = 10, taken = 0;
 	const char *dir = argc > 3 ? argv[3] : ".";
 	struct mq_attr attr = { .mq_maxmsg = 8, .mq_msgsize = SIZE }, now;
-	char name[64], path[4096], text[SIZE];
+	char name[64], mailbox[64], path[4096], text[SIZE];
 	mqd_t q, q_wo, priv;
 	unsigned prio;
 	pid_t child;
@@ -44,12 +69,14 @@ int main(int argc, char **argv)
 
 	zdtm_args(argc, argv, &steps, &pace);
 	snprintf(name, sizeof(name), "/ckpt-test-mq-%d", getpid());
+	snprintf(mailbox, sizeof(mailbox), "/ckpt-test-mailbox-%d", getpid());
 	q = mq_open(name, O_RDWR | O_CREAT | O_EXCL, 0640, &attr);
 	q_wo = mq_open(name, O_WRONLY | O_NONBLOCK);
 	snprintf(path, sizeof(path), "%s/mqueues.name", dir);
 	f = fopen(path, "w");
-	zdtm_check(q >= 0 && q_wo >= 0 && f && fprintf(f, "%s\n", name) > 0 && fclose(f) == 0,
-		   "mq_open");
+	zdtm_check(q >= 0 && q_wo >= 0 && f && fprintf(f, "%s\n%s\n", name, mailbox) > 0 &&
+		   fclose(f) == 0, "mq_open");
+	make_mailbox(mailbox, &attr);
 	snprintf(text, sizeof(text), "/ckpt-test-private-%d", getpid());
 	priv = mq_open(text, O_RDWR | O_CREAT | O_EXCL, 0600, &attr);
 	zdtm_check(priv >= 0 && mq_unlink(text) == 0, "private queue");
@@ -85,6 +112,7 @@ int main(int argc, char **argv)
 			snprintf(want, sizeof(want), "child %ld", ++taken);
 			zdtm_check(!strcmp(text, want), "took \"%s\", not \"%s\"", text, want);
 		}
+		visit_mailbox(mailbox, s);
 		zdtm_pace(pace);
 	}
 	zdtm_check(mq_getattr(q, &now) == 0 && now.mq_maxmsg == 8 && now.mq_msgsize == SIZE &&
@@ -96,6 +124,7 @@ int main(int argc, char **argv)
 	kill(child, SIGKILL);
 	waitpid(child, NULL, 0);
 	mq_unlink(name);
+	mq_unlink(mailbox);
 	zdtm_pass("message queues in order");
 	return 0;
 }

@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 11
+#define CKPT_IMAGE_VERSION 12
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -58,8 +58,13 @@ enum ckpt_record_type {
 	CKPT_REC_PLUGIN = 5,
 	CKPT_REC_END = 6,
 	CKPT_REC_SYSV_SEM = 7,		/* struct ckpt_sysv_sem, its values */
-	CKPT_REC_SYSV_MSG = 8		/* struct ckpt_sysv_msg, its messages */
+	CKPT_REC_SYSV_MSG = 8,		/* struct ckpt_sysv_msg, its messages */
+	CKPT_REC_MQUEUE = 9		/* a POSIX message queue no fd holds, that
+					 * the process created: laid out as a
+					 * CKPT_REC_FD of kind CKPT_FD_MQUEUE,
+					 * fd -1 */
 };
+#define CKPT_REC_LAST 9			/* the highest record type */
 
 struct ckpt_record {
 	uint32_t type;
@@ -78,8 +83,11 @@ enum ckpt_vma_kind {
 	CKPT_VMA_DELETED_FILE = 8,	/* private map of an unlinked file: all pages saved */
 	CKPT_VMA_SHARED_MEMFILE = 9,	/* shared map of a file in memory (/dev/shm):
 					 * saved pages, the file rewritten at restart */
-	CKPT_VMA_SYSV_SHM = 10		/* System V shared memory: saved pages, the
+	CKPT_VMA_SYSV_SHM = 10,		/* System V shared memory: saved pages, the
 					 * segment made again with its id */
+	CKPT_VMA_AIO_RING = 11		/* a kernel AIO context's ring (io_setup):
+					 * saved pages; the context made again
+					 * there, with its completed events */
 };
 
 struct ckpt_vma {

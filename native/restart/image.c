@@ -186,7 +186,7 @@ static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64
 	    v->end > USER_SPACE_END)
 		die("%s: corrupt memory record (range %#llx-%#llx)", img->file,
 		    (unsigned long long)v->start, (unsigned long long)v->end);
-	if (v->kind < CKPT_VMA_ANON || v->kind > CKPT_VMA_SYSV_SHM || v->shared > 1 ||
+	if (v->kind < CKPT_VMA_ANON || v->kind > CKPT_VMA_AIO_RING || v->shared > 1 ||
 	    (v->prot & ~(uint32_t)(PROT_READ | PROT_WRITE | PROT_EXEC)) ||
 	    (v->flags & ~(uint32_t)(CKPT_VMA_PAGES_ELSEWHERE | CKPT_VMA_FILE_END)))
 		die("%s: corrupt memory record (kind, protection or flags)", img->file);
@@ -270,14 +270,12 @@ static void split_socket_filter(const struct image *img, struct loaded_fd *lf)
 	lf->sock_filter = lf->data + lf->f.data_size;
 }
 
-static void load_fd(struct image *img, uint64_t off, uint64_t size)
+/* The payload of a CKPT_REC_FD or CKPT_REC_MQUEUE record into lf. */
+static void parse_fd_record(struct image *img, uint64_t off, uint64_t size,
+			    struct loaded_fd *lf)
 {
-	struct loaded_fd *lf;
 	char *payload;
 
-	if (img->nfds == img->max_fds || img->nfds == MAX_FDS)
-		die("%s: too many file descriptors", img->file);
-	lf = &img->fds[img->nfds++];
 	if (size < sizeof(lf->f))
 		die("%s: corrupt fd record", img->file);
 	payload = read_payload(img, size, off);
@@ -286,15 +284,40 @@ static void load_fd(struct image *img, uint64_t off, uint64_t size)
 	if (lf->f.path_len > size - sizeof(lf->f) ||
 	    lf->f.data_size != size - sizeof(lf->f) - lf->f.path_len)
 		die("%s: corrupt fd record", img->file);
-	check_fd_fields(img, &lf->f);
-	for (unsigned i = 0; i + 1 < img->nfds; i++)
-		if (img->fds[i].f.fd == lf->f.fd)
-			die("%s: corrupt fd records (fd %d twice)", img->file, lf->f.fd);
 	lf->path = arena_alloc(lf->f.path_len + 1);
 	memcpy((char *)lf->path, payload + sizeof(lf->f), lf->f.path_len);
 	((char *)lf->path)[lf->f.path_len] = '\0';
 	lf->data = payload + sizeof(lf->f) + lf->f.path_len;
+}
+
+static void load_fd(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_fd *lf;
+
+	if (img->nfds == img->max_fds || img->nfds == MAX_FDS)
+		die("%s: too many file descriptors", img->file);
+	lf = &img->fds[img->nfds++];
+	parse_fd_record(img, off, size, lf);
+	check_fd_fields(img, &lf->f);
+	for (unsigned i = 0; i + 1 < img->nfds; i++)
+		if (img->fds[i].f.fd == lf->f.fd)
+			die("%s: corrupt fd records (fd %d twice)", img->file, lf->f.fd);
 	split_socket_filter(img, lf);
+}
+
+/* A message queue known by its name alone: no fd, no socket fields. */
+static void load_named_mqueue(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_fd *lf;
+
+	if (img->nnamed_mqueues == img->max_named_mqueues)
+		die("%s: corrupt image (records)", img->file);
+	lf = &img->named_mqueues[img->nnamed_mqueues++];
+	parse_fd_record(img, off, size, lf);
+	if (lf->f.fd != -1 || lf->f.kind != CKPT_FD_MQUEUE || lf->f.dup_of != -1 ||
+	    lf->f.path_len >= CKPT_PATH_MAX || lf->f.sock_filter_len || lf->f.value[3])
+		die("%s: corrupt message queue record", img->file);
+	lf->sock_filter = NULL;
 }
 
 static int has_nul(const char *s, size_t len)
@@ -405,6 +428,9 @@ static void load_records(struct image *img, uint64_t file_size)
 		case CKPT_REC_FD:
 			load_fd(img, off, rec.size);
 			break;
+		case CKPT_REC_MQUEUE:
+			load_named_mqueue(img, off, rec.size);
+			break;
 		case CKPT_REC_PLUGIN:
 			break;		/* plugins keep their state in memory */
 		case CKPT_REC_SYSV_SEM:
@@ -438,7 +464,7 @@ static void count_records(struct image *img, uint64_t file_size, unsigned count[
 		off += sizeof(rec);
 		if (rec.type == CKPT_REC_END || rec.size > file_size - off)
 			return;
-		if (rec.type <= CKPT_REC_SYSV_MSG)
+		if (rec.type <= CKPT_REC_LAST)
 			count[rec.type]++;
 		off += rec.size;
 	}
@@ -467,7 +493,7 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	if (xxh3)		/* damage first: it explains any odd header */
 		check_checksum(img, xxh3, st.st_size);
 	check_header(img);
-	unsigned count[CKPT_REC_SYSV_MSG + 1] = { 0 };
+	unsigned count[CKPT_REC_LAST + 1] = { 0 };
 
 	count_records(img, st.st_size, count);
 	img->threads = arena_alloc((count[CKPT_REC_THREAD] + 1) * sizeof(*img->threads));
@@ -476,6 +502,9 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	img->max_threads = count[CKPT_REC_THREAD];
 	img->max_vmas = count[CKPT_REC_VMA];
 	img->max_fds = count[CKPT_REC_FD];
+	img->max_named_mqueues = count[CKPT_REC_MQUEUE];
+	img->named_mqueues = arena_alloc((img->max_named_mqueues + 1) *
+					 sizeof(*img->named_mqueues));
 	img->max_sysv = count[CKPT_REC_SYSV_SEM] + count[CKPT_REC_SYSV_MSG];
 	img->sysv = arena_alloc((img->max_sysv + 1) * sizeof(*img->sysv));
 	load_records(img, st.st_size);

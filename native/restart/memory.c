@@ -268,6 +268,7 @@ void prepare_memory(struct image *img)
 	read_current_maps();
 	check_vdso(img);
 	check_files(img);
+	aio_read_rings(img);
 	reader_prepare(img);
 }
 
@@ -345,6 +346,9 @@ static void map_region(struct image *img, unsigned idx)
 		return;
 	case CKPT_VMA_SYSV_SHM:
 		attach_sysv(v);
+		return;
+	case CKPT_VMA_AIO_RING:
+		aio_restore_ring(lv);
 		return;
 	case CKPT_VMA_FILE:
 	case CKPT_VMA_SHARED_FILE:

@@ -2,7 +2,8 @@
  * POSIX message queues (saved by native/shim/mqueues.c): each one made
  * once, before any process exists, in the restart's IPC namespace, with
  * its name, permissions and attributes, refilled from the one record
- * that holds its messages, and unlinked again if it was.  Every process
+ * that holds its messages, and unlinked again if it was.  A queue no fd
+ * held (CKPT_REC_MQUEUE) is made alike and left to its name.  Every process
  * opens its fd again through it (/proc/self/fd), with its own access
  * mode and O_NONBLOCK, as mq_open would have given it.
  */
@@ -72,29 +73,38 @@ static int open_queue(const struct loaded_fd *lf)
 	return move_high(fd, lf->path);
 }
 
+/* The queue of lf made once; refilled from the first record holding its
+ * messages. */
+static void add_queue(const struct loaded_fd *lf)
+{
+	struct shared_mqueue *q = find_mqueue(lf->f.object_id);
+
+	if (!q) {
+		q = &mqueues[nmqueues++];
+		*q = (struct shared_mqueue){ lf->f.object_id, open_queue(lf), 0 };
+	}
+	if (lf->f.value[2] && !q->filled)
+		refill(q->fd, lf);
+	q->filled |= lf->f.value[2] != 0;
+}
+
 void mqueues_create(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;
 
 	for (unsigned i = 0; i < n; i++)
-		total += imgs[i].nfds;
+		total += imgs[i].nfds + imgs[i].nnamed_mqueues;
 	mqueues = arena_alloc(sizeof(*mqueues) * (total + 1));
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned i = 0; i < n; i++) {
 		for (unsigned j = 0; j < imgs[i].nfds; j++) {
 			const struct loaded_fd *lf = &imgs[i].fds[j];
-			struct shared_mqueue *q;
 
-			if (lf->f.kind != CKPT_FD_MQUEUE || lf->f.dup_of >= 0)
-				continue;
-			q = find_mqueue(lf->f.object_id);
-			if (!q) {
-				q = &mqueues[nmqueues++];
-				*q = (struct shared_mqueue){ lf->f.object_id, open_queue(lf), 0 };
-			}
-			if (lf->f.value[2] && !q->filled)
-				refill(q->fd, lf);
-			q->filled |= lf->f.value[2] != 0;
+			if (lf->f.kind == CKPT_FD_MQUEUE && lf->f.dup_of < 0)
+				add_queue(lf);
 		}
+		for (unsigned j = 0; j < imgs[i].nnamed_mqueues; j++)
+			add_queue(&imgs[i].named_mqueues[j]);
+	}
 }
 
 /* This process's own fd on the queue. */

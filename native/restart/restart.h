@@ -32,6 +32,8 @@ struct loaded_vma {
 	const struct ckpt_chunk *chunks;	/* compressed: v.data_size in chunks */
 	uint64_t nchunks;
 	int filled;			/* its pages were read in at restore */
+	char *aio_ring;			/* CKPT_VMA_AIO_RING: its saved pages, read
+					 * before the point of no return */
 };
 
 struct loaded_fd {
@@ -59,9 +61,11 @@ struct image {
 	unsigned nvmas;
 	struct loaded_fd *fds;
 	unsigned nfds;
+	struct loaded_fd *named_mqueues;	/* CKPT_REC_MQUEUE: no fd holds them */
+	unsigned nnamed_mqueues;
 	struct sysv_object *sysv;
 	unsigned nsysv;
-	unsigned max_threads, max_vmas, max_fds, max_sysv;	/* room in the arrays */
+	unsigned max_threads, max_vmas, max_fds, max_named_mqueues, max_sysv;	/* room */
 };
 
 #define MAX_IMAGES 1024
@@ -179,6 +183,10 @@ void close_restart_fds(void);
 /* memory.c */
 void prepare_memory(struct image *img);
 void restore_memory(struct image *img);
+
+/* aio.c */
+void aio_read_rings(struct image *img);
+void aio_restore_ring(const struct loaded_vma *lv);
 void relock_memory(const struct image *img);
 void check_capabilities(const struct image *img);
 void restore_async_owners(const struct image *img);

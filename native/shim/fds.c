@@ -479,6 +479,36 @@ static void find_shared_open_file(struct fd_info *fi)
 	}
 }
 
+/* The message queues this process created that no fd holds: entries of
+ * their own (fd -1), after the fds, saved as CKPT_REC_MQUEUE records. */
+static void collect_named_mqueues(struct fd_table *t, unsigned seq)
+{
+	const char *name;
+
+	for (unsigned i = 0; (name = mqueue_created(i)) && t->n < MAX_FDS; i++) {
+		struct fd_info *fi = &t->fi[t->n];
+		int err;
+
+		if (!name[0])
+			continue;
+		memset(fi, 0, sizeof(*fi));
+		fi->rec.fd = -1;
+		fi->rec.dup_of = -1;
+		fi->held = -1;
+		snprintf(fi->path, sizeof(fi->path), "%s", name);
+		err = mqueue_describe_name(name, seq, &fi->rec, &fi->payload);
+		if (!err) {
+			t->n++;
+			continue;
+		}
+		if (fi->payload.data)
+			scratch_unmap(fi->payload.data, fi->payload.cap);
+		if (err != ENOENT && err != EEXIST)
+			ckpt_warn("message queue %s (no fd holds it): %s: it is not saved",
+				  name, shim_strerror(err));
+	}
+}
+
 struct fd_table *fds_collect(unsigned seq)
 {
 	struct fd_table *t = scratch_map(sizeof(*t));
@@ -511,6 +541,7 @@ struct fd_table *fds_collect(unsigned seq)
 			fi->held = hold_contents(fi);
 		t->n++;
 	}
+	collect_named_mqueues(t, seq);
 	scratch_unmap(fds, MAX_FDS * sizeof(int));
 	return t;
 fail:
@@ -562,7 +593,7 @@ static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
 
 static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 {
-	struct ckpt_record rec = { .type = CKPT_REC_FD };
+	struct ckpt_record rec = { .type = fi->rec.fd < 0 ? CKPT_REC_MQUEUE : CKPT_REC_FD };
 	struct pipe_copy *p = NULL;
 	int err;
 

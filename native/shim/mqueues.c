@@ -6,10 +6,17 @@
  * claims "mq:<checkpoint>:<host>:<inode>") takes them all, while the job
  * is stopped, and sends them back at once in the order it took them
  * (highest priority first, then oldest first: the queue's own order).
- * Restored by shared.c and fds.c in native/restart.
+ * A queue that no fd holds lives on by its name until mq_unlink: the
+ * names this process created are remembered (mq_open with O_CREAT), and
+ * each that still exists and that no fd of the process holds is saved
+ * the same way through an fd of our own, in a record of its own.
+ * Restored by mqueues.c, shared.c and fds.c in native/restart.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -37,25 +44,34 @@ int is_mqueue(int fd)
 	return statfs(path, &sf) == 0 && sf.f_type == MQUEUE_MAGIC;
 }
 
-/* Queues saved by this fd table's collection: another fd of one holds no
- * messages of its own. */
+/* Queues saved by this fd table's collection (inodes): another fd of one
+ * holds no messages of its own; and the queues its fds hold (object ids),
+ * which need no record by name. */
 #define SAVED_MAX 64
-static uint64_t saved[SAVED_MAX];
-static unsigned nsaved;
+static uint64_t saved[SAVED_MAX], held[SAVED_MAX];
+static unsigned nsaved, nheld;
 
 static unsigned nsaved_registrations;
 
 void mqueues_collect_begin(void)
 {
 	nsaved = 0;
+	nheld = 0;
 	nsaved_registrations = 0;
+}
+
+static int listed(const uint64_t *list, unsigned n, uint64_t ino)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (list[i] == ino)
+			return 1;
+	return 0;
 }
 
 static int saved_already(uint64_t ino)
 {
-	for (unsigned i = 0; i < nsaved; i++)
-		if (saved[i] == ino)
-			return 1;
+	if (listed(saved, nsaved, ino))
+		return 1;
 	if (nsaved < SAVED_MAX)
 		saved[nsaved++] = ino;
 	return 0;
@@ -234,12 +250,34 @@ void mqueues_restarted(void)
 		quiesce_run_in_app(register_in_app, &saved_registrations[i]);
 }
 
+/* The queue's attributes into rec.  Returns 1 if this process is the
+ * host's saver of its messages, 0 if not, or -errno. */
+static int describe_queue(int fd, unsigned seq, struct ckpt_fd *rec, struct mq_attr *a)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) || mq_getattr(fd, a))
+		return -errno;
+	rec->kind = CKPT_FD_MQUEUE;
+	rec->object_id = shim_object_id(st.st_dev, st.st_ino);
+	rec->value[0] = a->mq_maxmsg;
+	rec->value[1] = a->mq_msgsize;
+	return a->mq_curmsgs && claim(seq, st.st_ino) && !saved_already(st.st_ino);
+}
+
+/* rw: an fd of our own on the queue that may read and write, not blocking. */
+static int take_messages(int rw, const struct mq_attr *a, struct ckpt_fd *rec,
+			 struct fd_payload *q)
+{
+	rec->value[2] = 1;
+	return take_and_give_back(rw, a, q);
+}
+
 /* rec->path is the queue's name already ("/name", " (deleted)" cut). */
 int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload *q)
 {
 	struct mq_attr a;
-	struct stat st;
-	int ours, rw, err = save_registration(fd, rec);
+	int ours, rw, take, err = save_registration(fd, rec);
 	char path[64];
 
 	if (err)
@@ -247,25 +285,135 @@ int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload
 	ours = app_getfd(fd);
 	if (ours < 0)
 		return errno;
-	if (fstat(ours, &st) || mq_getattr(ours, &a)) {
-		err = errno;
-		close(ours);
-		return err;
-	}
+	take = describe_queue(ours, seq, rec, &a);
 	close(ours);
-	rec->kind = CKPT_FD_MQUEUE;
-	rec->object_id = shim_object_id(st.st_dev, st.st_ino);
-	rec->value[0] = a.mq_maxmsg;
-	rec->value[1] = a.mq_msgsize;
-	if (!a.mq_curmsgs || !claim(seq, st.st_ino) || saved_already(st.st_ino))
-		return register_again(fd, rec);
-	/* a descriptor of our own that may read and write, not blocking */
-	snprintf(path, sizeof(path), "/proc/%d/fd/%d", getpid(), fd);
-	rw = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-	if (rw < 0)
-		return errno;
-	err = take_and_give_back(rw, &a, q);
-	close(rw);
-	rec->value[2] = 1;
+	if (take < 0)
+		return -take;
+	if (nheld < SAVED_MAX)
+		held[nheld++] = rec->object_id;
+	if (take) {
+		snprintf(path, sizeof(path), "/proc/%d/fd/%d", getpid(), fd);
+		rw = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+		if (rw < 0)
+			return errno;
+		err = take_messages(rw, &a, rec, q);
+		close(rw);
+	}
 	return err ? err : register_again(fd, rec);
+}
+
+/* ---- queues known by name alone ---- */
+
+#define NAMES_MAX 64
+static char created[NAMES_MAX][NAME_MAX + 2];	/* "/name"; "" = free */
+static pthread_mutex_t created_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void remember_name(const char *name, int keep)
+{
+	int free_slot = -1;
+
+	if (strlen(name) > NAME_MAX)
+		return;
+	pthread_mutex_lock(&created_lock);
+	for (int i = 0; i < NAMES_MAX; i++) {
+		if (!strcmp(created[i], name)) {
+			if (!keep)
+				created[i][0] = '\0';
+			goto out;
+		}
+		if (!created[i][0] && free_slot < 0)
+			free_slot = i;
+	}
+	if (keep && free_slot >= 0)
+		strcpy(created[free_slot], name);
+out:
+	pthread_mutex_unlock(&created_lock);
+}
+
+SHIM_EXPORT mqd_t mq_open(const char *name, int oflag, ...)
+{
+	typedef mqd_t (*fn)(const char *, int, ...);
+	static fn real;
+	struct mq_attr *attr = NULL;
+	mode_t mode = 0;
+	mqd_t q;
+
+	if (!real)
+		real = (fn)dlsym(RTLD_NEXT, "mq_open");
+	if (oflag & O_CREAT) {
+		va_list ap;
+
+		va_start(ap, oflag);
+		mode = va_arg(ap, mode_t);
+		attr = va_arg(ap, struct mq_attr *);
+		va_end(ap);
+	}
+	q = real(name, oflag, mode, attr);
+	if (q >= 0 && (oflag & O_CREAT))
+		remember_name(name, 1);
+	return q;
+}
+
+SHIM_EXPORT int mq_unlink(const char *name)
+{
+	typedef int (*fn)(const char *);
+	static fn real;
+
+	if (!real)
+		real = (fn)dlsym(RTLD_NEXT, "mq_unlink");
+	if (real(name))
+		return -1;
+	remember_name(name, 0);
+	return 0;
+}
+
+/* Slot i of the names this process created ("" when free), NULL past
+ * the last slot. */
+const char *mqueue_created(unsigned i)
+{
+	return i < NAMES_MAX ? created[i] : NULL;
+}
+
+/*
+ * A queue this process created, by its name: ENOENT when it is gone,
+ * EEXIST when an fd of the process holds it (its fd record makes it
+ * again).  Called after the fd table's queues were described.
+ */
+int mqueue_describe_name(const char *name, unsigned seq, struct ckpt_fd *rec,
+			 struct fd_payload *q)
+{
+	/* the mode it was made with may keep even its creator out */
+	static const int modes[] = { O_RDWR, O_RDONLY, O_WRONLY };
+	int fd = -1, rw, take, err = 0;
+	struct mq_attr a;
+	struct stat st;
+
+	errno = EACCES;
+	for (unsigned i = 0; fd < 0 && errno == EACCES && i < 3; i++) {
+		fd = syscall(SYS_mq_open, name + 1, modes[i] | O_NONBLOCK | O_CLOEXEC, 0, NULL);
+		rw = i == 0;
+	}
+	if (fd < 0)
+		return errno;
+	if (fstat(fd, &st)) {
+		err = errno;
+		goto out;
+	}
+	if (listed(held, nheld, shim_object_id(st.st_dev, st.st_ino))) {
+		err = EEXIST;
+		goto out;
+	}
+	rec->mode = st.st_mode;
+	rec->flags = O_RDWR;
+	take = describe_queue(fd, seq, rec, &a);
+	if (take < 0)
+		err = -take;
+	else if (take && rw)
+		err = take_messages(fd, &a, rec, q);
+	else if (take)
+		ckpt_warn("message queue %s: its mode lets its creator not read and write it: "
+			  "its %ld messages are not saved", name, (long)a.mq_curmsgs);
+out:
+	close(fd);
+	return err;
 }

@@ -102,6 +102,8 @@ static uint32_t classify(const struct region *r)
 		return CKPT_VMA_STACK;
 	if (r->shared && !strncmp(p, "/SYSV", 5))
 		return CKPT_VMA_SYSV_SHM;
+	if (r->shared && !strcmp(p, "/[aio] (deleted)"))
+		return CKPT_VMA_AIO_RING;
 	if (r->shared && p[0] == '/' && r->inode && !is_deleted(p))
 		/* saved like shared memory: scratch files may be gone at restart */
 		return in_memory_fs(p) || shim_is_scratch_path(p) ?
@@ -122,7 +124,8 @@ static uint32_t classify(const struct region *r)
 static int copied_kind(uint32_t kind)
 {
 	return kind == CKPT_VMA_SHARED_ANON || kind == CKPT_VMA_DELETED_FILE ||
-	       kind == CKPT_VMA_SHARED_MEMFILE || kind == CKPT_VMA_SYSV_SHM;
+	       kind == CKPT_VMA_SHARED_MEMFILE || kind == CKPT_VMA_SYSV_SHM ||
+	       kind == CKPT_VMA_AIO_RING;
 }
 
 static int shared_memory_kind(uint32_t kind)
@@ -706,7 +709,8 @@ static int snapshot_region(struct mem_saver *s, struct shm_snapshot *set, struct
 	int err = 0;
 
 	r->kind = classify(r);
-	if (!shared_memory_kind(r->kind))
+	/* an AIO ring is shared with the kernel: it changes as the job runs on */
+	if (!shared_memory_kind(r->kind) && r->kind != CKPT_VMA_AIO_RING)
 		return 0;
 	for (uint64_t a = r->start, end; !err && a < r->end; a = end) {
 		struct ckpt_vma v = { .start = a, .kind = r->kind,

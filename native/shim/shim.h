@@ -169,6 +169,9 @@ SHIM_HIDDEN void mqueues_collect_begin(void);
 SHIM_HIDDEN void mqueues_restarted(void);
 SHIM_HIDDEN int is_mqueue(int fd);
 SHIM_HIDDEN int mqueue_describe(int fd, unsigned seq, struct ckpt_fd *rec, struct fd_payload *q);
+SHIM_HIDDEN const char *mqueue_created(unsigned i);
+SHIM_HIDDEN int mqueue_describe_name(const char *name, unsigned seq, struct ckpt_fd *rec,
+				     struct fd_payload *q);
 
 /* sockets.c */
 SHIM_HIDDEN int app_getfd(int fd);

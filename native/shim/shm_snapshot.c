@@ -7,7 +7,8 @@
  * is still stopped the parent copies the shared memory it is to save into
  * scratch buffers the child inherits, and the child writes the copies.
  * Only pages some process touched are copied: reading a hole of shared
- * memory would allocate it.
+ * memory would allocate it.  A kernel AIO ring, which the kernel writes
+ * as requests complete, is copied the same way.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,0 +1,103 @@
+/*
+ * Kernel AIO (io_setup, io_submit, io_getevents), as databases use it
+ * through libaio: one context; each step submits a write of its block of a
+ * file and a read of the block before, and takes the two completions of
+ * the step before last, so the ring always holds completed events nobody
+ * has taken yet.  Every completion must come once, in order, with its
+ * result, and every read must find what was written.  After a restart the
+ * context is the same number and its ring still holds those events.
+ *
+ *   aio_context [steps] [ms-per-step] [dir]
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/aio_abi.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include "zdtm.h"
+
+#define BLOCK 64
+#define KEEP 2				/* steps whose completions wait in the ring */
+#define BUFS (KEEP + 2)
+
+static aio_context_t ctx;
+static int fd;
+static struct iocb cbs[BUFS][2];
+static char wbuf[BUFS][BLOCK], rbuf[BUFS][BLOCK];
+
+static void pattern(char *p, long step)
+{
+	uint64_t s = zdtm_mix(step + 7, 0xa10);
+
+	for (int i = 0; i < BLOCK; i += 8) {
+		uint64_t v = zdtm_xorshift(&s);
+
+		memcpy(p + i, &v, 8);
+	}
+}
+
+static void submit_step(long step)
+{
+	struct iocb *w = &cbs[step % BUFS][0], *r = &cbs[step % BUFS][1];
+	struct iocb *list[2] = { w, r };
+
+	pattern(wbuf[step % BUFS], step);
+	*w = (struct iocb){ .aio_data = step * 2, .aio_lio_opcode = IOCB_CMD_PWRITE,
+			    .aio_fildes = fd, .aio_buf = (uint64_t)(uintptr_t)wbuf[step % BUFS],
+			    .aio_nbytes = BLOCK, .aio_offset = step * BLOCK };
+	/* the block of the step before: written by its own submission */
+	*r = (struct iocb){ .aio_data = step * 2 + 1, .aio_lio_opcode = IOCB_CMD_PREAD,
+			    .aio_fildes = fd, .aio_buf = (uint64_t)(uintptr_t)rbuf[step % BUFS],
+			    .aio_nbytes = BLOCK, .aio_offset = (step - 1) * BLOCK };
+	zdtm_check(syscall(SYS_io_submit, ctx, 2, list) == 2, "step %ld: io_submit: %m", step);
+}
+
+/* The two completions of a step, the oldest in the ring. */
+static uint64_t take_step(long step, uint64_t hash)
+{
+	struct io_event ev[2];
+	char want[BLOCK];
+
+	zdtm_check(syscall(SYS_io_getevents, ctx, 2, 2, ev, NULL) == 2,
+		   "step %ld: io_getevents: %m", step);
+	for (int i = 0; i < 2; i++)
+		zdtm_check(ev[i].data == (uint64_t)(step * 2 + i) && ev[i].res == BLOCK,
+			   "step %ld: completion %llu (result %lld), not %ld", step,
+			   (unsigned long long)ev[i].data, (long long)ev[i].res, step * 2 + i);
+	pattern(want, step - 1);
+	zdtm_check(!memcmp(rbuf[step % BUFS], want, BLOCK),
+		   "step %ld: the read found other bytes than step %ld wrote", step, step - 1);
+	return zdtm_mix(hash, want[step % BLOCK]);
+}
+
+int main(int argc, char **argv)
+{
+	long steps = 300, pace = 10;
+	const char *dir = argc > 3 ? argv[3] : ".";
+	aio_context_t first;
+	uint64_t hash = 0;
+	char path[4096];
+
+	zdtm_args(argc, argv, &steps, &pace);
+	snprintf(path, sizeof(path), "%s/aio_context.data", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	zdtm_check(fd >= 0, "open %s: %m", path);
+	pattern(wbuf[0], 0);		/* step 1 reads it */
+	zdtm_check(pwrite(fd, wbuf[0], BLOCK, 0) == BLOCK, "write block 0: %m");
+	zdtm_check(syscall(SYS_io_setup, 8, &ctx) == 0, "io_setup: %m");
+	first = ctx;
+	printf("READY\n");
+	fflush(stdout);
+	for (long step = 1; step <= steps; step++) {
+		submit_step(step);
+		if (step > KEEP)
+			hash = take_step(step - KEEP, hash);
+		zdtm_pace(pace);
+	}
+	for (long step = steps - KEEP + 1; step <= steps; step++)
+		hash = take_step(step, hash);
+	zdtm_check(ctx == first, "the context changed");
+	zdtm_check(syscall(SYS_io_destroy, ctx) == 0, "io_destroy: %m");
+	zdtm_pass("%ld steps, %016llx", steps, (unsigned long long)hash);
+	return 0;
+}
