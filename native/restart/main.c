@@ -153,7 +153,12 @@ static void mark(const char *what)
 static int restorer(void *arg)
 {
 	struct image *img = arg;
-	sigset_t all;
+	/* every signal, glibc's own two as well (sigfillset leaves them
+	 * out): the threads made later start with this mask, and a timer's
+	 * signal that arrived at one of them before it took its own mask
+	 * would be lost if the job ignored it (as posix_spawn's children
+	 * ignore glibc's SIGCANCEL, the timer thread's signal) */
+	uint64_t all = ~0ULL;
 
 	mark("in the new namespace");
 	tree_enter(img);
@@ -162,7 +167,6 @@ static int restorer(void *arg)
 	prepare_memory(img);
 	check_capabilities(img);
 	tree_report_restored(img);
-	sigfillset(&all);
 	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, 8);
 	/* point of no return */
 	restore_memory(img);
