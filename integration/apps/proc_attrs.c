@@ -1,7 +1,8 @@
 /*
  * Scheduling and process attributes a program sets for itself: each
- * thread's nice value, policy (SCHED_BATCH, SCHED_IDLE), CPU affinity and
- * parent-death signal, and the process's child-subreaper, no_new_privs,
+ * thread's name (its comm, as ps and pthread_getname_np show it), nice
+ * value, policy (SCHED_BATCH, SCHED_IDLE), CPU affinity and parent-death
+ * signal, and the process's child-subreaper, no_new_privs,
  * THP-disable and dumpable flags.  All are checked at every step, from
  * each thread itself, and must be as they were after a restart.
  *
@@ -19,6 +20,7 @@
 #include "zdtm.h"
 
 struct attrs {
+	const char *name;		/* NULL: the program's own */
 	int nice, policy, pdeath, cpu;	/* cpu: the one it is pinned to, or -1 */
 };
 
@@ -29,6 +31,8 @@ static void set_attrs(const struct attrs *a)
 	struct sched_param sp = { 0 };
 	cpu_set_t cpus;
 
+	if (a->name)
+		zdtm_check(prctl(PR_SET_NAME, a->name) == 0, "PR_SET_NAME");
 	zdtm_check(sched_setscheduler(0, a->policy, &sp) == 0, "sched_setscheduler");
 	zdtm_check(setpriority(PRIO_PROCESS, syscall(SYS_gettid), a->nice) == 0, "setpriority");
 	zdtm_check(prctl(PR_SET_PDEATHSIG, a->pdeath) == 0, "PR_SET_PDEATHSIG");
@@ -41,9 +45,12 @@ static void set_attrs(const struct attrs *a)
 
 static void check_attrs(const struct attrs *a, const char *who)
 {
+	char name[16] = "";
 	cpu_set_t cpus;
 	int sig = -1;
 
+	zdtm_check(prctl(PR_GET_NAME, name) == 0 && !strcmp(name, a->name ? a->name : "proc_attrs"),
+		   "%s: its name changed to '%s'", who, name);
 	errno = 0;
 	zdtm_check(getpriority(PRIO_PROCESS, syscall(SYS_gettid)) == a->nice && !errno,
 		   "%s: nice changed", who);
@@ -83,8 +90,8 @@ int main(int argc, char **argv)
 {
 	long steps = 300, pace = 10;
 	int two_cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1;
-	struct attrs main_attrs = { 7, SCHED_BATCH, SIGUSR2, two_cpus ? 1 : 0 };
-	struct attrs worker_attrs = { 4, SCHED_IDLE, 0, 0 };
+	struct attrs main_attrs = { NULL, 7, SCHED_BATCH, SIGUSR2, two_cpus ? 1 : 0 };
+	struct attrs worker_attrs = { "attrs worker", 4, SCHED_IDLE, 0, 0 };
 	pthread_t th;
 
 	zdtm_args(argc, argv, &steps, &pace);

@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 12
+#define CKPT_IMAGE_VERSION 13
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -204,6 +204,7 @@ struct ckpt_thread {
 	uint64_t cap_bounding;
 	uint32_t securebits;		/* PR_GET_SECUREBITS, if caps_read */
 	uint32_t pad;
+	char comm[16];			/* PR_GET_NAME: the thread's name */
 	struct ckpt_regs regs;
 };
 

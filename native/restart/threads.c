@@ -164,6 +164,7 @@ static void become(const struct ckpt_thread *t)
 
 	restore_scheduling(t);
 	restore_capabilities(t);
+	sys5(SYS_prctl, PR_SET_NAME, t->comm, 0, 0, 0);	/* ps and pthread_getname_np */
 	sys1(SYS_set_tid_address, t->clear_child_tid);
 	if (t->robust_list)
 		sys2(SYS_set_robust_list, t->robust_list, t->robust_len);

@@ -156,6 +156,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &mask, sizeof(mask));
 	rec->sigmask = mask;
 	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
+	syscall(SYS_prctl, PR_GET_NAME, rec->comm, 0, 0, 0);
 	fill_scheduling(rec);
 	fill_capabilities(rec);
 }
