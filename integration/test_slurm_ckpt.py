@@ -30,11 +30,15 @@ def mpirun(slurm, stack):
         return ["mpirun.mpich", "-np", "4"]
     subnet = slurm.cluster.subnet
     return ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "4",
+            "-x", "ZDTM_HOLD",
             "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet]
 
 
 class BatchJob:
-    """A 2-node batch job whose script ends in `exec ckpt slurm run -- mpirun ...`."""
+    """A 2-node batch job whose script ends in `exec ckpt slurm run -- mpirun ...`.
+    Its programs wait after their steps while the hold file exists
+    (zdtm_hold), so that few steps outlast any requeue: finish() lets
+    them end."""
 
     def __init__(self, slurm, directory, stack, args, ckpt_options=(), sbatch_options=(),
                  command=None):
@@ -42,6 +46,8 @@ class BatchJob:
         directory.mkdir(parents=True, exist_ok=True)
         self.out = directory / "job.out"
         self.img = directory / "img"
+        self.hold = directory / "hold"
+        self.hold.touch()
         if command is None:
             command = mpirun(slurm, stack) + [str(MPI_BIN / stack / "ring")] + \
                 [str(a) for a in args]
@@ -49,6 +55,7 @@ class BatchJob:
         script.write_text(
             "#!/bin/sh\n"
             f"export CKPT_SHARED_STATE_DIR={slurm.cluster.shared_dir / 'registry'}\n"
+            f"export ZDTM_HOLD={self.hold}\n"
             f"exec {CKPT} slurm run --ckpt-dir {self.img} {' '.join(ckpt_options)} -- "
             + " ".join(command) + "\n")
         os.chmod(script, 0o755)
@@ -116,9 +123,14 @@ class BatchJob:
         return self.slurm.check("h1", ["scontrol", "show", "hostnames",
                                        job["NodeList"]]).split()
 
+    def release(self):
+        """The programs end once their steps are done."""
+        self.hold.unlink(missing_ok=True)
+
     def finish(self, timeout=180):
         """Until the job ended; an MPICH job hung in MPI_Finalize after PASS
         is ended with `ckpt kill`.  Returns the final JobState."""
+        self.release()
         self.wait_text("PASS", timeout=timeout)
         try:
             return self.slurm.wait_job(self.id, ("COMPLETED", "FAILED", "CANCELLED"),
@@ -214,7 +226,7 @@ def reference(slurm, stack, args):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs, stack):
-    args = (1500, 20)
+    args = (600, 20)
     job = jobs(stack, args).submit(exclude=("h3", "h4"))
     assert job.wait_running(0) == ["h1", "h2"]
     job.wait_text("READY")
@@ -252,7 +264,7 @@ def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jo
     """scontrol requeue (what a preemption with PreemptMode=REQUEUE does):
     every process of the job gets SIGTERM; the requeued run restarts from
     the latest periodic checkpoint."""
-    args = (1500, 20)
+    args = (600, 20)
     job = jobs("openmpi", args, ckpt_options=["--interval", "2"]).submit()
     job.wait_text("READY")
     job.wait_checkpoints(2)
@@ -287,7 +299,7 @@ def test_node_failure_requeues_and_restarts_on_the_nodes_left(slurm, jobs):
     """h2 dies (slurmd and every process there killed): the job fails on
     h1, waits for Slurm to find h2 down (NODE_FAIL), which requeues it; it
     restarts from the latest periodic checkpoint on nodes without h2."""
-    args = (2500, 20)
+    args = (800, 20)
     job = jobs("openmpi", args, ckpt_options=["--interval", "3"])
     text = _a_node_dies(slurm, job, nodes=("h1", "h2"), dies="h2")
     assert "lost host h2" in text and "NODE FAILURE" in text, text
@@ -300,7 +312,7 @@ def test_srun_as_the_command_runs_its_tasks_inside_the_job(slurm, jobs):
     come back on the requeued job's other nodes; each ends with the hash of
     an uninterrupted run."""
     counter = REPO / "integration" / "apps" / "bin" / "counter"
-    args = (1500, 10)
+    args = (600, 10)
     job = jobs("srun", args, command=["srun", "-N", "2", "-n", "4", str(counter),
                                       *map(str, args)]).submit()
     assert job.wait_running(0) == ["h1", "h2"]
@@ -310,6 +322,7 @@ def test_srun_as_the_command_runs_its_tasks_inside_the_job(slurm, jobs):
     job.wait_pending(1)
     job.keep_off(["h1", "h2"])
     assert job.wait_running(1) == ["h3", "h4"]
+    job.release()
     assert job.slurm.wait_job(job.id, ("COMPLETED",), timeout=120)
     r = slurm.run("h4", [str(counter), *map(str, args)], timeout=120)
     expected = [line for line in r.stdout.splitlines() if line.startswith("RESULT")]
@@ -323,7 +336,7 @@ def test_batch_host_failure_requeues_and_restarts_without_it(slurm, jobs):
     h1), dies: Slurm requeues the job (NODE_FAIL), and the requeued run, on
     other nodes, restarts from the latest periodic checkpoint (its dead
     predecessor's registry entry is no obstacle)."""
-    args = (2500, 20)
+    args = (800, 20)
     job = jobs("openmpi", args, ckpt_options=["--interval", "3"])
     text = _a_node_dies(slurm, job, nodes=("h2", "h3"), dies="h2")
     assert "requeued run 1: restarting from" in text, text
