@@ -4,7 +4,9 @@
  * none lost), a full mask that reads back whole, and a few of them taken
  * through sigwaitinfo and a signalfd instead of a handler.  A second
  * thread makes glibc broadcast set*id calls with its own internal signal
- * (SIGSETXID, which the checkpoint shares): they must go on working.
+ * (SIGSETXID, which the checkpoint shares): they must go on working.  It
+ * blocks every signal, and two sent to it alone (pthread_kill) stay
+ * pending for it until the end, when it takes them.
  *
  *   rtsignals [steps] [ms-per-step]
  */
@@ -22,15 +24,33 @@ static volatile long last_value[64];
 static volatile int order_broken;
 static volatile int finished;
 
+static int pending_for_me(void)
+{
+	sigset_t pending;
+
+	return sigpending(&pending) == 0 && sigismember(&pending, SIGUSR1) == 1 &&
+	       sigismember(&pending, SIGUSR2) == 1;
+}
+
 static void *bystander(void *arg)
 {
-	sigset_t all;
+	struct timespec now = { 0, 0 };
+	sigset_t mine;
+	int taken = 0;
 
-	/* the process's signals are for the main thread */
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, NULL);
-	while (!finished)
+	/* born with every signal blocked: the process's are the main thread's */
+	while (!pending_for_me())
+		zdtm_pace(1);
+	while (!finished) {
+		zdtm_check(pending_for_me(), "a signal pending for one thread was lost");
 		zdtm_pace(5);
+	}
+	sigemptyset(&mine);
+	sigaddset(&mine, SIGUSR1);
+	sigaddset(&mine, SIGUSR2);
+	while (sigtimedwait(&mine, NULL, &now) > 0)
+		taken++;
+	zdtm_check(taken == 2, "%d signals pending for the thread, not 2", taken);
 	return arg;
 }
 
@@ -111,6 +131,8 @@ int main(int argc, char **argv)
 		zdtm_check(pthread_create(&other, NULL, bystander, NULL) == 0, "pthread_create");
 		pthread_sigmask(SIG_SETMASK, &mine, NULL);
 	}
+	zdtm_check(pthread_kill(other, SIGUSR1) == 0 && pthread_kill(other, SIGUSR2) == 0,
+		   "pthread_kill");
 	sigdelset(&waited, SIGRTMAX - 1);
 	check_full_mask();
 	printf("READY\n");

@@ -205,6 +205,7 @@ struct ckpt_thread {
 	uint32_t securebits;		/* PR_GET_SECUREBITS, if caps_read */
 	uint32_t pad;
 	char comm[16];			/* PR_GET_NAME: the thread's name */
+	uint64_t pending;		/* signals pending for it alone (SigPnd) */
 	struct ckpt_regs regs;
 };
 

@@ -157,19 +157,46 @@ void restore_posix_timers(const struct ckpt_process *p)
 	sys2(SYS_prctl, PR_TIMER_CREATE_RESTORE_IDS, 0);
 }
 
-/* The one timer that signals the process with sig, or NULL. */
-static const struct ckpt_posix_timer *timer_of_signal(const struct ckpt_process *p, int sig)
+/* The one timer that signals sig to the process (tid 0) or to the thread
+ * tid, or NULL. */
+static const struct ckpt_posix_timer *timer_of_signal(const struct ckpt_process *p, int sig,
+						      int32_t tid)
 {
+	int notify = tid ? SIGEV_THREAD_ID : SIGEV_SIGNAL;
 	const struct ckpt_posix_timer *found = NULL;
 
 	for (unsigned i = 0; i < p->ntimers && i < CKPT_MAX_TIMERS; i++) {
-		if (p->timers[i].notify != SIGEV_SIGNAL || p->timers[i].signo != sig)
+		const struct ckpt_posix_timer *t = &p->timers[i];
+
+		if (t->notify != notify || t->signo != sig || (tid && t->tid != tid))
 			continue;
 		if (found)
 			return NULL;
-		found = &p->timers[i];
+		found = t;
 	}
 	return found;
+}
+
+/* A pending signal of timer t, with the siginfo a handler may look at (and
+ * glibc's SIGEV_THREAD helper needs: anything else ends that thread). */
+static void queue_timer_signal(long pid, long tid, const struct ckpt_posix_timer *t)
+{
+	siginfo_t si;
+
+	memset(&si, 0, sizeof(si));
+	si.si_signo = t->signo;
+	si.si_code = SI_TIMER;
+	si.si_timerid = t->id;
+	si.si_value.sival_ptr = (void *)t->sigval;
+	if (tid)
+		sys4(SYS_rt_tgsigqueueinfo, pid, tid, t->signo, (long)&si);
+	else
+		sys3(SYS_rt_sigqueueinfo, pid, t->signo, (long)&si);
+}
+
+static int never_pending(int sig)
+{
+	return sig == SIGKILL || sig == SIGSTOP || sig == CKPT_PARKING_SIGNAL;
 }
 
 /* Pending signals come back pending (all are blocked until the threads
@@ -180,22 +207,32 @@ static void restore_pending(const struct ckpt_process *p)
 	long pid = sys0(SYS_getpid);
 
 	for (int sig = 1; sig < CKPT_NSIG; sig++) {
-		const struct ckpt_posix_timer *t = timer_of_signal(p, sig);
-		siginfo_t si;
+		const struct ckpt_posix_timer *t = timer_of_signal(p, sig, 0);
 
-		if (!((p->shared_pending >> (sig - 1)) & 1) || sig == SIGKILL || sig == SIGSTOP ||
-		    sig == CKPT_PARKING_SIGNAL)
+		if (!((p->shared_pending >> (sig - 1)) & 1) || never_pending(sig))
 			continue;
-		if (!t) {
+		if (t)
+			queue_timer_signal(pid, 0, t);
+		else
 			sys2(SYS_kill, pid, sig);
+	}
+}
+
+/* Signals pending for one thread alone (thread_pending, native/shim/
+ * quiesce.c): sent to it again while every thread blocks them all. */
+void restore_thread_pending(const struct ckpt_process *p, const struct ckpt_thread *thread)
+{
+	long pid = sys0(SYS_getpid);
+
+	for (int sig = 1; sig < CKPT_NSIG; sig++) {
+		const struct ckpt_posix_timer *t = timer_of_signal(p, sig, thread->tid);
+
+		if (!((thread->pending >> (sig - 1)) & 1) || never_pending(sig))
 			continue;
-		}
-		memset(&si, 0, sizeof(si));
-		si.si_signo = sig;
-		si.si_code = SI_TIMER;
-		si.si_timerid = t->id;
-		si.si_value.sival_ptr = (void *)t->sigval;
-		sys3(SYS_rt_sigqueueinfo, pid, sig, (long)&si);
+		if (t)
+			queue_timer_signal(pid, thread->tid, t);
+		else
+			sys3(SYS_tgkill, pid, thread->tid, sig);
 	}
 }
 

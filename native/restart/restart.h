@@ -199,6 +199,7 @@ void restore_process_late(struct image *img, const struct restart_args *args);
 long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
 void restore_threads(struct image *img) __attribute__((noreturn));
 void restore_posix_timers(const struct ckpt_process *p);
+void restore_thread_pending(const struct ckpt_process *p, const struct ckpt_thread *thread);
 unsigned mapped_file_fds(const struct image *img);
 void make_exited_pidfd(void);
 

@@ -239,6 +239,8 @@ void restore_threads(struct image *img)
 		fatal("the image has no main thread", -22);
 	restore_async_owners(img);
 	restore_posix_timers(img->proc);
+	for (unsigned i = 0; i < img->nthreads; i++)
+		restore_thread_pending(img->proc, &img->threads[i]);
 	sys2(SYS_arch_prctl, ARCH_SET_FS, leader->fs_base);
 	become(leader);
 }

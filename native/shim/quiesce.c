@@ -130,6 +130,25 @@ int drop_restart_capabilities(const struct ckpt_thread *rec)
 	return syscall(SYS_capset, &hdr, data) ? errno : 0;
 }
 
+/* Signals pending for this thread alone, not the process's: read only
+ * when rt_sigpending says some signal is.  Restored by
+ * restore_thread_pending (native/restart/process.c). */
+static uint64_t thread_pending(void)
+{
+	char buf[4096], *line;
+	uint64_t any = 0;
+	ssize_t n;
+
+	if (syscall(SYS_rt_sigpending, &any, sizeof(any)) || !any)
+		return 0;
+	n = shim_read_proc("/proc/thread-self/status", buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	line = strstr(buf, "\nSigPnd:");
+	return line ? strtoull(line + 8, NULL, 16) : 0;
+}
+
 void thread_fill_record(struct ckpt_thread *rec)
 {
 	uint64_t fs = 0, ctid = 0, mask = 0;
@@ -157,6 +176,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	rec->sigmask = mask;
 	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
 	syscall(SYS_prctl, PR_GET_NAME, rec->comm, 0, 0, 0);
+	rec->pending = thread_pending();
 	fill_scheduling(rec);
 	fill_capabilities(rec);
 }
