@@ -171,6 +171,8 @@ void thread_fill_record(struct ckpt_thread *rec)
 			rec->rseq_sig = RSEQ_SIG;
 		}
 	}
+	if (!rec->rseq_addr)
+		rseq_own_area(rec);	/* one the program registered itself */
 	syscall(SYS_get_robust_list, 0, &rec->robust_list, &rec->robust_len);
 	syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &mask, sizeof(mask));
 	rec->sigmask = mask;

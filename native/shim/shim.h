@@ -96,6 +96,10 @@ SHIM_HIDDEN void syscall_restart_resume(void *uc, int64_t parked_ns, int restore
 SHIM_HIDDEN void stopped_children_note(void);
 SHIM_HIDDEN void stopped_children_restore(void);
 
+/* rseq_areas.c: a thread's rseq area registered by the program itself */
+SHIM_HIDDEN void rseq_note_call(long nr, const long *args, long result);
+SHIM_HIDDEN int rseq_own_area(struct ckpt_thread *rec);
+
 /* seccomp_calls.c: threads in seccomp mode cannot be parked (yet) */
 SHIM_HIDDEN void seccomp_init(void);
 SHIM_HIDDEN void seccomp_note_call(long nr);
