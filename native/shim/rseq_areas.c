@@ -9,10 +9,9 @@
  * inline `syscall` instruction is not seen.
  */
 #define _GNU_SOURCE
+#include <sys/rseq.h>
 #include <sys/syscall.h>
 #include "shim.h"
-
-#define RSEQ_FLAG_UNREGISTER 1
 
 struct rseq_area {
 	uint64_t addr;			/* 0: none noted */
