@@ -27,6 +27,7 @@ PROGRAMS = {
     "itimer": ["300"],
     "rseq_vdso": ["250", "10"],
     "rseq_own": ["300", "10"],
+    "pending_siginfo": ["300", "10"],
     "join": ["300", "10"],
     "sharedmem": ["250", "10", "."],
     "proctree": ["300", "10"],
@@ -92,7 +93,7 @@ def test_checkpoint_kill_restart_first_and_last(session, app):
 
 @pytest.mark.parametrize("app", ["counter", "threads", "bigmem", "files", "itimer", "tcpflood",
                                  "guard_pages", "private_maps", "sharedmem", "mem_advice",
-                                 "aio_context"])
+                                 "aio_context", "pending_siginfo"])
 def test_in_place_checkpoints(session, app):
     """--in-place: the job stays stopped until its images are written (the
     default has a copy-on-write child write them while the job runs on);
@@ -125,7 +126,7 @@ def test_locked_memory_through_a_forked_write(session):
 
 
 @pytest.mark.parametrize("app", ["counter", "threads", "files", "proctree", "sockets", "fifos",
-                                 "tcpflood", "private_maps", "posix_timers"])
+                                 "tcpflood", "private_maps", "posix_timers", "pending_siginfo"])
 def test_restart_twice_in_a_chain(session, app):
     """Checkpoint a restarted job again, kill it, and restart that image."""
     args = PROGRAMS[app]

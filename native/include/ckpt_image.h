@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 13
+#define CKPT_IMAGE_VERSION 14
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -59,12 +59,13 @@ enum ckpt_record_type {
 	CKPT_REC_END = 6,
 	CKPT_REC_SYSV_SEM = 7,		/* struct ckpt_sysv_sem, its values */
 	CKPT_REC_SYSV_MSG = 8,		/* struct ckpt_sysv_msg, its messages */
-	CKPT_REC_MQUEUE = 9		/* a POSIX message queue no fd holds, that
+	CKPT_REC_MQUEUE = 9,		/* a POSIX message queue no fd holds, that
 					 * the process created: laid out as a
 					 * CKPT_REC_FD of kind CKPT_FD_MQUEUE,
 					 * fd -1 */
+	CKPT_REC_SIGNALS = 10		/* struct ckpt_signal_queue, its siginfos */
 };
-#define CKPT_REC_LAST 9			/* the highest record type */
+#define CKPT_REC_LAST 10		/* the highest record type */
 
 struct ckpt_record {
 	uint32_t type;
@@ -271,6 +272,17 @@ struct ckpt_sysv_message {		/* followed by len bytes, padded to 8 */
 struct ckpt_mq_message {		/* followed by len bytes, padded to 8 */
 	uint32_t prio;
 	uint32_t len;
+};
+
+/* The signals pending in one queue, with what a handler reads of each
+ * (siginfo_t, CKPT_SIGINFO_SIZE bytes), oldest first.  The pending
+ * bitmasks (ckpt_process.shared_pending, ckpt_thread.pending) still hold
+ * every pending signal; one with no siginfo here comes back without. */
+#define CKPT_SIGINFO_SIZE 128
+
+struct ckpt_signal_queue {		/* followed by count siginfos */
+	int32_t tid;			/* the queue of this thread; 0: the process's */
+	uint32_t count;
 };
 
 struct ckpt_rlim {

@@ -397,6 +397,25 @@ static void check_threads_and_info(struct image *img)
 		    img->file, (unsigned long long)info);
 }
 
+/* The siginfos of one queue of pending signals (queued_signals.c). */
+static const struct ckpt_signal_queue *load_signal_queue(struct image *img, uint64_t off,
+							 uint64_t size)
+{
+	const struct ckpt_signal_queue *q;
+	const siginfo_t *si;
+
+	if (size < sizeof(*q))
+		die("%s: corrupt signal record", img->file);
+	q = read_payload(img, size, off);
+	si = (const siginfo_t *)(q + 1);
+	if (q->tid < 0 || size != sizeof(*q) + (uint64_t)q->count * CKPT_SIGINFO_SIZE)
+		die("%s: corrupt signal record", img->file);
+	for (uint32_t i = 0; i < q->count; i++)
+		if (si[i].si_signo <= 0 || si[i].si_signo >= CKPT_NSIG)
+			die("%s: corrupt signal record (signal %d)", img->file, si[i].si_signo);
+	return q;
+}
+
 static void load_records(struct image *img, uint64_t file_size)
 {
 	uint64_t off = CKPT_HEADER_SIZE;
@@ -444,6 +463,11 @@ static void load_records(struct image *img, uint64_t file_size)
 			img->nsysv++;
 			break;
 		}
+		case CKPT_REC_SIGNALS:
+			if (img->nsignal_queues == img->max_signal_queues)
+				die("%s: corrupt image (records)", img->file);
+			img->signal_queues[img->nsignal_queues++] = load_signal_queue(img, off, rec.size);
+			break;
 		case CKPT_REC_END:
 			return;
 		default:
@@ -507,6 +531,9 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 					 sizeof(*img->named_mqueues));
 	img->max_sysv = count[CKPT_REC_SYSV_SEM] + count[CKPT_REC_SYSV_MSG];
 	img->sysv = arena_alloc((img->max_sysv + 1) * sizeof(*img->sysv));
+	img->max_signal_queues = count[CKPT_REC_SIGNALS];
+	img->signal_queues = arena_alloc((img->max_signal_queues + 1) *
+					 sizeof(*img->signal_queues));
 	load_records(img, st.st_size);
 	if (!img->proc || !img->nthreads)
 		die("%s: image has no process or thread record", path);

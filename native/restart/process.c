@@ -199,41 +199,78 @@ static int never_pending(int sig)
 	return sig == SIGKILL || sig == SIGSTOP || sig == CKPT_PARKING_SIGNAL;
 }
 
-/* Pending signals come back pending (all are blocked until the threads
- * resume); their siginfo does not, but for a timer's: a handler may
- * look at its value. */
-static void restore_pending(const struct ckpt_process *p)
+/* The siginfos saved of the queue of thread tid, or of the process (tid
+ * 0), or NULL (queued_signals.c, native/shim). */
+static const struct ckpt_signal_queue *saved_queue(const struct image *img, int32_t tid)
 {
-	long pid = sys0(SYS_getpid);
+	for (unsigned i = 0; i < img->nsignal_queues; i++)
+		if (img->signal_queues[i]->tid == tid)
+			return img->signal_queues[i];
+	return NULL;
+}
 
+static const siginfo_t *queue_entry(const struct ckpt_signal_queue *q, uint32_t i)
+{
+	return (const siginfo_t *)(q + 1) + i;
+}
+
+static int saved_with_siginfo(const struct ckpt_signal_queue *q, int sig)
+{
+	for (uint32_t i = 0; q && i < q->count; i++)
+		if (queue_entry(q, i)->si_signo == sig)
+			return 1;
+	return 0;
+}
+
+/*
+ * The signals pending in one queue come back pending (every thread
+ * blocks them all until it resumes), oldest first, with their siginfo:
+ * queued by the thread itself, or for the process by the main thread,
+ * as the kernel asks of whoever queues a kill()'s or its own siginfo.
+ * A signal saved without one (a timer's, SIGALRM) is sent again: a
+ * timer's with the siginfo a handler may look at.
+ */
+static void restore_queue(const struct image *img, uint64_t pending, int32_t tid)
+{
+	const struct ckpt_signal_queue *q = saved_queue(img, tid);
+	long pid = sys0(SYS_getpid), r;
+
+	for (uint32_t i = 0; q && i < q->count; i++) {
+		const siginfo_t *si = queue_entry(q, i);
+
+		if (never_pending(si->si_signo))
+			continue;
+		r = tid ? sys4(SYS_rt_tgsigqueueinfo, pid, tid, si->si_signo, (long)si) :
+			  sys3(SYS_rt_sigqueueinfo, pid, si->si_signo, (long)si);
+		if (r < 0)
+			fatal("queueing a pending signal again", r);
+	}
 	for (int sig = 1; sig < CKPT_NSIG; sig++) {
-		const struct ckpt_posix_timer *t = timer_of_signal(p, sig, 0);
+		const struct ckpt_posix_timer *t = timer_of_signal(img->proc, sig, tid);
 
-		if (!((p->shared_pending >> (sig - 1)) & 1) || never_pending(sig))
+		if (!((pending >> (sig - 1)) & 1) || never_pending(sig) ||
+		    saved_with_siginfo(q, sig))
 			continue;
 		if (t)
-			queue_timer_signal(pid, 0, t);
+			queue_timer_signal(pid, tid, t);
+		else if (tid)
+			sys3(SYS_tgkill, pid, tid, sig);
 		else
 			sys2(SYS_kill, pid, sig);
 	}
 }
 
-/* Signals pending for one thread alone (thread_pending, native/shim/
- * quiesce.c): sent to it again while every thread blocks them all. */
-void restore_thread_pending(const struct ckpt_process *p, const struct ckpt_thread *thread)
+/* Run by the main thread before it makes the others. */
+static void restore_pending(const struct image *img)
 {
-	long pid = sys0(SYS_getpid);
+	restore_queue(img, img->proc->shared_pending, 0);
+}
 
-	for (int sig = 1; sig < CKPT_NSIG; sig++) {
-		const struct ckpt_posix_timer *t = timer_of_signal(p, sig, thread->tid);
-
-		if (!((thread->pending >> (sig - 1)) & 1) || never_pending(sig))
-			continue;
-		if (t)
-			queue_timer_signal(pid, thread->tid, t);
-		else
-			sys3(SYS_tgkill, pid, thread->tid, sig);
-	}
+/* Signals pending for one thread alone: run by that thread, in become()
+ * (threads.c). */
+void restore_thread_pending(const struct image *img, const struct ckpt_thread *thread)
+{
+	restore_queue(img, thread->pending, thread->tid);
 }
 
 /* Saved by read_prctl_attributes (native/shim/save_process.c).  Dumpable
@@ -278,7 +315,7 @@ void restore_process_late(struct image *img, const struct restart_args *args)
 	restore_rlimits(p);
 	restore_signals(p);
 	restore_itimers(p);
-	restore_pending(p);
+	restore_pending(img);
 	/* tell the shim where its new coordinator is */
 	info->generation++;
 	memset(info->coord_path, 0, sizeof(info->coord_path));

@@ -65,7 +65,10 @@ struct image {
 	unsigned nnamed_mqueues;
 	struct sysv_object *sysv;
 	unsigned nsysv;
-	unsigned max_threads, max_vmas, max_fds, max_named_mqueues, max_sysv;	/* room */
+	const struct ckpt_signal_queue **signal_queues;	/* CKPT_REC_SIGNALS */
+	unsigned nsignal_queues;
+	unsigned max_threads, max_vmas, max_fds, max_named_mqueues, max_sysv,
+		 max_signal_queues;	/* room */
 };
 
 #define MAX_IMAGES 1024
@@ -199,7 +202,7 @@ void restore_process_late(struct image *img, const struct restart_args *args);
 long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
 void restore_threads(struct image *img) __attribute__((noreturn));
 void restore_posix_timers(const struct ckpt_process *p);
-void restore_thread_pending(const struct ckpt_process *p, const struct ckpt_thread *thread);
+void restore_thread_pending(const struct image *img, const struct ckpt_thread *thread);
 unsigned mapped_file_fds(const struct image *img);
 void make_exited_pidfd(void);
 

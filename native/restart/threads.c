@@ -157,11 +157,15 @@ static void restore_capabilities(const struct ckpt_thread *t)
 			fatal("raising an ambient capability", r);
 }
 
+/* The image whose threads are being made: become() reads it. */
+static const struct image *restoring;
+
 /* Runs on a zone stack with the image's TLS: raw system calls only. */
 static void become(const struct ckpt_thread *t)
 {
 	long r;
 
+	restore_thread_pending(restoring, t);	/* only the thread may queue them */
 	restore_scheduling(t);
 	restore_capabilities(t);
 	sys5(SYS_prctl, PR_SET_NAME, t->comm, 0, 0, 0);	/* ps and pthread_getname_np */
@@ -224,6 +228,7 @@ void restore_threads(struct image *img)
 	const struct ckpt_thread *leader = NULL;
 	unsigned stacks = 1;		/* stack 0 is this process's own */
 
+	restoring = img;
 	unregister_own_rseq();
 	close_restart_fds();
 	for (unsigned i = 0; i < img->nthreads; i++) {
@@ -239,8 +244,6 @@ void restore_threads(struct image *img)
 		fatal("the image has no main thread", -22);
 	restore_async_owners(img);
 	restore_posix_timers(img->proc);
-	for (unsigned i = 0; i < img->nthreads; i++)
-		restore_thread_pending(img->proc, &img->threads[i]);
 	sys2(SYS_arch_prctl, ARCH_SET_FS, leader->fs_base);
 	become(leader);
 }

@@ -322,6 +322,7 @@ static int after_restart(void)
 	in_checkpoint = 0;	/* the checkpoint it came from; the restart's own follows */
 	close_copied_fds();	/* ckpt-restart gave us a copy of the restored table */
 	scratch_forget();
+	queued_signals_forget();
 	image_writer_forget();
 	restarting = 1;
 	name_checkpoint_thread();

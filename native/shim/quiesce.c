@@ -130,25 +130,6 @@ int drop_restart_capabilities(const struct ckpt_thread *rec)
 	return syscall(SYS_capset, &hdr, data) ? errno : 0;
 }
 
-/* Signals pending for this thread alone, not the process's: read only
- * when rt_sigpending says some signal is.  Restored by
- * restore_thread_pending (native/restart/process.c). */
-static uint64_t thread_pending(void)
-{
-	char buf[4096], *line;
-	uint64_t any = 0;
-	ssize_t n;
-
-	if (syscall(SYS_rt_sigpending, &any, sizeof(any)) || !any)
-		return 0;
-	n = shim_read_proc("/proc/thread-self/status", buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	line = strstr(buf, "\nSigPnd:");
-	return line ? strtoull(line + 8, NULL, 16) : 0;
-}
-
 void thread_fill_record(struct ckpt_thread *rec)
 {
 	uint64_t fs = 0, ctid = 0, mask = 0;
@@ -178,7 +159,8 @@ void thread_fill_record(struct ckpt_thread *rec)
 	rec->sigmask = mask;
 	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
 	syscall(SYS_prctl, PR_GET_NAME, rec->comm, 0, 0, 0);
-	rec->pending = thread_pending();
+	/* for it alone; restored by restore_thread_pending (native/restart/process.c) */
+	rec->pending = queued_signals_own_pending();
 	fill_scheduling(rec);
 	fill_capabilities(rec);
 }
@@ -258,6 +240,8 @@ void quiesce_handler(int sig, siginfo_t *si, void *uc)
 	gen = t->gen;
 	parked_ns = shim_now_ns();
 	thread_fill_record(&t->rec);
+	if (t->rec.pending)
+		queued_signals_take_thread(idx, t->rec.pending);
 	restored = ckpt_save_context(&t->rec.regs) != 0;
 	slot_set_state(&slots[idx], restored ? SLOT_RESTORED : SLOT_PARKED);
 	while (atomic_load(&resume_gen) == gen) {
@@ -413,6 +397,7 @@ int quiesce_suspend(int timeout_ms)
 
 void quiesce_resume(void)
 {
+	queued_signals_release();
 	atomic_fetch_add(&resume_gen, 1);
 	futex(&resume_gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
 }

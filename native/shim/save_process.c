@@ -378,6 +378,7 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 	if (err)
 		return err;
 	p->shared_pending = shared_pending();
+	queued_signals_take_process(p->shared_pending);
 	collect_zombies(p);
 	if (!getcwd(p->cwd, sizeof(p->cwd))) {
 		err = errno;

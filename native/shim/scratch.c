@@ -17,11 +17,16 @@ void *scratch_map(size_t len)
 
 	if (p == MAP_FAILED)
 		return NULL;
+	/* parked threads map some too (queued_signals.c), all at once:
+	 * a slot is claimed by its end */
 	for (int i = 0; i < MAX_SCRATCH; i++) {
-		if (ranges[i].end)
+		uint64_t free_slot = 0,
+			 end = ((uint64_t)p + len + CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
+
+		if (!__atomic_compare_exchange_n(&ranges[i].end, &free_slot, end, 0,
+						 __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
 			continue;
-		ranges[i].start = (uint64_t)p;
-		ranges[i].end = ((uint64_t)p + len + CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
+		__atomic_store_n(&ranges[i].start, (uint64_t)p, __ATOMIC_RELEASE);
 		return p;
 	}
 	shim_munmap(p, len);
@@ -31,8 +36,10 @@ void *scratch_map(size_t len)
 void scratch_unmap(void *p, size_t len)
 {
 	for (int i = 0; i < MAX_SCRATCH; i++)
-		if (ranges[i].start == (uint64_t)p)
-			ranges[i].start = ranges[i].end = 0;
+		if (__atomic_load_n(&ranges[i].start, __ATOMIC_ACQUIRE) == (uint64_t)p) {
+			ranges[i].start = 0;
+			__atomic_store_n(&ranges[i].end, 0, __ATOMIC_RELEASE);
+		}
 	shim_munmap(p, len);
 }
 

@@ -138,6 +138,13 @@ SHIM_HIDDEN void quiesce_handler(int sig, siginfo_t *si, void *uc);
 /* fn(arg) in a parked thread of the application (its fd table) */
 SHIM_HIDDEN int quiesce_run_in_app(void (*fn)(void *), void *arg);
 SHIM_HIDDEN void thread_fill_record(struct ckpt_thread *rec);
+
+/* queued_signals.c: the siginfo of pending signals */
+SHIM_HIDDEN uint64_t queued_signals_own_pending(void);
+SHIM_HIDDEN void queued_signals_take_thread(unsigned slot, uint64_t pending);
+SHIM_HIDDEN void queued_signals_take_process(uint64_t shared_pending);
+SHIM_HIDDEN void queued_signals_release(void);
+SHIM_HIDDEN void queued_signals_forget(void);
 SHIM_HIDDEN int drop_restart_capabilities(const struct ckpt_thread *rec);
 
 /* coord.c: the line protocol to the coordinator */
@@ -229,6 +236,7 @@ SHIM_HIDDEN int iw_pad_to_page(struct image_writer *w);
 SHIM_HIDDEN uint64_t iw_offset(const struct image_writer *w);
 SHIM_HIDDEN int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3);
 SHIM_HIDDEN void iw_abort(struct image_writer *w, int dirfd, const char *name);
+SHIM_HIDDEN int queued_signals_write(struct image_writer *w);
 SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 
 /* save_*.c: the records of one image */
