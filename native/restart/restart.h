@@ -194,6 +194,10 @@ void relock_memory(const struct image *img);
 void check_capabilities(const struct image *img);
 void restore_async_owners(const struct image *img);
 
+/* time_wait.c */
+struct sockaddr;
+int end_time_wait(const struct sockaddr *local);
+
 /* process.c */
 void restore_process_early(struct image *img);
 void restore_process_late(struct image *img, const struct restart_args *args);

@@ -440,14 +440,24 @@ static void unlink_stale_name(const struct ckpt_fd *f)
 /* TIME_WAIT of connections that a socket without SO_REUSEADDR closed
  * first (a job that ended on this host a moment ago: MPI libraries
  * number their listeners from the same first port) holds the port for a
- * minute: wait for it, once, rather than fail the restart. */
+ * minute: ended where we may (time_wait.c), else waited for, once,
+ * rather than fail the restart. */
 #define TIME_WAIT_SECONDS 65
 
 static int bind_after_time_wait(int s, const struct ckpt_fd *f, const char *at)
 {
 	static time_t deadline;	/* one minute for all of them: they ended together */
 	struct timespec pause = { 0, 250 * 1000 * 1000 };
+	int ended;
 
+	if (f->sock_type == SOCK_STREAM && (ended = end_time_wait(sa(&f->sock_local))) > 0) {
+		warn("port %s was held by %d connection%s in TIME_WAIT (a job that just ended "
+		     "here?): ended", at, ended, ended == 1 ? "" : "s");
+		if (!bind(s, sa(&f->sock_local), f->sock_local.len))
+			return 1;
+		if (errno != EADDRINUSE)
+			return 0;
+	}
 	if (!deadline) {
 		warn("port %s is taken, by the TIME_WAIT of a job that just ended here?: "
 		     "waiting up to %d s for it", at, TIME_WAIT_SECONDS);
