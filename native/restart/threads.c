@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/rseq.h>
 #include <sys/syscall.h>
 #include <asm/prctl.h>
 #include <linux/prctl.h>
@@ -17,13 +18,8 @@
 #include "restart.h"
 #include "sys.h"
 
-#define RSEQ_FLAG_UNREGISTER 1
-#define RSEQ_SIG 0x53053053
-
 void ckpt_resume_context(const struct ckpt_regs *regs, long ret) __attribute__((noreturn));
 
-extern const ptrdiff_t __rseq_offset __attribute__((weak));
-extern const unsigned int __rseq_size __attribute__((weak));
 
 static void become(const struct ckpt_thread *t) __attribute__((noreturn));
 
@@ -216,7 +212,7 @@ static void unregister_own_rseq(void)
 {
 	uint64_t tp;
 
-	if (!&__rseq_size || !__rseq_size)
+	if (!__rseq_size)
 		return;
 	__asm__ volatile("mov %%fs:0, %0" : "=r"(tp));
 	sys4(SYS_rseq, tp + __rseq_offset, __rseq_size > 32 ? __rseq_size : 32,

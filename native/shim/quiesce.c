@@ -26,6 +26,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/rseq.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,11 +41,6 @@ enum park_state {
 	SLOT_GONE = 4,
 };
 
-#define RSEQ_SIG 0x53053053
-#define RSEQ_CPU_ID_REGISTRATION_FAILED (-2)
-
-extern const ptrdiff_t __rseq_offset __attribute__((weak));
-extern const unsigned int __rseq_size __attribute__((weak));
 
 static struct parked_thread slots[CKPT_MAX_THREADS];
 static unsigned nslots;
@@ -141,7 +137,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	if (syscall(SYS_prctl, PR_GET_TID_ADDRESS, &ctid, 0, 0, 0) == 0)
 		rec->clear_child_tid = ctid;
 	rec->rseq_addr = 0;
-	if (&__rseq_size && __rseq_size && fs) {
+	if (__rseq_size && fs) {	/* glibc 2.35 or later */
 		uint64_t area = fs + __rseq_offset;
 		int32_t cpu_id = *(volatile int32_t *)(area + 4);
 
