@@ -271,7 +271,8 @@ def main():
     if args.only in (None, "barrier"):
         barrier_scale(args.reps)
     if args.only in (None, "job"):
-        subprocess.run(["make", "-s", "-C", str(REPO / "bench" / "mpi")], check=True)
+        for part in ("mpi", "apps"):   # the job, and the baselines' io_baseline
+            subprocess.run(["make", "-s", "-C", str(REPO / "bench" / part)], check=True)
         two_host_job(args.mib, args.reps)
 
 
