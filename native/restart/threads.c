@@ -20,7 +20,6 @@
 
 void ckpt_resume_context(const struct ckpt_regs *regs, long ret) __attribute__((noreturn));
 
-
 static void become(const struct ckpt_thread *t) __attribute__((noreturn));
 
 /*

@@ -41,7 +41,6 @@ enum park_state {
 	SLOT_GONE = 4,
 };
 
-
 static struct parked_thread slots[CKPT_MAX_THREADS];
 static unsigned nslots;
 static _Atomic unsigned resume_gen;	/* parked threads wait on this */
