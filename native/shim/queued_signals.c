@@ -69,14 +69,18 @@ static int make_room(struct signal_queue *q)
 	return 0;
 }
 
-/* The signals never taken: those of POSIX timers (/proc/self/timers'
- * "signal: N/..." lines), SIGALRM, and those no queue can hold. */
-static uint64_t left_in_place(void)
+/* Never taken: SIGALRM (taking it re-arms its interval timer early) and
+ * those no queue can hold; a POSIX timer's signal neither (the same). */
+static const uint64_t never_taken = 1ULL << (SIGKILL - 1) | 1ULL << (SIGSTOP - 1) |
+				    1ULL << (SIGALRM - 1) | 1ULL << (CKPT_SIGNAL - 1);
+
+/* The POSIX timers' signals, from /proc/self/timers' "signal: N/..."
+ * lines (a parked thread has no ckpt_process to look at). */
+static uint64_t timer_signals(void)
 {
-	uint64_t mask = 1ULL << (SIGKILL - 1) | 1ULL << (SIGSTOP - 1) |
-			1ULL << (SIGALRM - 1) | 1ULL << (CKPT_SIGNAL - 1);
 	size_t size = CKPT_MAX_TIMERS * 128 + 1;
 	char *buf = scratch_map(size), *line;
+	uint64_t mask = 0;
 	ssize_t n;
 
 	if (!buf)
@@ -96,18 +100,11 @@ static uint64_t left_in_place(void)
  * when rt_sigpending says some signal is. */
 uint64_t queued_signals_own_pending(void)
 {
-	char buf[4096], *line;
 	uint64_t any = 0;
-	ssize_t n;
 
 	if (syscall(SYS_rt_sigpending, &any, sizeof(any)) || !any)
 		return 0;
-	n = shim_read_proc("/proc/thread-self/status", buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	line = strstr(buf, "\nSigPnd:");
-	return line ? strtoull(line + 8, NULL, 16) : 0;
+	return shim_status_mask("/proc/thread-self/status", "SigPnd:");
 }
 
 static int take_one(uint64_t set, siginfo_t *si)
@@ -167,8 +164,10 @@ static void take_queue(struct signal_queue *q, pid_t tid, uint64_t want,
 void queued_signals_take_thread(unsigned slot, uint64_t pending)
 {
 	struct signal_queue *q = &queues[slot];
-	uint64_t want = pending & ~left_in_place();
+	uint64_t want = pending & ~never_taken;
 
+	if (want)
+		want &= ~timer_signals();
 	if (!want)
 		return;
 	take_queue(q, syscall(SYS_gettid), want, queued_signals_own_pending);
@@ -185,15 +184,18 @@ static void put_back_in_app(void *arg)
 	put_back(arg);
 }
 
-/* In the checkpoint thread, every thread parked: the process's queue.  A
- * signal pending for this thread too would be taken from its own queue
- * first: such a signal is left in place. */
-void queued_signals_take_process(uint64_t shared_pending)
+/* In the checkpoint thread, every thread parked: the process's queue,
+ * its timers read already.  A signal pending for this thread too would be
+ * taken from its own queue first: such a signal is left in place. */
+void queued_signals_take_process(const struct ckpt_process *p)
 {
 	struct signal_queue *q = &queues[PROCESS_QUEUE];
-	uint64_t want = shared_pending & ~left_in_place() & ~queued_signals_own_pending();
+	uint64_t want = p->shared_pending & ~never_taken & ~queued_signals_own_pending();
 	int err;
 
+	for (uint32_t i = 0; i < p->ntimers && i < CKPT_MAX_TIMERS; i++)
+		if (p->timers[i].signo > 0 && p->timers[i].signo < CKPT_NSIG)
+			want &= ~(1ULL << (p->timers[i].signo - 1));
 	if (!want)
 		return;
 	take_queue(q, 0, want, all_signals);

@@ -192,20 +192,6 @@ static void read_membarrier(struct ckpt_process *p)
  * finds it here (this variable is part of the image). */
 static char checkpointed_exe[CKPT_PATH_MAX];
 
-/* Signals pending for the whole process: an interval timer's SIGALRM
- * that is pending (blocked while we park) is also not re-armed yet. */
-static uint64_t shared_pending(void)
-{
-	char buf[4096], *line;
-	ssize_t n = shim_read_proc("/proc/self/status", buf, sizeof(buf) - 1);
-
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	line = strstr(buf, "\nShdPnd:");
-	return line ? strtoull(line + 8, NULL, 16) : 0;
-}
-
 /* One /proc/<pid>/stat: is it our child?  Its state, and for a zombie its
  * exit status.  (No /proc/<pid>/task/<tid>/children on every kernel: we
  * look at every process.) */
@@ -377,8 +363,10 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 		snprintf(detail, size, "reading its POSIX timers: %s", shim_strerror(err));
 	if (err)
 		return err;
-	p->shared_pending = shared_pending();
-	queued_signals_take_process(p->shared_pending);
+	/* an interval timer's SIGALRM that is pending (blocked while we
+	 * park) is also not re-armed yet */
+	p->shared_pending = shim_status_mask("/proc/self/status", "ShdPnd:");
+	queued_signals_take_process(p);
 	collect_zombies(p);
 	if (!getcwd(p->cwd, sizeof(p->cwd))) {
 		err = errno;

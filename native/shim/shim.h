@@ -80,6 +80,7 @@ SHIM_HIDDEN const char *shim_strerror(int err);
 
 /* procfs.c */
 SHIM_HIDDEN ssize_t shim_read_proc(const char *path, char *buf, size_t size);
+SHIM_HIDDEN uint64_t shim_status_mask(const char *path, const char *field);
 
 /* signals.c: the parking signal, shared with glibc's set*id broadcast */
 SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));
@@ -142,7 +143,7 @@ SHIM_HIDDEN void thread_fill_record(struct ckpt_thread *rec);
 /* queued_signals.c: the siginfo of pending signals */
 SHIM_HIDDEN uint64_t queued_signals_own_pending(void);
 SHIM_HIDDEN void queued_signals_take_thread(unsigned slot, uint64_t pending);
-SHIM_HIDDEN void queued_signals_take_process(uint64_t shared_pending);
+SHIM_HIDDEN void queued_signals_take_process(const struct ckpt_process *p);
 SHIM_HIDDEN void queued_signals_release(void);
 SHIM_HIDDEN void queued_signals_forget(void);
 SHIM_HIDDEN int drop_restart_capabilities(const struct ckpt_thread *rec);
