@@ -65,6 +65,9 @@ class CheckpointRun:
         self.forked = forked and not kill  # --kill: nothing to run on for
         self.compress = compress
         self.number, self.tmp = prepare_directory(coordinator.job_dir)
+        # incremental: the checkpoint this one is taken against (None: full)
+        self.parent, _chain = manifests.incremental_parent(coordinator.job_dir,
+                                                            coordinator.full_every)
         self.start_ns = time.time_ns()
 
     async def run(self):
@@ -87,9 +90,7 @@ class CheckpointRun:
             # bytes a TCP sender holds reach their receiver: the marker
             # tells where its peer stopped writing
             await self._phase("FLUSH", secrets.token_hex(16))
-            mode = (" fork" if self.forked else "") + \
-                ("" if self.compress == "none" else " " + self.compress)
-            written = await self._phase("WRITE", escape(self.tmp) + mode)
+            written = await self._phase("WRITE", escape(self.tmp) + self._write_words())
             if not self.forked:
                 entries = self._image_entries(written, threads)
             # the stopped ones' threads stop again before RESUME could wake them
@@ -120,6 +121,16 @@ class CheckpointRun:
             raise
         finally:
             await stopped_processes.freeze(self.thawed)
+
+    def _write_words(self):
+        """WRITE's words after the directory (docs/PROTOCOL.md)."""
+        words = [] if not self.forked else ["fork"]
+        words += [] if self.compress == "none" else [self.compress]
+        if self.coord.full_every:
+            words.append("incremental")
+            if self.parent:
+                words.append("parent=" + escape(self.parent))  # last: a path
+        return "".join(" " + word for word in words)
 
     async def _phase(self, phase, arg=None, procs=None):
         """A barrier (of procs, default all).  A process that exited on its
@@ -245,10 +256,17 @@ class CheckpointRun:
                 "written": "forked" if "forked" in keys else "in place",
                 "threads": int(threads.get(proc, {}).get("threads", 0)),
             }
+            if "chain" in keys:  # incremental: what the image holds, what it reads elsewhere
+                entries[proc].update(
+                    own=int(keys.get("own", 0)), referred=int(keys.get("referred", 0)),
+                    chain=int(keys["chain"]),
+                    sources=[n for n in keys.get("sources", "").split(",")
+                             if manifests.CKPT_RE.match(n)])
         return entries
 
     def _publish(self, entries, stopped):
         images = {entry["image"] for entry in entries.values()}
+        images |= {name + ".pages" for name in images}  # an incremental image's page list
         for leftover in self.tmp.iterdir():  # images of processes that were left out
             if leftover.name not in images:
                 leftover.unlink()
@@ -260,7 +278,8 @@ class CheckpointRun:
             job_id=self.coord.job_id, number=self.number, command=self.coord.command,
             processes=processes, start_ns=self.start_ns, end_ns=time.time_ns(),
             restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings(),
-            addresses=self.coord.host_addresses())
+            addresses=self.coord.host_addresses(),
+            parent=manifests.checkpoint_number(self.parent) if self.parent else None)
         manifests.write_manifest(self.tmp, manifest)
         return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
 

@@ -13,7 +13,8 @@ from ckpt.config import load_config
 from ckpt.errors import CkptError
 from ckpt.image import memory_bytes, verify_checkpoint
 from ckpt.jobs import find_job, list_jobs
-from ckpt.manifest import CKPT_RE, MANIFEST_NAME, published_checkpoints
+from ckpt.manifest import (CKPT_RE, MANIFEST_NAME, checkpoint_name, needed_checkpoints,
+                           published_checkpoints)
 
 
 class CkptGroup(click.Group):
@@ -61,6 +62,15 @@ COMPRESS = click.option(
          "where a sample of it shrinks (auto, the default).")
 
 
+INCREMENTAL = click.option(
+    "--incremental/--no-incremental", default=None,
+    help="Write only the memory that changed since the job's previous checkpoint; the "
+         "rest is read from earlier checkpoints at restart (default: off).")
+FULL_EVERY = click.option(
+    "--full-every", metavar="K",
+    help="With --incremental, every K-th checkpoint is a full one (default 8).")
+
+
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckpt")
 def main():
@@ -74,12 +84,14 @@ def main():
 @KEEP
 @WRITE_MODE
 @COMPRESS
+@INCREMENTAL
+@FULL_EVERY
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(job_id, ckpt_dir, interval, keep, forked, compress, command):
+def launch(job_id, ckpt_dir, interval, keep, forked, compress, incremental, full_every, command):
     """Run COMMAND in the foreground under the checkpoint shim."""
     from ckpt.launch import launch as run_launch
     config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
-                         compress=compress)
+                         compress=compress, incremental=incremental, full_every=full_every)
     sys.exit(run_launch(list(command), config, job_id))
 
 
@@ -200,6 +212,17 @@ def _human_size(size):
         size /= 1024
 
 
+def _incremental_part(manifest):
+    """What an incremental checkpoint reads from earlier ones."""
+    needs = sorted(needed_checkpoints(manifest))
+    if not needs:
+        return ""
+    referred = sum(int(p.get("referred", 0)) for p in manifest["processes"])
+    parent = manifest.get("parent")
+    return (f", {_human_size(referred)} more in {', '.join(map(checkpoint_name, needs))}"
+            + (f" (incremental on {checkpoint_name(parent)})" if parent is not None else ""))
+
+
 def _describe_checkpoint(path):
     """(its line, whether it verifies), or None if it went away meanwhile
     (the job's --keep deleted it while we looked)."""
@@ -216,6 +239,7 @@ def _describe_checkpoint(path):
         if None not in sizes:
             mem, stored = (sum(column) for column in zip(*sizes)) if sizes else (0, 0)
             memory = f"memory {_human_size(mem)} stored as {_human_size(stored)}"
+        memory += _incremental_part(manifest)
     except (CkptError, OSError) as exc:
         if not path.exists():
             return None
@@ -261,12 +285,14 @@ def slurm():
 @KEEP
 @WRITE_MODE
 @COMPRESS
+@INCREMENTAL
+@FULL_EVERY
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def slurm_run(ckpt_dir, interval, keep, forked, compress, command):
+def slurm_run(ckpt_dir, interval, keep, forked, compress, incremental, full_every, command):
     """The batch script's last command: launch COMMAND, or restart it from
     its latest checkpoint when Slurm requeued the job; USR1 checkpoints and
     requeues it."""
     from ckpt.slurm import run as run_slurm
     config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
-                         compress=compress)
+                         compress=compress, incremental=incremental, full_every=full_every)
     sys.exit(run_slurm(list(command), config))

@@ -17,7 +17,10 @@ ENV_NAMES = {
     "keep": "CKPT_KEEP",
     "forked_write": "CKPT_FORKED_WRITE",
     "compress": "CKPT_COMPRESS",
+    "incremental": "CKPT_INCREMENTAL",
+    "full_every": "CKPT_FULL_EVERY",
 }
+FULL_EVERY_MAX = 64  # an image refers to at most this many earlier ones
 COMPRESS_MODES = ("none", "zstd", "auto")
 
 
@@ -31,6 +34,10 @@ class Config:
     # page data: none, zstd, or zstd where samples shrink (not the default
     # yet: a compressed image restarts slower than a raw one on few cores)
     compress: str = "none"
+    # write only the pages that changed since the previous checkpoint, and
+    # a full checkpoint every full_every (bounds what a restart reads)
+    incremental: bool = False
+    full_every: int = 8
 
 
 def default_config():
@@ -86,6 +93,16 @@ def _compress(value, source):
     return text
 
 
+def _full_every(value, source):
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise CkptError(f"{source}: full_every must be a whole number, not {value!r}")
+    if not 1 <= number <= FULL_EVERY_MAX:
+        raise CkptError(f"{source}: full_every must be between 1 and {FULL_EVERY_MAX}")
+    return number
+
+
 def _convert(key, value, source):
     """One raw value (from YAML, env or a flag) to its typed form."""
     if key == "ckpt_dir":
@@ -98,8 +115,10 @@ def _convert(key, value, source):
         return _seconds(value, key, source, allow_zero=False)
     if key == "keep":
         return _keep(value, source)
-    if key == "forked_write":
+    if key in ("forked_write", "incremental"):
         return _flag(value, key, source)
+    if key == "full_every":
+        return _full_every(value, source)
     if key == "compress":
         return _compress(value, source)
     raise CkptError(f"{source}: unknown setting {key!r}")

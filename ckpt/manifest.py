@@ -31,6 +31,10 @@ def checkpoint_name(number):
     return f"ckpt-{number:04d}"
 
 
+def checkpoint_number(path):
+    return int(CKPT_RE.match(Path(path).name).group(1))
+
+
 def tmp_name(number):
     return f".{checkpoint_name(number)}.tmp"
 
@@ -71,13 +75,37 @@ def fsync_path(path):
         os.close(fd)
 
 
+def incremental_parent(job_dir, full_every):
+    """What an incremental checkpoint builds on: (the newest published
+    checkpoint, the new one's place in its chain), or (None, 0) for a full
+    one: none yet, or every full_every-th."""
+    published = published_checkpoints(job_dir)
+    if not published or full_every <= 1:
+        return None, 0
+    path = published[-1][1]
+    try:
+        chain = read_manifest(path).get("chain", 0)
+    except CkptError:
+        return None, 0
+    if not _is_int(chain) or chain < 0 or chain + 1 >= full_every:
+        return None, 0
+    return path, chain + 1
+
+
+def needed_checkpoints(manifest):
+    """The earlier checkpoints whose images this one's refer to."""
+    return {int(n) for n in manifest.get("needs") or () if _is_int(n)}
+
+
 def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
-                   restarted_from=None, warnings=(), addresses=None):
+                   restarted_from=None, warnings=(), addresses=None, parent=None):
     """addresses: {host: its IPv4 address as the job's hosts reached it};
     `hosts` lists the coordinator's host first: a restart maps them in
     this order onto its new hosts."""
     here = socket.gethostname()
     seen = [proc["host"] for proc in processes]
+    needs = sorted({int(name.split("-")[1]) for proc in processes
+                    for name in proc.get("sources", ())})
     hosts = sorted(set(seen), key=lambda host: (host != here, seen.index(host))) or [here]
     return {
         "format": MANIFEST_FORMAT,
@@ -91,6 +119,11 @@ def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
         "end_ns": end_ns,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end_ns / 1e9)),
         "restarted_from": restarted_from,
+        # incremental: the checkpoint it was taken against, its place in
+        # the chain since a full one, and the checkpoints it reads from
+        "parent": parent if needs else None,
+        "chain": max([proc.get("chain", 0) for proc in processes] + [0]),
+        "needs": needs,
         "warnings": list(warnings),
         "processes": list(processes),
     }
@@ -178,6 +211,10 @@ _MANIFEST_TYPES = {
     "addresses": (lambda v: isinstance(v, dict) and all(map(_is_str, [*v, *v.values()])),
                   "a mapping of hosts to addresses"),
     "restarted_from": (lambda v: v is None or (_is_int(v) and v >= 0), "a checkpoint number"),
+    "parent": (lambda v: v is None or (_is_int(v) and v >= 0), "a checkpoint number"),
+    "chain": (lambda v: _is_int(v) and v >= 0, "a number"),
+    "needs": (lambda v: isinstance(v, list) and all(_is_int(n) and n >= 0 for n in v),
+              "a list of checkpoint numbers"),
     "warnings": (lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v), "a list"),
 }
 _PROCESS_TYPES = {
@@ -256,11 +293,18 @@ def discard(tmp_dir):
 
 
 def prune(job_dir, keep):
-    """Delete the oldest published checkpoints beyond `keep` (0 = keep all)."""
+    """Delete the oldest published checkpoints beyond `keep` (0 = keep all),
+    never one whose images a kept checkpoint reads (incremental)."""
     if keep <= 0:
         return []
     published = published_checkpoints(job_dir)
-    victims = [path for _, path in published[:-keep]]
+    needed = set()
+    for _, path in published[-keep:]:
+        try:
+            needed |= needed_checkpoints(read_manifest(path))
+        except CkptError:
+            return []  # cannot tell what it needs: delete nothing
+    victims = [path for number, path in published[:-keep] if number not in needed]
     for path in victims:
         # rename first so a half-deleted directory never looks valid
         doomed = path.with_name(f".{path.name}.deleting")

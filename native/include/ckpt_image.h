@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 14
+#define CKPT_IMAGE_VERSION 15
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -63,9 +63,11 @@ enum ckpt_record_type {
 					 * the process created: laid out as a
 					 * CKPT_REC_FD of kind CKPT_FD_MQUEUE,
 					 * fd -1 */
-	CKPT_REC_SIGNALS = 10		/* struct ckpt_signal_queue, its siginfos */
+	CKPT_REC_SIGNALS = 10,		/* struct ckpt_signal_queue, its siginfos */
+	CKPT_REC_SOURCES = 11		/* struct ckpt_source[]: the earlier images
+					 * an incremental image's pages refer to */
 };
-#define CKPT_REC_LAST 10		/* the highest record type */
+#define CKPT_REC_LAST 11		/* the highest record type */
 
 struct ckpt_record {
 	uint32_t type;
@@ -117,6 +119,8 @@ struct ckpt_vma {
 	uint32_t compression;		/* CKPT_COMPRESS_*: how the page data is stored */
 	uint64_t stored_size;		/* bytes of page data in the file: data_size
 					 * uncompressed, the chunks' sum compressed */
+	uint64_t nrefs;			/* struct ckpt_page_ref after the chunks:
+					 * pages held by earlier images */
 };
 
 /*
@@ -171,6 +175,59 @@ struct ckpt_chunk {
 struct ckpt_run {
 	uint64_t offset;		/* bytes from vma start */
 	uint64_t npages;
+};
+
+/*
+ * Incremental checkpoints: a page unchanged since the previous checkpoint
+ * (same address, same XXH3-128) is not written again; the record refers
+ * to where an earlier image holds it.  Pages of an earlier image are raw
+ * (stored 0: len bytes at off) or inside one of its zstd chunks (off and
+ * stored: the chunk in the file, into: where the pages start in its
+ * chunk_len decompressed bytes).  source indexes the image's
+ * CKPT_REC_SOURCES record.
+ */
+struct ckpt_page_ref {
+	uint64_t offset;		/* bytes from vma start */
+	uint64_t len;
+	uint64_t off;			/* in the source image */
+	uint32_t source;
+	uint32_t stored;
+	uint32_t into;
+	uint32_t chunk_len;
+};
+
+#define CKPT_SOURCE_NAME_MAX 240
+struct ckpt_source {			/* an earlier image, checked before use */
+	uint64_t size;
+	uint64_t xxh3;			/* its file checksum, as in its manifest */
+	char name[CKPT_SOURCE_NAME_MAX];	/* "ckpt-NNNN/<image>", from the job dir */
+};
+
+/*
+ * Beside each image of an incremental job, <image>.pages: where every
+ * saved page of the process lies and its hash, for the next checkpoint
+ * to compare with.  A header, the sources (0: the image itself, k: its
+ * CKPT_REC_SOURCES entry k - 1), the pages by address.  Never needed by a
+ * restart; a sidecar that does not check out makes the next image full.
+ */
+#define CKPT_PAGES_MAGIC 0x3153475054504b43ULL	/* "CKPTPGS1" */
+struct ckpt_pages_header {
+	uint64_t magic;
+	uint64_t image_size, image_xxh3;	/* the image it describes */
+	uint32_t nsources;		/* struct ckpt_source, after the header */
+	uint32_t chain;			/* images since the last full one */
+	uint64_t npages;		/* struct ckpt_page_loc, after the sources */
+	uint64_t body_xxh3;		/* of everything after the header */
+};
+
+struct ckpt_page_loc {
+	uint64_t addr;
+	uint64_t hash_lo, hash_hi;	/* XXH3-128 of its bytes */
+	uint64_t off;			/* as struct ckpt_page_ref */
+	uint32_t source;		/* 0: the image itself */
+	uint32_t stored;
+	uint32_t into;
+	uint32_t chunk_len;
 };
 
 struct ckpt_regs {			/* callee-saved state of a parked thread */

@@ -108,7 +108,7 @@ unsigned addr_map_get(struct ckpt_addr_move *out, unsigned max)
 void cross_host_load(const char *const *paths, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++) {
-		image_load(&peer_imgs[i], paths[i], NULL);
+		image_load_peer(&peer_imgs[i], paths[i]);
 		close(peer_imgs[i].fd);	/* what we need is in the arena now */
 		peer_imgs[i].fd = -1;
 	}

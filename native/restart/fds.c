@@ -37,6 +37,7 @@
 static int stdio_fds[3] = { -1, -1, -1 };	/* the restarter's own stdio */
 static int exited_pidfd = -1;		/* of a process that has exited */
 static int image_fd = -1;
+static const struct image *restoring;	/* its earlier images' fds are kept too */
 static int fd_base = 3;			/* above every fd number of the image */
 
 int restart_fd_base(void)
@@ -57,7 +58,7 @@ static void choose_fd_base(struct image *imgs, unsigned n)
 			if (imgs[i].fds[j].f.fd > highest)
 				highest = imgs[i].fds[j].f.fd;
 		files += mapped_file_fds(&imgs[i]);
-		need += 3 * imgs[i].nfds + 1;
+		need += 3 * imgs[i].nfds + 1 + imgs[i].nsources;
 	}
 	need += files;
 	fd_base = highest + 1;
@@ -93,10 +94,12 @@ static void keep_stdio(void)
  * but what this process restores from. */
 static void close_others(void)
 {
-	unsigned max = 6 + MAX_FDS * 3, nkeep = 0, lo = 0;
+	unsigned max = 6 + MAX_SOURCES + MAX_FDS * 3, nkeep = 0, lo = 0;
 	int *keep = arena_alloc(sizeof(int) * max);
 
 	keep[nkeep++] = image_fd;
+	for (unsigned i = 0; i < restoring->nsources; i++)
+		keep[nkeep++] = restoring->sources[i].fd;
 	keep[nkeep++] = tree_report_fd();
 	keep[nkeep++] = exited_pidfd;
 	for (int i = 0; i < 3; i++)
@@ -563,8 +566,11 @@ static int dup_placed(struct image *img, const int *placed, unsigned idx)
 void prepare_fds(struct image *imgs, unsigned n)
 {
 	choose_fd_base(imgs, n);
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned i = 0; i < n; i++) {
 		imgs[i].fd = move_high(imgs[i].fd, "an image");
+		for (unsigned j = 0; j < imgs[i].nsources; j++)
+			imgs[i].sources[j].fd = move_high(imgs[i].sources[j].fd, "an earlier image");
+	}
 	keep_stdio();
 	note_exited_pidfds(imgs, n);
 }
@@ -643,6 +649,7 @@ void restore_fds(struct image *img)
 	int *placed = arena_alloc(sizeof(int) * (img->nfds + 1));
 
 	image_fd = img->fd;
+	restoring = img;
 	close_others();
 	for (unsigned i = 0; i < img->nfds; i++)
 		placed[i] = move_high(img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
@@ -669,6 +676,8 @@ void close_restart_fds(void)
 		if (stdio_fds[i] >= 0)
 			syscall(SYS_close, stdio_fds[i]);
 	syscall(SYS_close, image_fd);
+	for (unsigned i = 0; restoring && i < restoring->nsources; i++)
+		syscall(SYS_close, restoring->sources[i].fd);
 	syscall(SYS_close, tree_report_fd());
 	if (exited_pidfd >= 0)
 		syscall(SYS_close, exited_pidfd);

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#include <zstd.h>
 #include "restart.h"
 
 void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off)
@@ -80,9 +82,8 @@ static int hash_blocks(void *arg)
 }
 
 /* Hashed straight from the page cache through a temporary mapping. */
-static void check_checksum(struct image *img, const char *want_hex, uint64_t size)
+static void check_checksum(struct image *img, uint64_t want, uint64_t size)
 {
-	uint64_t want = strtoull(want_hex, NULL, 16);
 	struct block_hashing h = { .size = size };
 	uint64_t got;
 	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, img->fd, 0);
@@ -174,7 +175,8 @@ static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64
 
 	if (v->path_len > meta_max || v->path_len >= CKPT_PATH_MAX ||
 	    v->nruns > (meta_max - v->path_len) / sizeof(struct ckpt_run) ||
-	    v->nguards > (meta_max - v->path_len) / sizeof(struct ckpt_run) - v->nruns)
+	    v->nguards > (meta_max - v->path_len) / sizeof(struct ckpt_run) - v->nruns ||
+	    v->nrefs > meta_max / sizeof(struct ckpt_page_ref))
 		die("%s: corrupt memory record (lengths)", img->file);
 	if (v->compression > CKPT_COMPRESS_ZSTD ||
 	    (v->compression == CKPT_COMPRESS_NONE && v->stored_size != v->data_size) ||
@@ -198,8 +200,45 @@ static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64
 	    v->data_offset - off > size - v->stored_size || !page_aligned(v->data_offset) ||
 	    v->data_offset - off < sizeof(*v) + v->path_len +
 					   (v->nruns + v->nguards) * sizeof(struct ckpt_run) +
-					   vma_chunks(v) * sizeof(struct ckpt_chunk))
+					   vma_chunks(v) * sizeof(struct ckpt_chunk) +
+					   v->nrefs * sizeof(struct ckpt_page_ref))
 		die("%s: corrupt memory record (page data)", img->file);
+	/* only private memory read in place refers to earlier images */
+	if (v->nrefs && v->kind != CKPT_VMA_ANON && v->kind != CKPT_VMA_HEAP &&
+	    v->kind != CKPT_VMA_STACK && v->kind != CKPT_VMA_FILE)
+		die("%s: corrupt memory record (pages of earlier images)", img->file);
+}
+
+/*
+ * Pages held by earlier images (incremental checkpoints): inside the
+ * region, in order, apart from each other, each inside its source as
+ * that source is (its size checked when loaded).  The sources record may
+ * come after the memory: checked once all records are in (check_refs).
+ */
+static void check_refs(struct image *img, const struct loaded_vma *lv)
+{
+	uint64_t next = 0, len = lv->v.end - lv->v.start;
+
+	for (uint64_t i = 0; i < lv->v.nrefs; i++) {
+		const struct ckpt_page_ref *r = &lv->refs[i];
+		const struct loaded_source *src = r->source < img->nsources ?
+						  &img->sources[r->source] : NULL;
+		int bad = !src || !page_aligned(r->offset) || !page_aligned(r->len) || !r->len ||
+			  r->offset < next || r->offset >= len || r->len > len - r->offset ||
+			  r->off > src->s.size;
+
+		if (!bad && !r->stored)
+			bad = r->len > src->s.size - r->off;
+		else if (!bad)
+			bad = r->chunk_len > CKPT_CHUNK_SIZE || r->into > r->chunk_len ||
+			      r->len > r->chunk_len - r->into ||
+			      r->stored > ZSTD_COMPRESSBOUND(CKPT_CHUNK_SIZE) ||
+			      r->stored > src->s.size - r->off;
+		if (bad)
+			die("%s: corrupt memory record (pages of earlier images at %#llx)", img->file,
+			    (unsigned long long)lv->v.start);
+		next = r->offset + r->len;
+	}
 }
 
 static void load_vma(struct image *img, uint64_t off, uint64_t size)
@@ -235,6 +274,10 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 				  off + sizeof(lv->v) + lv->v.path_len +
 				  (lv->v.nruns + lv->v.nguards) * sizeof(struct ckpt_run));
 	check_chunks(img, lv);
+	lv->refs = read_payload(img, lv->v.nrefs * sizeof(struct ckpt_page_ref),
+				off + sizeof(lv->v) + lv->v.path_len +
+				(lv->v.nruns + lv->v.nguards) * sizeof(struct ckpt_run) +
+				lv->nchunks * sizeof(struct ckpt_chunk));
 	if (lv->v.nguards && !guards_supported())
 		die("%s: the process has guard pages (MADV_GUARD_INSTALL), which this kernel "
 		    "cannot install (Linux 6.13 or later can)", img->file);
@@ -416,6 +459,59 @@ static const struct ckpt_signal_queue *load_signal_queue(struct image *img, uint
 	return q;
 }
 
+/* A source's name: "ckpt-NNNN/<image>", a checkpoint of the same job. */
+static int source_name_ok(const char *name)
+{
+	const char *slash = memchr(name, '/', CKPT_SOURCE_NAME_MAX);
+
+	return slash && memchr(name, '\0', CKPT_SOURCE_NAME_MAX) && !strncmp(name, "ckpt-", 5) &&
+	       strspn(name + 5, "0123456789") == (size_t)(slash - name - 5) &&
+	       slash[1] && slash[1] != '.' && !strchr(slash + 1, '/');
+}
+
+/* The earlier images this one refers to, in the checkpoints beside its
+ * own: each opened and checked whole against its checksum now, before
+ * anything is changed. */
+static void load_sources(struct image *img, uint64_t off, uint64_t size)
+{
+	const struct ckpt_source *src;
+	const char *slash = strrchr(img->file, '/');
+	int dir_len = slash ? (int)(slash - img->file) : 1;
+	const char *dir = slash ? img->file : ".";
+
+	if (img->peer)
+		return;
+	if (img->nsources || !size || size % sizeof(*src) ||
+	    size / sizeof(*src) > MAX_SOURCES)
+		die("%s: corrupt record of earlier images", img->file);
+	src = read_payload(img, size, off);
+	img->nsources = size / sizeof(*src);
+	img->sources = arena_alloc(img->nsources * sizeof(*img->sources));
+	for (unsigned i = 0; i < img->nsources; i++) {
+		struct loaded_source *ls = &img->sources[i];
+		struct image earlier = { .fd = -1 };
+		struct stat st;
+		char *path;
+
+		ls->s = src[i];
+		if (!source_name_ok(ls->s.name))
+			die("%s: corrupt record of earlier images (a name)", img->file);
+		path = arena_alloc(dir_len + strlen(ls->s.name) + 5);
+		sprintf(path, "%.*s/../%s", dir_len, dir, ls->s.name);
+		earlier.file = path;
+		ls->fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		if (ls->fd < 0)
+			die("%s: an earlier checkpoint's image it refers to: %s: %s", img->file, path,
+			    strerror(errno));
+		if (fstat(ls->fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != ls->s.size)
+			die("%s: an earlier checkpoint's image it refers to has changed: %s is not "
+			    "the %llu-byte image it was", img->file, path,
+			    (unsigned long long)ls->s.size);
+		earlier.fd = ls->fd;
+		check_checksum(&earlier, ls->s.xxh3, ls->s.size);
+	}
+}
+
 static void load_records(struct image *img, uint64_t file_size)
 {
 	uint64_t off = CKPT_HEADER_SIZE;
@@ -468,6 +564,9 @@ static void load_records(struct image *img, uint64_t file_size)
 				die("%s: corrupt image (records)", img->file);
 			img->signal_queues[img->nsignal_queues++] = load_signal_queue(img, off, rec.size);
 			break;
+		case CKPT_REC_SOURCES:
+			load_sources(img, off, rec.size);
+			break;
 		case CKPT_REC_END:
 			return;
 		default:
@@ -494,11 +593,12 @@ static void count_records(struct image *img, uint64_t file_size, unsigned count[
 	}
 }
 
-void image_load(struct image *img, const char *path, const char *xxh3)
+static void load(struct image *img, const char *path, const char *xxh3, int peer)
 {
 	struct stat st;
 	memset(img, 0, sizeof(*img));
 	img->file = path;
+	img->peer = peer;
 	/* restore_fds() moves it above every fd number of the image */
 	/* never through a symbolic link out of the checkpoint directory, and
 	 * never blocked on a FIFO in the image's place */
@@ -515,7 +615,7 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 		die("%s: truncated image", path);
 	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
 	if (xxh3)		/* damage first: it explains any odd header */
-		check_checksum(img, xxh3, st.st_size);
+		check_checksum(img, strtoull(xxh3, NULL, 16), st.st_size);
 	check_header(img);
 	unsigned count[CKPT_REC_LAST + 1] = { 0 };
 
@@ -535,8 +635,21 @@ void image_load(struct image *img, const char *path, const char *xxh3)
 	img->signal_queues = arena_alloc((img->max_signal_queues + 1) *
 					 sizeof(*img->signal_queues));
 	load_records(img, st.st_size);
+	for (unsigned i = 0; i < img->nvmas && !peer; i++)
+		check_refs(img, &img->vmas[i]);
 	if (!img->proc || !img->nthreads)
 		die("%s: image has no process or thread record", path);
 	check_threads_and_info(img);
 	check_timers(img);
+}
+
+void image_load(struct image *img, const char *path, const char *xxh3)
+{
+	load(img, path, xxh3, 0);
+}
+
+/* Another host's image: its records, never its memory. */
+void image_load_peer(struct image *img, const char *path)
+{
+	load(img, path, NULL, 1);
 }

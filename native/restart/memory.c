@@ -336,7 +336,7 @@ static void map_region(struct image *img, unsigned idx)
 	const struct loaded_vma *lv = &img->vmas[idx];
 	const struct ckpt_vma *v = &lv->v;
 	uint64_t len = v->end - v->start;
-	int prot = v->nruns ? PROT_READ | PROT_WRITE : (int)v->prot;
+	int prot = v->nruns || v->nrefs ? PROT_READ | PROT_WRITE : (int)v->prot;
 	int flags = MAP_FIXED | (v->shared ? MAP_SHARED : MAP_PRIVATE);
 	int fd = -1;
 	long r;
@@ -386,14 +386,15 @@ static void map_region(struct image *img, unsigned idx)
 	if ((uint64_t)r != v->start)
 		fatal("a saved region landed elsewhere", -EFAULT);
 	if (lv->nchunks)
-		reader_add_chunks(lv);
+		reader_add_chunks(img, lv);
 	for (uint64_t i = 0, off = v->data_offset; !lv->nchunks && i < v->nruns; i++) {
 		uint64_t bytes = lv->runs[i].npages * CKPT_PAGE_SIZE;
 
-		reader_add(v->start + lv->runs[i].offset, bytes, off);
+		reader_add(img, v->start + lv->runs[i].offset, bytes, off);
 		off += bytes;
 	}
-	if (v->nruns)
+	reader_add_refs(img, lv);
+	if (v->nruns || v->nrefs)
 		img->vmas[idx].filled = 1;	/* writable until its pages are in */
 }
 

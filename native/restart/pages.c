@@ -25,11 +25,15 @@
 #define PIECE (32UL << 20)		/* small enough to share out evenly */
 #define PARALLEL_FROM (128UL << 20)	/* below this, helpers cost more than they save */
 
-/* Raw: len bytes at file offset off belong at addr.  A chunk (lv set):
- * the len bytes of lv's page data from pos on, stored at off. */
+/* Raw: len bytes at offset off of file fd belong at addr.  A chunk (lv
+ * set): the len bytes of lv's page data from pos on, stored at off.  Pages
+ * of an earlier image's chunk (ref set): len bytes from into on of its
+ * chunk_len decompressed bytes, stored at off, belong at addr. */
 struct piece {
 	uint64_t addr, len, off;
+	int fd;
 	const struct loaded_vma *lv;
+	const struct ckpt_page_ref *ref;
 	uint64_t pos;
 	uint32_t stored, format;
 };
@@ -42,7 +46,6 @@ struct unpacker {
 };
 
 static struct {
-	int fd;
 	struct piece *pieces;
 	unsigned npieces, max_pieces;
 	uint64_t bytes;
@@ -117,12 +120,15 @@ void reader_prepare(struct image *img)
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		const struct loaded_vma *lv = &img->vmas[i];
 
-		max += lv->v.nruns + lv->nchunks;
+		max += lv->v.nruns + lv->nchunks + lv->v.nrefs;
 		compressed |= lv->nchunks > 0;
 		for (unsigned r = 0; r < lv->v.nruns; r++)
 			max += lv->runs[r].npages * CKPT_PAGE_SIZE / PIECE;
+		for (unsigned r = 0; r < lv->v.nrefs; r++) {
+			max += lv->refs[r].len / PIECE;
+			compressed |= lv->refs[r].stored > 0;
+		}
 	}
-	plan.fd = img->fd;
 	plan.max_pieces = max;
 	plan.pieces = arena_alloc((max + 1) * sizeof(*plan.pieces));
 	for (unsigned i = 0; compressed && i < HELPERS_MAX_TASKS; i++)
@@ -138,12 +144,12 @@ static void add_piece(const struct piece *p)
 }
 
 /* The chunks of a region with compressed page data. */
-void reader_add_chunks(const struct loaded_vma *lv)
+void reader_add_chunks(const struct image *img, const struct loaded_vma *lv)
 {
 	uint64_t off = lv->v.data_offset;
 
 	for (uint64_t i = 0; i < lv->nchunks; i++) {
-		struct piece p = { .len = chunk_len(lv, i), .off = off, .lv = lv,
+		struct piece p = { .len = chunk_len(lv, i), .off = off, .fd = img->fd, .lv = lv,
 				   .pos = i * CKPT_CHUNK_SIZE, .stored = lv->chunks[i].stored,
 				   .format = lv->chunks[i].format };
 
@@ -152,23 +158,46 @@ void reader_add_chunks(const struct loaded_vma *lv)
 	}
 }
 
-/* The pages at off in the image belong at addr. */
-void reader_add(uint64_t addr, uint64_t len, uint64_t off)
+/* The pages at off in file fd belong at addr. */
+static void add_raw(int fd, uint64_t addr, uint64_t len, uint64_t off)
 {
 	while (len) {
 		uint64_t n = len > PIECE ? PIECE : len;
 
-		add_piece(&(struct piece){ .addr = addr, .len = n, .off = off });
+		add_piece(&(struct piece){ .addr = addr, .len = n, .off = off, .fd = fd });
 		addr += n;
 		off += n;
 		len -= n;
 	}
 }
 
-static long read_at(uint64_t addr, uint64_t len, uint64_t off)
+/* The pages at off in the image belong at addr. */
+void reader_add(const struct image *img, uint64_t addr, uint64_t len, uint64_t off)
+{
+	add_raw(img->fd, addr, len, off);
+}
+
+/* The pages of a region that earlier images hold (incremental). */
+void reader_add_refs(const struct image *img, const struct loaded_vma *lv)
+{
+	for (uint64_t i = 0; i < lv->v.nrefs; i++) {
+		const struct ckpt_page_ref *r = &lv->refs[i];
+		int fd = img->sources[r->source].fd;
+
+		if (!r->stored)
+			add_raw(fd, lv->v.start + r->offset, r->len, r->off);
+		else
+			add_piece(&(struct piece){ .addr = lv->v.start + r->offset, .len = r->len,
+						   .off = r->off, .fd = fd, .ref = r,
+						   .stored = r->stored,
+						   .format = CKPT_CHUNK_ZSTD });
+	}
+}
+
+static long read_at(int fd, uint64_t addr, uint64_t len, uint64_t off)
 {
 	while (len) {
-		long n = sys4(SYS_pread64, plan.fd, addr, len, off);
+		long n = sys4(SYS_pread64, fd, addr, len, off);
 
 		if (n == -EINTR)
 			continue;
@@ -243,9 +272,9 @@ static long read_chunk(const struct piece *p, struct unpacker *u)
 	if (direct && (err = populate(addr, p->len)))
 		return err;
 	if (p->format == CKPT_CHUNK_RAW) {
-		err = read_at((uint64_t)out, p->len, p->off);
+		err = read_at(p->fd, (uint64_t)out, p->len, p->off);
 	} else {
-		err = read_at((uint64_t)u->in, p->stored, p->off);
+		err = read_at(p->fd, (uint64_t)u->in, p->stored, p->off);
 		if (!err && ZSTD_decompressDCtx(u->dctx, out, p->len, u->in, p->stored) != p->len)
 			err = -EBADMSG;	/* also a checksum that does not match */
 	}
@@ -254,12 +283,30 @@ static long read_chunk(const struct piece *p, struct unpacker *u)
 	return err;
 }
 
+/* Pages of an earlier image's zstd chunk: the whole chunk, then them. */
+static long read_ref_chunk(const struct piece *p, struct unpacker *u)
+{
+	const struct ckpt_page_ref *r = p->ref;
+	long err = read_at(p->fd, (uint64_t)u->in, r->stored, r->off);
+
+	if (!err && ZSTD_decompressDCtx(u->dctx, u->out, r->chunk_len, u->in, r->stored) !=
+		    r->chunk_len)
+		err = -EBADMSG;	/* also a checksum that does not match */
+	if (!err)
+		err = populate(p->addr, p->len);
+	if (!err)
+		memcpy((void *)p->addr, u->out + r->into, p->len);
+	return err;
+}
+
 static long read_piece(const struct piece *p, struct unpacker *u)
 {
 	if (p->lv)
 		return read_chunk(p, u);
+	if (p->ref)
+		return read_ref_chunk(p, u);
 	sys3(SYS_madvise, p->addr, p->len, MADV_POPULATE_WRITE);	/* batch the faults */
-	return read_at(p->addr, p->len, p->off);
+	return read_at(p->fd, p->addr, p->len, p->off);
 }
 
 static int read_pieces(void *unused)

@@ -30,6 +30,7 @@ struct loaded_vma {
 	const struct ckpt_run *runs;
 	const struct ckpt_run *guards;	/* pages that fault on any access */
 	const struct ckpt_chunk *chunks;	/* compressed: v.data_size in chunks */
+	const struct ckpt_page_ref *refs;	/* pages of earlier images */
 	uint64_t nchunks;
 	int filled;			/* its pages were read in at restore */
 	char *aio_ring;			/* CKPT_VMA_AIO_RING: its saved pages, read
@@ -50,8 +51,16 @@ struct sysv_object {			/* a CKPT_REC_SYSV_* record's payload */
 	const char *data;
 };
 
+struct loaded_source {			/* an earlier image (incremental) */
+	struct ckpt_source s;
+	int fd;
+};
+
+#define MAX_SOURCES 64
+
 struct image {
 	int fd;
+	int peer;			/* another host's: never restored here */
 	const char *file;
 	struct ckpt_image_header hdr;
 	struct ckpt_process *proc;
@@ -67,6 +76,8 @@ struct image {
 	unsigned nsysv;
 	const struct ckpt_signal_queue **signal_queues;	/* CKPT_REC_SIGNALS */
 	unsigned nsignal_queues;
+	struct loaded_source *sources;	/* CKPT_REC_SOURCES */
+	unsigned nsources;
 	unsigned max_threads, max_vmas, max_fds, max_named_mqueues, max_sysv,
 		 max_signal_queues;	/* room */
 };
@@ -116,14 +127,16 @@ void helpers_run(int (*fn)(void *), void *arg);
 
 /* pages.c */
 void reader_prepare(struct image *img);
-void reader_add(uint64_t addr, uint64_t len, uint64_t off);
-void reader_add_chunks(const struct loaded_vma *lv);
+void reader_add(const struct image *img, uint64_t addr, uint64_t len, uint64_t off);
+void reader_add_refs(const struct image *img, const struct loaded_vma *lv);
+void reader_add_chunks(const struct image *img, const struct loaded_vma *lv);
 void read_region_at(struct image *img, const struct loaded_vma *lv, char *base);
 void check_chunks(struct image *img, const struct loaded_vma *lv);
 void reader_run(void);
 
 /* image.c */
 void image_load(struct image *img, const char *path, const char *xxh3);
+void image_load_peer(struct image *img, const char *path);
 void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off);
 
 /* namespaces.c */

@@ -90,18 +90,38 @@ static int has_word(const char *list, const char *word)
 	return 0;
 }
 
-static void write_image(char *dir, unsigned seq, const char *mode)
+/* The value of WRITE's word name=value, unescaped in place, or NULL. */
+static char *word_value(char *words, const char *name)
 {
-	char detail[600];
-	int err = EAGAIN;
-	int compression = has_word(mode, "zstd") ? CKPT_COMPRESSION_ZSTD :
-			  has_word(mode, "auto") ? CKPT_COMPRESSION_AUTO : CKPT_COMPRESSION_NONE;
+	size_t n = strlen(name);
 
+	for (char *p = words; p && (p = strstr(p, name)); p += n)
+		if ((p == words || p[-1] == ' ') && p[n] == '=') {
+			p[n + 1 + strcspn(p + n + 1, " ")] = '\0';
+			unescape(p + n + 1);
+			return p + n + 1;
+		}
+	return NULL;
+}
+
+static void write_image(char *dir, unsigned seq, char *words)
+{
+	char detail[1024];
+	int err = EAGAIN;
+	struct write_mode mode = {
+		.compression = has_word(words, "zstd") ? CKPT_COMPRESSION_ZSTD :
+			       has_word(words, "auto") ? CKPT_COMPRESSION_AUTO :
+							 CKPT_COMPRESSION_NONE,
+		.incremental = has_word(words, "incremental"),
+	};
+	int forked = has_word(words, "fork");
+
+	mode.parent_dir = word_value(words, "parent");	/* the last word */
 	unescape(dir);
-	if (has_word(mode, "fork"))
-		err = image_write_forked(dir, seq, &self_rec, compression, detail, sizeof(detail));
+	if (forked)
+		err = image_write_forked(dir, seq, &self_rec, &mode, detail, sizeof(detail));
 	if (err == EAGAIN)	/* not forked, or not possible: write in place */
-		err = image_write_now(dir, seq, &self_rec, compression, detail, sizeof(detail));
+		err = image_write_now(dir, seq, &self_rec, &mode, detail, sizeof(detail));
 	reply(CKPT_PHASE_WRITE, err, detail);
 }
 
@@ -115,8 +135,8 @@ static int thawed_for(unsigned seq)
 }
 
 /* A restarted process returns from here a second time, with 1. */
-/* mode: "fork" for a forked write, "zstd" or "auto" to compress */
-static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, const char *mode)
+/* mode: WRITE's words (docs/PROTOCOL.md) */
+static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, char *mode)
 {
 	stopped_in_image = thawed_for(seq);
 	thread_fill_record(&self_rec);
@@ -133,7 +153,7 @@ static int __attribute__((noinline)) phase_write(char *dir, unsigned seq, const 
 
 static void phase_sync(void)
 {
-	char detail[600];
+	char detail[1024];
 	int err = image_write_wait(detail, sizeof(detail));
 
 	reply(CKPT_PHASE_SYNC, err, detail);

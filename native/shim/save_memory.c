@@ -56,6 +56,8 @@ struct mem_saver {
 	uint64_t copied;		/* pages copied on write over an unlinked
 					 * file, in the region being saved */
 	struct compressor *z;		/* --compress, or NULL */
+	struct increments *inc;		/* --incremental, or NULL */
+	struct ckpt_page_ref *refs;	/* WINDOW_PAGES entries */
 };
 
 static int page_is_zero(const void *p)
@@ -435,6 +437,16 @@ static int write_window_data(struct mem_saver *s, const struct region *r, uint64
 	return err;
 }
 
+/* Private memory read in place (not our own, which changes as we go):
+ * its unchanged pages may be referred to an earlier image. */
+static int incremental_window(const struct mem_saver *s, const struct region *r,
+			      uint64_t start, uint64_t end)
+{
+	return s->inc && !s->copy && !checkpointer_memory(start, end) &&
+	       (r->kind == CKPT_VMA_ANON || r->kind == CKPT_VMA_HEAP ||
+		r->kind == CKPT_VMA_STACK || r->kind == CKPT_VMA_FILE);
+}
+
 static int save_window(struct mem_saver *s, const struct region *r, uint64_t start,
 		       uint64_t end)
 {
@@ -452,8 +464,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	int readable = r->prot & PROT_READ;
 	int unprotected = 0;
 	const struct ckpt_chunk *chunks = NULL;
-	uint64_t nchunks = 0;
+	uint64_t nchunks = 0, nrefs = 0;
 	long nruns = 0;
+	int incremental = 0;
 	size_t payload;
 	int err;
 
@@ -477,6 +490,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		nruns = find_runs(s, r, start, end, readable);
 		if (nruns < 0)
 			return -nruns;
+		incremental = incremental_window(s, r, start, end);
+		if (incremental)
+			increments_split(s->inc, start, s->runs, &nruns, s->refs, &nrefs);
 	}
 	file_identity(r, &v);
 	if (r->kind == CKPT_VMA_DELETED_FILE) {
@@ -494,6 +510,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	}
 	v.nruns = nruns;
 	v.nguards = s->nguards;
+	v.nrefs = nrefs;
 	for (long i = 0; i < nruns; i++)
 		v.data_size += s->runs[i].npages * CKPT_PAGE_SIZE;
 	{
@@ -507,7 +524,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	}
 
 	payload = sizeof(v) + v.path_len + (nruns + v.nguards) * sizeof(struct ckpt_run) +
-		  nchunks * sizeof(struct ckpt_chunk);
+		  nchunks * sizeof(struct ckpt_chunk) + nrefs * sizeof(struct ckpt_page_ref);
 	/* data starts at the first page boundary after the payload */
 	v.data_offset = (iw_offset(s->w) + sizeof(struct ckpt_record) + payload +
 			 CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
@@ -521,8 +538,11 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		iw_append(s->w, s->runs, nruns * sizeof(struct ckpt_run));
 		iw_append(s->w, s->guards, v.nguards * sizeof(struct ckpt_run));
 		iw_append(s->w, chunks, nchunks * sizeof(struct ckpt_chunk));
+		iw_append(s->w, s->refs, nrefs * sizeof(struct ckpt_page_ref));
 		err = iw_pad_to_page(s->w);
 	}
+	if (!err && incremental)
+		err = increments_place(s->inc, v.data_offset, v.data_size, chunks, nchunks);
 	if (!err)
 		err = write_window_data(s, r, start, end, nruns, nchunks);
 out:
@@ -647,10 +667,11 @@ int memory_unsupported(char *why, size_t why_size)
 
 int save_memory(struct image_writer *w, const char *shared_key, const struct fd_table *fds,
 		const struct shm_snapshot *shm, const struct vma_advice_table *advice,
-		int compression)
+		int compression, struct increments *inc)
 {
 	struct mem_saver s = { .w = w, .shared_key = shared_key, .fds = fds, .shm = shm,
-			       .advice = advice };
+			       .advice = advice, .inc = inc };
+	size_t refs_size = WINDOW_PAGES * sizeof(struct ckpt_page_ref);
 	char *maps = scratch_map(MAPS_MAX);
 	size_t pm_size = WINDOW_PAGES * 8;
 	size_t runs_size = (WINDOW_PAGES / 2 + 1) * sizeof(struct ckpt_run);
@@ -660,6 +681,7 @@ int save_memory(struct image_writer *w, const char *shared_key, const struct fd_
 	s.pagemap = scratch_map(pm_size);
 	s.runs = scratch_map(runs_size);
 	s.guards = scratch_map(runs_size);
+	s.refs = inc ? scratch_map(refs_size) : NULL;
 	s.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 	s.z = compressor_new(compression, WINDOW_PAGES * CKPT_PAGE_SIZE, &err);
 	if (err) {	/* not enough memory to compress: the image is whole all the same */
@@ -667,7 +689,8 @@ int save_memory(struct image_writer *w, const char *shared_key, const struct fd_
 			  shim_strerror(err));
 		err = 0;
 	}
-	if (!maps || !s.pagemap || !s.runs || !s.guards || s.pagemap_fd < 0) {
+	if (!maps || !s.pagemap || !s.runs || !s.guards || (inc && !s.refs) ||
+	    s.pagemap_fd < 0) {
 		err = s.pagemap_fd < 0 ? errno : ENOMEM;
 		goto out;
 	}
@@ -695,6 +718,8 @@ out:
 		scratch_unmap(s.runs, runs_size);
 	if (s.guards)
 		scratch_unmap(s.guards, runs_size);
+	if (s.refs)
+		scratch_unmap(s.refs, refs_size);
 	if (s.pagemap)
 		scratch_unmap(s.pagemap, pm_size);
 	if (maps)

@@ -258,9 +258,25 @@ struct fd_table;
 struct shm_snapshot;
 struct vma_advice_table;
 SHIM_HIDDEN int memory_unsupported(char *why, size_t why_size);
+struct increments;
 SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
 			    const struct fd_table *fds, const struct shm_snapshot *shm,
-			    const struct vma_advice_table *advice, int compression);
+			    const struct vma_advice_table *advice, int compression,
+			    struct increments *inc);
+
+/* incremental.c: pages unchanged since the previous image are referred to */
+SHIM_HIDDEN struct increments *increments_begin(int dirfd, const char *image,
+						const char *parent_dir, int *err);
+SHIM_HIDDEN void increments_split(struct increments *inc, uint64_t start,
+				  struct ckpt_run *runs, long *nruns,
+				  struct ckpt_page_ref *refs, uint64_t *nrefs);
+SHIM_HIDDEN int increments_place(struct increments *inc, uint64_t data_offset,
+				 uint64_t data_size, const struct ckpt_chunk *chunks,
+				 uint64_t nchunks);
+SHIM_HIDDEN int increments_write_sources(struct increments *inc, struct image_writer *w);
+SHIM_HIDDEN int increments_finish(struct increments *inc, int dirfd, const char *image,
+				  uint64_t size, uint64_t xxh3, char *keys, size_t keys_size);
+SHIM_HIDDEN void increments_abort(struct increments *inc, int dirfd);
 
 /* compress.c: page data in chunks, compressed on every CPU (--compress) */
 #define CKPT_COMPRESSION_NONE 0
@@ -315,10 +331,16 @@ SHIM_HIDDEN void scratch_forget(void);
 SHIM_HIDDEN void warnings_to_fd(int fd);
 
 /* writer.c: the image file, written in place or by a forked child */
+/* how WRITE asks for the image (its words: docs/PROTOCOL.md) */
+struct write_mode {
+	int compression;		/* CKPT_COMPRESSION_* */
+	int incremental;		/* hash the pages, write a sidecar */
+	const char *parent_dir;		/* and refer to this checkpoint's, or NULL */
+};
 SHIM_HIDDEN int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
-				int compression, char *detail, size_t size);
+				const struct write_mode *mode, char *detail, size_t size);
 SHIM_HIDDEN int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *self,
-				   int compression, char *detail, size_t size);
+				   const struct write_mode *mode, char *detail, size_t size);
 SHIM_HIDDEN int image_write_wait(char *detail, size_t size);
 SHIM_HIDDEN void image_write_cancel(void);
 SHIM_HIDDEN void image_writer_forget(void);

@@ -59,11 +59,11 @@ struct snapshot {
 	struct shm_snapshot *shm;	/* forked: the shared memory to save */
 	struct sysv_snapshot *sysv;	/* System V IPC, if this process saves it */
 	struct vma_advice_table *advice;	/* mlock and madvise state */
-	int compression;		/* CKPT_COMPRESSION_* */
+	struct write_mode mode;
 };
 
 static int write_records(struct image_writer *w, const struct snapshot *snap,
-			 const char *shared_key)
+			 const char *shared_key, struct increments *inc)
 {
 	static const char end_marker[8];
 	char page[CKPT_HEADER_SIZE] = { 0 };
@@ -81,7 +81,9 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 		err = save_fds(w, snap->fds);
 	if (!err)
 		err = save_memory(w, shared_key, snap->fds, snap->shm, snap->advice,
-				  snap->compression);
+				  snap->mode.compression, inc);
+	if (!err)
+		err = increments_write_sources(inc, w);
 	if (!err)
 		err = sysv_ipc_write(w, snap->sysv);
 	if (!err)
@@ -99,9 +101,10 @@ static int write_file(const char *dir, const struct snapshot *snap, const char *
 		      char *detail, size_t size)
 {
 	struct image_writer *w;
+	struct increments *inc = NULL;
 	uint64_t bytes = 0, xxh = 0;
 	int64_t t0 = shim_now_ns();
-	char name[128];
+	char name[128], keys[400] = "";
 	int dirfd, err;
 
 	image_name(name, sizeof(name), snap->pid);
@@ -112,25 +115,38 @@ static int write_file(const char *dir, const struct snapshot *snap, const char *
 		return err;
 	}
 	w = iw_open(dirfd, name);
+	if (w && snap->mode.incremental) {
+		inc = increments_begin(dirfd, name, snap->mode.parent_dir, &err);
+		if (!inc) {
+			iw_abort(w, dirfd, name);
+			errno = err;
+			w = NULL;
+		}
+	}
 	if (!w) {
 		err = errno;
 		snprintf(detail, size, "cannot create %s/%s: %s", dir, name, shim_strerror(err));
 		goto out;
 	}
-	err = write_records(w, snap, shared_key);
+	err = write_records(w, snap, shared_key, inc);
 	if (err) {
 		iw_abort(w, dirfd, name);
 	} else {
 		err = iw_finish(w, &bytes, &xxh);
+		if (!err && inc) {
+			err = increments_finish(inc, dirfd, name, bytes, xxh, keys, sizeof(keys));
+			inc = NULL;	/* finished, or removed if it failed */
+		}
 		if (err)
 			unlinkat(dirfd, name, 0);
 	}
+	increments_abort(inc, dirfd);
 	if (err)
 		snprintf(detail, size, "writing %s/%s: %s", dir, name, shim_strerror(err));
 	else
-		snprintf(detail, size, "file=%s size=%llu xxh3=%016llx write_ns=%lld", name,
+		snprintf(detail, size, "file=%s size=%llu xxh3=%016llx write_ns=%lld%s", name,
 			 (unsigned long long)bytes, (unsigned long long)xxh,
-			 (long long)(shim_now_ns() - t0));
+			 (long long)(shim_now_ns() - t0), keys);
 out:
 	close(dirfd);
 	return err;
@@ -192,7 +208,7 @@ static void shared_key(char *key, size_t size, unsigned seq)
 }
 
 int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
-		    int compression, char *detail, size_t size)
+		    const struct write_mode *mode, char *detail, size_t size)
 {
 	struct snapshot snap;
 	char key[128];
@@ -200,7 +216,7 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 
 	if (err)
 		return err;
-	snap.compression = compression;
+	snap.mode = *mode;
 	shared_key(key, sizeof(key), seq);
 	err = write_file(dir, &snap, key, detail, size);
 	drop_snapshot(&snap);
@@ -249,7 +265,7 @@ static void result_leave(int fd, const char *dir, pid_t pid, const char *line, s
 
 static void writer_child(const char *dir, const struct snapshot *snap, int report, int result)
 {
-	char detail[600], line[640];
+	char detail[1024], line[1100];
 	int err, n;
 
 	warnings_to_fd(report);
@@ -271,7 +287,7 @@ static void writer_child(const char *dir, const struct snapshot *snap, int repor
  * place), or another errno.
  */
 int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *self,
-		       int compression, char *detail, size_t size)
+		       const struct write_mode *mode, char *detail, size_t size)
 {
 	struct snapshot snap;
 	char key[128];
@@ -292,7 +308,7 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 	err = take_snapshot(&snap, seq, self, advice, detail, size);
 	if (err)
 		return err;
-	snap.compression = compression;
+	snap.mode = *mode;
 	shared_key(key, sizeof(key), seq);
 	snap.shm = snapshot_shared_memory(key, &err);
 	if (!snap.shm) {	/* too much shared memory to copy: in place */
