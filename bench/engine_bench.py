@@ -5,6 +5,8 @@ same filesystem, because absolute times drift on these machines:
   - checkpoint write throughput vs a plain sequential write + fsync of the
     same number of bytes;
   - restart time vs reading the image's bytes back into fresh memory;
+  - incremental checkpoints of a process that rewrites 5% of its pages
+    between them vs full checkpoints of the same memory: bytes and time;
   - a mostly untouched 8 GiB process: checkpoint time and image size;
   - runtime overhead of the shim on compute, syscall, clock, malloc, poll and
     epoll loops (timed waits go through the shim's wrappers);
@@ -16,6 +18,7 @@ same filesystem, because absolute times drift on these machines:
 """
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,11 +46,11 @@ def wait_for(path, text, timeout=300):
     raise RuntimeError(f"{path} never showed {text!r}")
 
 
-def launch(env, work, job, *argv):
+def launch(env, work, job, *argv, options=()):
     out = work / f"{job}.out"
     f = open(out, "w")
     proc = subprocess.Popen([sys.executable, "-m", "ckpt", "launch", "--job-id", job,
-                             "--ckpt-dir", work / "images", "--", *map(str, argv)],
+                             "--ckpt-dir", work / "images", *options, "--", *map(str, argv)],
                             env=env, stdout=f, stderr=subprocess.DEVNULL)
     wait_for(out, "READY")
     return proc, out
@@ -151,6 +154,58 @@ def bench_big(env, work, mib, reps):
           f"all runs, s: baseline {fmt(base_read)}  restart {fmt(restarts)}")
 
 
+def dirty_and_wait(pid, out, round_):
+    """SIGUSR1: the program rewrites 5% of its pages and says so."""
+    os.kill(pid, signal.SIGUSR1)
+    wait_for(out, f"DIRTIED", timeout=120)
+    while out.read_text(errors="replace").count("DIRTIED") < round_:
+        time.sleep(0.01)
+
+
+def bench_incremental(env, work, mib, reps):
+    """Two processes of the same memory side by side: one checkpointed in
+    full each round, the other --incremental after it rewrote 5% of its
+    pages: bytes and time of each, ratios within the round."""
+    full_proc, _ = launch(env, work, "full", BIN / "bigproc", mib)
+    inc_proc, inc_out = launch(env, work, "inc", BIN / "bigproc", mib, mib, "dirty",
+                               options=["--incremental", "--full-every", "64"])
+    _, first_wall, first = checkpoint(env, "inc")   # full, every page hashed
+    full_walls, full_sizes, inc_walls, inc_sizes, inc_stops = [], [], [], [], []
+    for round_ in range(1, reps + 1):
+        _, wall, info = checkpoint(env, "full")
+        full_walls.append(wall)
+        full_sizes.append(info["size"])
+        dirty_and_wait(first["pid"], inc_out, round_)
+        image_dir, wall, info = checkpoint(env, "inc")
+        inc_walls.append(wall)
+        # its page list counts: it is written too
+        inc_sizes.append(info["size"] + (image_dir / (info["image"] + ".pages")).stat().st_size)
+        inc_stops.append(info["stopped_ns"] / 1e9)
+    kill(env, "full", full_proc)
+    kill(env, "inc", inc_proc)
+    seconds, rproc = restart_time(env, image_dir, inc_out)
+    ckpt(env, "kill", "inc")
+    rproc.wait()
+    med = statistics.median
+    size_ratio = med([i / f for i, f in zip(inc_sizes, full_sizes)])
+    time_ratio = med([i / f for i, f in zip(inc_walls, full_walls)])
+    table(f"Incremental checkpoints of a {mib} MiB incompressible process that rewrites "
+          f"5% of its pages between them (median of {reps}, ratios within a round)",
+          ["checkpoint", "app stopped s", "published s", "image MiB", "bytes / full (<=0.07)",
+           "time / full (<=0.15)"],
+          [["full (no --incremental)", "", f"{med(full_walls):.2f}",
+            f"{med(full_sizes) / 2**20:.0f}", "1.00", "1.00"],
+           ["first --incremental (full, hashes every page)",
+            f"{first['stopped_ns'] / 1e9:.3f}", f"{first_wall:.2f}",
+            f"{first['size'] / 2**20:.0f}", f"{first['size'] / med(full_sizes):.2f}",
+            f"{first_wall / med(full_walls):.2f}"],
+           ["--incremental after 5% changed (image + page list)", f"{med(inc_stops):.3f}",
+            f"{med(inc_walls):.2f}",
+            f"{med(inc_sizes) / 2**20:.0f}", f"{size_ratio:.3f}", f"{time_ratio:.3f}"]])
+    print(f"  all rounds, s: full {fmt(full_walls)}  incremental {fmt(inc_walls)}; restart from "
+          f"the last incremental (reads {mib} MiB from {reps + 1} checkpoints): {seconds:.2f} s")
+
+
 def fmt(values):
     return "/".join(f"{v:.2f}" for v in values)
 
@@ -245,7 +300,7 @@ def main():
     ap.add_argument("--mib", type=int, default=2048)
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--only", choices=["big", "overhead", "stopped"], help="run one table only")
+    ap.add_argument("--only", choices=["big", "incremental", "overhead", "stopped"], help="run one table only")
     ap.add_argument("--baseline-ref", default=None,
                     help="commit whose shim the stopped-time table compares with")
     args = ap.parse_args()
@@ -258,6 +313,8 @@ def main():
         print(f"ckpt engine benchmarks, work dir {work}")
         if args.only in (None, "big"):
             bench_big(env, work, args.mib, args.reps)
+        if args.only in (None, "incremental"):
+            bench_incremental(env, work, args.mib, args.reps)
         if not args.only:
             bench_sparse(env, work)
         if args.only in (None, "overhead"):

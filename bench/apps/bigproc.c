@@ -2,8 +2,10 @@
  * or touched only in part (argv[2] MiB of it touched, the rest untouched);
  * argv[3] "mixed": filled instead with what compresses as real programs'
  * memory does (a smooth double-precision field, text-like records, every
- * other page of a quarter zero).
+ * other page of a quarter zero); "dirty": incompressible, and each
+ * SIGUSR1 rewrites 5% of the pages (scattered), then prints "DIRTIED n".
  * Prints READY, then a line per 5 ms tick so restart time can be seen. */
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,10 +44,35 @@ static void fill_mixed(char *mem, size_t len)
 	}
 }
 
+static volatile sig_atomic_t dirty_asked;
+
+static void ask_dirty(int sig)
+{
+	(void)sig;
+	dirty_asked = 1;
+}
+
+/* Rewrite every page whose hash with this round falls in 1/20. */
+static unsigned long dirty_pages(uint64_t *mem, size_t len, unsigned long round)
+{
+	unsigned long count = 0;
+
+	for (size_t page = 0; page < len / 4096; page++) {
+		uint64_t h = (page + 1) * 0x9e3779b97f4a7c15ULL ^ round * 0xff51afd7ed558ccdULL;
+
+		if ((h >> 32) % 20)
+			continue;
+		for (size_t i = 0; i < 512; i++)
+			mem[page * 512 + i] ^= h + i;
+		count++;
+	}
+	return count;
+}
+
 int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? atol(argv[1]) : 2048;
-	size_t touch = argc > 2 ? atol(argv[2]) : mib;
+	size_t touch = argc > 2 ? (size_t)atol(argv[2]) : mib;
 	size_t words = touch << 17;
 	uint64_t x = 88172645463325252ULL, *mem;
 	struct timespec tick = { 0, 5 * 1000 * 1000 };
@@ -62,9 +89,15 @@ int main(int argc, char **argv)
 		x ^= x << 17;
 		mem[i] = x;
 	}
+	if (argc > 3 && !strcmp(argv[3], "dirty"))
+		signal(SIGUSR1, ask_dirty);
 	printf("READY\n");
 	fflush(stdout);
-	for (unsigned long n = 0;; n++) {
+	for (unsigned long n = 0, round = 0;; n++) {
+		if (dirty_asked) {
+			dirty_asked = 0;
+			printf("DIRTIED %lu\n", dirty_pages(mem, touch << 20, ++round));
+		}
 		printf("tick %lu\n", n);
 		fflush(stdout);
 		nanosleep(&tick, NULL);

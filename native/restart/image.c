@@ -16,6 +16,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include <zstd.h>
+#include "fast_hash.h"
 #include "restart.h"
 
 void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off)
@@ -76,8 +77,8 @@ static int hash_blocks(void *arg)
 
 		if (i >= h->nblocks)
 			return 0;
-		h->digests[i] = XXH3_64bits(h->data + off, h->size - off < CKPT_CHECKSUM_BLOCK ?
-					    h->size - off : CKPT_CHECKSUM_BLOCK);
+		h->digests[i] = fast_xxh3_64(h->data + off, h->size - off < CKPT_CHECKSUM_BLOCK ?
+					     h->size - off : CKPT_CHECKSUM_BLOCK);
 	}
 }
 

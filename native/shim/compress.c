@@ -5,43 +5,35 @@
  * not shrink), by every CPU at once, then written in order.
  *
  * The writer may be a bare clone of a process whose parked threads hold
- * locks (malloc's among them): no malloc, no pthreads here.  The workers
- * are CLONE_VM tasks on scratch stacks (none under seccomp) and the zstd
- * contexts live in static workspaces of scratch memory.  `auto` compresses a few samples of
+ * locks (malloc's among them): no malloc here.  The workers are
+ * cpu_tasks.c's and the zstd contexts live in static workspaces of
+ * scratch memory.  `auto` compresses a few samples of
  * a record first and stores it raw when they do not shrink, so memory that
  * does not compress costs a few samples, not a pass over it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <linux/sched.h>
-#include <sched.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #define ZSTD_STATIC_LINKING_ONLY
 #define ZSTD_DISABLE_DEPRECATE_WARNINGS	/* ZSTD_compress_advanced: static contexts */
 #include <zstd.h>
 #include "shim.h"
 
 #define MAX_WORKERS 8
-#define WORKER_STACK (256 << 10)
 #define LEVEL 1				/* zstd -1: fast, most of the gain */
 #define SAMPLES 4			/* auto: pieces looked at per record */
 #define SAMPLE_SIZE (64 << 10)
 #define WORTH(raw, packed) ((packed) <= (raw) - (raw) / 8)	/* saves 1/8 or more */
 
-long clone3_run(void *args, size_t size, int (*fn)(void *), void *arg);
-
 struct worker {
 	ZSTD_CCtx *cctx;
 	void *workspace;
 	char *gather;			/* the chunk's bytes, contiguous */
-	char *stack;
 };
 
 struct compressor {
 	int mode;			/* CKPT_COMPRESSION_* */
+	struct cpu_tasks *tasks;
 	unsigned nworkers;		/* the caller is worker 0 */
 	size_t workspace_size, slot_size, max_chunks;
 	struct worker wk[MAX_WORKERS];
@@ -55,21 +47,11 @@ struct compressor {
 	int error;			/* atomic */
 };
 
-static unsigned cpus_available(void)
-{
-	cpu_set_t set;
-
-	if (sched_getaffinity(0, sizeof(set), &set))
-		return 1;
-	return CPU_COUNT(&set);
-}
-
-static int worker_init(struct compressor *c, struct worker *wk, int helper)
+static int worker_init(struct compressor *c, struct worker *wk)
 {
 	wk->workspace = scratch_map(c->workspace_size);
 	wk->gather = scratch_map(CKPT_CHUNK_SIZE);
-	wk->stack = helper ? scratch_map(WORKER_STACK) : NULL;
-	if (!wk->workspace || !wk->gather || (helper && !wk->stack))
+	if (!wk->workspace || !wk->gather)
 		return ENOMEM;
 	wk->cctx = ZSTD_initStaticCCtx(wk->workspace, c->workspace_size);
 	return wk->cctx ? 0 : EINVAL;
@@ -81,15 +63,12 @@ static void worker_free(struct compressor *c, struct worker *wk)
 		scratch_unmap(wk->workspace, c->workspace_size);
 	if (wk->gather)
 		scratch_unmap(wk->gather, CKPT_CHUNK_SIZE);
-	if (wk->stack)
-		scratch_unmap(wk->stack, WORKER_STACK);
 }
 
 /* For records of up to max_bytes of page data; NULL when mode is none. */
 struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err)
 {
 	struct compressor *c;
-	unsigned want = cpus_available();
 
 	*err = 0;
 	if (mode == CKPT_COMPRESSION_NONE)
@@ -105,12 +84,12 @@ struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err)
 	c->max_chunks = (max_bytes + CKPT_CHUNK_SIZE - 1) / CKPT_CHUNK_SIZE;
 	c->slots = scratch_map(c->slot_size * c->max_chunks);
 	c->table = scratch_map(sizeof(*c->table) * c->max_chunks);
-	c->nworkers = want > MAX_WORKERS ? MAX_WORKERS : want ? want : 1;
-	if (seccomp_here())	/* a filter might kill the process on clone3 */
-		c->nworkers = 1;
-	*err = c->slots && c->table ? 0 : ENOMEM;
-	for (unsigned i = 0; !*err && i < c->nworkers; i++)
-		*err = worker_init(c, &c->wk[i], i > 0);
+	c->tasks = cpu_tasks_new(err);
+	c->nworkers = cpu_tasks_count(c->tasks);
+	if (!*err && (!c->slots || !c->table))
+		*err = ENOMEM;
+	for (unsigned i = 0; !*err && i < c->nworkers && i < MAX_WORKERS; i++)
+		*err = worker_init(c, &c->wk[i]);
 	if (*err) {
 		compressor_free(c);
 		return NULL;
@@ -122,6 +101,7 @@ void compressor_free(struct compressor *c)
 {
 	if (!c)
 		return;
+	cpu_tasks_free(c->tasks);
 	for (unsigned i = 0; i < MAX_WORKERS; i++)
 		worker_free(c, &c->wk[i]);
 	if (c->slots)
@@ -188,38 +168,14 @@ static int work(void *p)
 	}
 }
 
-static pid_t start_worker(struct compressor *c, unsigned i)
-{
-	struct clone_args ca;
-
-	memset(&ca, 0, sizeof(ca));
-	/* no exit signal: the application's SIGCHLD and wait() never see it */
-	ca.flags = CLONE_VM | CLONE_FS | CLONE_FILES;
-	ca.stack = (uint64_t)c->wk[i].stack;
-	ca.stack_size = WORKER_STACK;
-	return clone3_run(&ca, sizeof(ca), work, c);
-}
-
-/* Every chunk compressed, on every CPU; a worker that cannot start (a
- * seccomp filter, no pids) leaves its share to the others. */
+/* Every chunk compressed, on every CPU; each worker takes the buffers of
+ * the order it joined in. */
 static int compress_all(struct compressor *c)
 {
-	pid_t pid[MAX_WORKERS];
-	unsigned started = 0;
-
 	c->next = 0;
 	c->joined = 0;
 	c->error = 0;
-	for (unsigned i = 1; i < c->nworkers && i < c->nchunks; i++) {
-		long r = start_worker(c, i);
-
-		if (r > 0)
-			pid[started++] = r;
-	}
-	work(c);	/* each worker takes the buffers of the order it joined in */
-	for (unsigned i = 0; i < started; i++)
-		while (syscall(SYS_wait4, pid[i], NULL, __WALL, NULL) < 0 && errno == EINTR)
-			;
+	cpu_tasks_run(c->tasks, c->nchunks, work, c);
 	return c->error;
 }
 

@@ -11,10 +11,12 @@
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#include "fast_hash.h"
 #include "shim.h"
 
 #define BUF_SIZE (1 << 20)
 #define DIRECT_CHUNK (64 << 20)
+#define WRITEBACK_STEP (32 << 20)	/* the disk starts on this much at once */
 
 struct image_writer {
 	XXH3_state_t hash;		/* first: needs 64-byte alignment */
@@ -23,6 +25,8 @@ struct image_writer {
 	int fd;
 	int error;			/* first errno, sticky */
 	uint64_t offset;		/* bytes handed to the file so far */
+	uint64_t written;		/* bytes write() took */
+	uint64_t writeback;		/* bytes whose writeback has been started */
 	size_t buflen;
 	char buf[BUF_SIZE];
 };
@@ -31,7 +35,7 @@ static void end_block(struct image_writer *w)
 {
 	uint64_t digest = XXH3_64bits_digest(&w->block_hash);	/* x86: little-endian */
 
-	XXH3_64bits_update(&w->hash, &digest, sizeof(digest));
+	fast_xxh3_64_update(&w->hash, &digest, sizeof(digest));
 	XXH3_64bits_reset(&w->block_hash);
 	w->block_fill = 0;
 }
@@ -43,13 +47,27 @@ static void hash_update(struct image_writer *w, const void *p, size_t len)
 
 		if (n > len)
 			n = len;
-		XXH3_64bits_update(&w->block_hash, p, n);
+		fast_xxh3_64_update(&w->block_hash, p, n);
 		w->block_fill += n;
 		if (w->block_fill == CKPT_CHECKSUM_BLOCK)
 			end_block(w);
 		p = (const char *)p + n;
 		len -= n;
 	}
+}
+
+/*
+ * Start the disk on what was written so far instead of leaving it all
+ * to the final fsync: a large image does not reach the kernel's
+ * background threshold, so the disk would sit idle while we read and
+ * hash memory.
+ */
+static void start_writeback(struct image_writer *w)
+{
+	if (w->written - w->writeback < WRITEBACK_STEP)
+		return;
+	sync_file_range(w->fd, w->writeback, w->written - w->writeback, SYNC_FILE_RANGE_WRITE);
+	w->writeback = w->written;
 }
 
 static int write_all(struct image_writer *w, const void *p, size_t len)
@@ -67,6 +85,8 @@ static int write_all(struct image_writer *w, const void *p, size_t len)
 			return w->error = EIO;
 		c += n;
 		len -= n;
+		w->written += n;
+		start_writeback(w);
 	}
 	return 0;
 }

@@ -21,11 +21,13 @@
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#include "fast_hash.h"
 #include "shim.h"
 
 #define MAX_SOURCES 64			/* bounds a chain: --full-every */
 #define SIDECAR_BUF (1 << 20)
 #define WINDOW_MAX 8192			/* pages of a window (save_memory.c) */
+#define HASH_BATCH 64			/* pages a task takes at once */
 
 struct increments {
 	XXH3_state_t body_hash;		/* of the new sidecar; first: alignment */
@@ -38,6 +40,7 @@ struct increments {
 	uint32_t nprev_sources;
 	struct ckpt_source prev_self;	/* the previous image itself */
 	uint32_t chain;
+	XXH128_hash_t zero_hash;	/* of a page of zeros: such pages are not saved */
 	/* this image's sources; source_of[k]: ours + 1 for the previous
 	 * sidecar's source k, 0 while not used */
 	struct ckpt_source sources[MAX_SOURCES];
@@ -47,6 +50,11 @@ struct increments {
 	 * its place in the record's page data in `off` until placed) */
 	struct ckpt_page_loc window[WINDOW_MAX];
 	uint64_t nwindow;
+	/* its candidate pages, hashed on every CPU */
+	struct cpu_tasks *tasks;
+	uint64_t start, npages_in, next;	/* next: atomic */
+	uint64_t offset[WINDOW_MAX];
+	XXH128_hash_t hash[WINDOW_MAX];
 	struct ckpt_run kept[WINDOW_MAX / 2 + 1];
 	/* the new sidecar */
 	int fd;
@@ -57,6 +65,8 @@ struct increments {
 	int error;
 	uint64_t own_bytes, referred_bytes;
 };
+
+static const char zero_page[CKPT_PAGE_SIZE];
 
 static int write_all(int fd, const void *p, size_t len)
 {
@@ -170,6 +180,9 @@ struct increments *increments_begin(int dirfd, const char *image, const char *pa
 		return NULL;
 	}
 	XXH3_64bits_reset(&inc->body_hash);
+	inc->zero_hash = XXH3_128bits(zero_page, CKPT_PAGE_SIZE);
+	inc->tasks = cpu_tasks_new(err);	/* none: hashed here alone */
+	*err = 0;
 	snprintf(inc->tmp_name, sizeof(inc->tmp_name), "%s.pages.tmp", image);
 	inc->fd = openat(dirfd, inc->tmp_name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (inc->fd < 0) {
@@ -203,6 +216,7 @@ struct increments *increments_begin(int dirfd, const char *image, const char *pa
 
 static void free_increments(struct increments *inc)
 {
+	cpu_tasks_free(inc->tasks);
 	if (inc->prev_file)
 		scratch_unmap(inc->prev_file, inc->prev_file_size);
 	if (inc->fd >= 0)
@@ -276,10 +290,41 @@ static void keep(struct increments *inc, long *nkept, uint64_t offset)
 		inc->kept[(*nkept)++] = (struct ckpt_run){ offset, 1 };
 }
 
+static int hash_pages(void *arg)
+{
+	struct increments *inc = arg;
+
+	for (;;) {
+		uint64_t i = __atomic_fetch_add(&inc->next, HASH_BATCH, __ATOMIC_RELAXED);
+		uint64_t end = i + HASH_BATCH < inc->npages_in ? i + HASH_BATCH : inc->npages_in;
+
+		if (i >= inc->npages_in)
+			return 0;
+		for (; i < end; i++)
+			inc->hash[i] = fast_xxh3_128((const void *)(inc->start + inc->offset[i]),
+						     CKPT_PAGE_SIZE);
+	}
+}
+
+static void hash_window(struct increments *inc, uint64_t start, const struct ckpt_run *runs,
+			long nruns)
+{
+	uint64_t n = 0;
+
+	for (long r = 0; r < nruns; r++)
+		for (uint64_t p = 0; p < runs[r].npages; p++)
+			inc->offset[n++] = runs[r].offset + p * CKPT_PAGE_SIZE;
+	inc->start = start;
+	inc->npages_in = n;
+	inc->next = 0;
+	cpu_tasks_run(inc->tasks, n / HASH_BATCH + 1, hash_pages, inc);
+}
+
 /*
- * The pages of the window at start worth saving (runs): those unchanged
- * since the previous image leave runs for refs (WINDOW_MAX entries of
- * room).  Every page is hashed for the new sidecar.
+ * The pages of the window at start that may be worth saving (runs, found
+ * without reading them): those of zeros leave, those unchanged since the
+ * previous image go to refs (WINDOW_MAX entries of room).  Every page is
+ * read once, to hash it for the new sidecar.
  */
 void increments_split(struct increments *inc, uint64_t start, struct ckpt_run *runs,
 		      long *nruns, struct ckpt_page_ref *refs, uint64_t *nrefs)
@@ -289,30 +334,34 @@ void increments_split(struct increments *inc, uint64_t start, struct ckpt_run *r
 
 	inc->nwindow = 0;
 	*nrefs = 0;
-	for (long r = 0; r < *nruns; r++) {
-		for (uint64_t p = 0; p < runs[r].npages; p++) {
-			uint64_t offset = runs[r].offset + p * CKPT_PAGE_SIZE;
-			XXH128_hash_t h = XXH3_128bits((const void *)(start + offset), CKPT_PAGE_SIZE);
-			const struct ckpt_page_loc *was = previous_at(inc, start + offset);
-			struct ckpt_page_loc *l = &inc->window[inc->nwindow++];
-			uint32_t source = 0;
+	hash_window(inc, start, runs, *nruns);
+	for (uint64_t i = 0; i < inc->npages_in; i++) {
+		uint64_t offset = inc->offset[i];
+		XXH128_hash_t h = inc->hash[i];
+		const struct ckpt_page_loc *was;
+		struct ckpt_page_loc *l;
+		uint32_t source = 0;
 
-			if (was && was->hash_lo == h.low64 && was->hash_hi == h.high64)
-				source = our_source(inc, was->source);
-			if (source) {
-				*l = *was;
-				l->source = source;
-				refer(inc, refs, nrefs, offset, l, source);
-			} else {
-				*l = (struct ckpt_page_loc){ .off = pos };
-				keep(inc, &nkept, offset);
-				pos += CKPT_PAGE_SIZE;
-				inc->own_bytes += CKPT_PAGE_SIZE;
-			}
-			l->addr = start + offset;
-			l->hash_lo = h.low64;
-			l->hash_hi = h.high64;
+		if (XXH128_isEqual(h, inc->zero_hash) &&
+		    shim_page_is_zero((const void *)(start + offset)))
+			continue;	/* like a page never touched */
+		was = previous_at(inc, start + offset);
+		l = &inc->window[inc->nwindow++];
+		if (was && was->hash_lo == h.low64 && was->hash_hi == h.high64)
+			source = our_source(inc, was->source);
+		if (source) {
+			*l = *was;
+			l->source = source;
+			refer(inc, refs, nrefs, offset, l, source);
+		} else {
+			*l = (struct ckpt_page_loc){ .off = pos };
+			keep(inc, &nkept, offset);
+			pos += CKPT_PAGE_SIZE;
+			inc->own_bytes += CKPT_PAGE_SIZE;
 		}
+		l->addr = start + offset;
+		l->hash_lo = h.low64;
+		l->hash_hi = h.high64;
 	}
 	memcpy(runs, inc->kept, nkept * sizeof(*runs));
 	*nruns = nkept;

@@ -60,7 +60,7 @@ struct mem_saver {
 	struct ckpt_page_ref *refs;	/* WINDOW_PAGES entries */
 };
 
-static int page_is_zero(const void *p)
+int shim_page_is_zero(const void *p)
 {
 	const uint64_t *q = p;
 
@@ -227,13 +227,13 @@ static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable
 		    (mincore((void *)addr, CKPT_PAGE_SIZE, &in_core) || !in_core))
 			return 0;
 		return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page) &&
-		       !page_is_zero(page);
+		       !shim_page_is_zero(page);
 	}
 	if (!(pm & (PM_PRESENT | PM_SWAPPED)))
 		return 0;
 	if (kind == CKPT_VMA_FILE)	/* unchanged file pages come from the file */
 		return (pm & PM_SWAPPED) || !(pm & PM_FILE);
-	return !readable || !page_is_zero(addr);
+	return !readable || !shim_page_is_zero(addr);
 }
 
 /* Page data of a copied region, through a bounce buffer. */
@@ -259,9 +259,10 @@ static void add_to_runs(struct ckpt_run *runs, long *n, uint64_t offset)
 }
 
 /* Pages of [start, end) worth saving, as runs; returns the run count.
- * Its guard pages go to s->guards. */
+ * Its guard pages go to s->guards.  look: read the pages to leave zero
+ * ones out (an incremental window does so as it hashes them). */
 static long find_runs(struct mem_saver *s, const struct region *r, uint64_t start,
-		      uint64_t end, int readable)
+		      uint64_t end, int look)
 {
 	uint64_t npages = (end - start) / CKPT_PAGE_SIZE;
 	ssize_t want = npages * 8;
@@ -278,8 +279,8 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 			s->copied++;
 		if (s->pagemap[i] & PM_GUARD)
 			add_to_runs(s->guards, &s->nguards, addr - start);
-		else if (s->copy ? !page_is_zero(s->copy + (addr - start)) :
-			 wants_page(r->kind, s->pagemap[i], (void *)addr, readable))
+		else if (s->copy ? !shim_page_is_zero(s->copy + (addr - start)) :
+			 wants_page(r->kind, s->pagemap[i], (void *)addr, look))
 			add_to_runs(s->runs, &nruns, addr - start);
 	}
 	return nruns;
@@ -487,10 +488,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 				return errno;
 			unprotected = readable = 1;
 		}
-		nruns = find_runs(s, r, start, end, readable);
+		incremental = incremental_window(s, r, start, end);
+		nruns = find_runs(s, r, start, end, readable && !incremental);
 		if (nruns < 0)
 			return -nruns;
-		incremental = incremental_window(s, r, start, end);
 		if (incremental)
 			increments_split(s->inc, start, s->runs, &nruns, s->refs, &nrefs);
 	}

@@ -258,6 +258,7 @@ struct fd_table;
 struct shm_snapshot;
 struct vma_advice_table;
 SHIM_HIDDEN int memory_unsupported(char *why, size_t why_size);
+SHIM_HIDDEN int shim_page_is_zero(const void *p);
 struct increments;
 SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
 			    const struct fd_table *fds, const struct shm_snapshot *shm,
@@ -277,6 +278,14 @@ SHIM_HIDDEN int increments_write_sources(struct increments *inc, struct image_wr
 SHIM_HIDDEN int increments_finish(struct increments *inc, int dirfd, const char *image,
 				  uint64_t size, uint64_t xxh3, char *keys, size_t keys_size);
 SHIM_HIDDEN void increments_abort(struct increments *inc, int dirfd);
+
+/* cpu_tasks.c: the image writer's helpers, one per CPU */
+struct cpu_tasks;
+SHIM_HIDDEN struct cpu_tasks *cpu_tasks_new(int *err);
+SHIM_HIDDEN void cpu_tasks_free(struct cpu_tasks *t);
+SHIM_HIDDEN unsigned cpu_tasks_count(const struct cpu_tasks *t);
+SHIM_HIDDEN void cpu_tasks_run(struct cpu_tasks *t, unsigned want, int (*fn)(void *),
+			       void *arg);
 
 /* compress.c: page data in chunks, compressed on every CPU (--compress) */
 #define CKPT_COMPRESSION_NONE 0
