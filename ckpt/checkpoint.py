@@ -279,7 +279,8 @@ class CheckpointRun:
             processes=processes, start_ns=self.start_ns, end_ns=time.time_ns(),
             restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings(),
             addresses=self.coord.host_addresses(),
-            parent=manifests.checkpoint_number(self.parent) if self.parent else None)
+            parent=manifests.checkpoint_number(self.parent) if self.parent else None,
+            full_every=self.coord.full_every)
         manifests.write_manifest(self.tmp, manifest)
         return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
 

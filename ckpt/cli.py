@@ -126,12 +126,17 @@ def kill(job_id):
 @click.option("--hosts", help="New hosts, comma-separated: the checkpoint's i-th host goes to the i-th.")
 @click.option("--hostfile", type=click.File(),
               help="New hosts, one per line (# comments; `host slots=N` or `host:N`).")
-def restart(image_dir, interval, hosts, hostfile):
+@click.option("--incremental/--no-incremental", default=None,
+              help="The restarted job's checkpoints are incremental, or not (default: as the "
+                   "checkpoint's job took them).")
+@FULL_EVERY
+def restart(image_dir, interval, hosts, hostfile, incremental, full_every):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import host_spec, restart as run_restart
 
     def config_for(ckpt_dir):
-        return load_config(ckpt_dir=str(ckpt_dir), interval=interval)
+        return load_config(ckpt_dir=str(ckpt_dir), interval=interval, incremental=incremental,
+                           full_every=full_every)
     if hosts and hostfile:
         raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
     if hosts:
@@ -139,7 +144,8 @@ def restart(image_dir, interval, hosts, hostfile):
     else:
         specs = _hostfile(hostfile)
     sys.exit(run_restart(image_dir, config_for, [name for name, _ in specs] or None,
-                         {name: slots for name, slots in specs if slots is not None}))
+                         {name: slots for name, slots in specs if slots is not None},
+                         incremental=incremental))
 
 
 def _hostfile(stream):

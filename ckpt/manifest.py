@@ -98,7 +98,8 @@ def needed_checkpoints(manifest):
 
 
 def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
-                   restarted_from=None, warnings=(), addresses=None, parent=None):
+                   restarted_from=None, warnings=(), addresses=None, parent=None,
+                   full_every=0):
     """addresses: {host: its IPv4 address as the job's hosts reached it};
     `hosts` lists the coordinator's host first: a restart maps them in
     this order onto its new hosts."""
@@ -124,6 +125,7 @@ def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
         "parent": parent if needs else None,
         "chain": max([proc.get("chain", 0) for proc in processes] + [0]),
         "needs": needs,
+        "full_every": full_every,  # the job's --incremental --full-every; 0: not incremental
         "warnings": list(warnings),
         "processes": list(processes),
     }
@@ -213,6 +215,7 @@ _MANIFEST_TYPES = {
     "restarted_from": (lambda v: v is None or (_is_int(v) and v >= 0), "a checkpoint number"),
     "parent": (lambda v: v is None or (_is_int(v) and v >= 0), "a checkpoint number"),
     "chain": (lambda v: _is_int(v) and v >= 0, "a number"),
+    "full_every": (lambda v: _is_int(v) and 0 <= v <= 64, "a number up to 64"),
     "needs": (lambda v: isinstance(v, list) and all(_is_int(n) and n >= 0 for n in v),
               "a list of checkpoint numbers"),
     "warnings": (lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v), "a list"),

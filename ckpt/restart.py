@@ -143,14 +143,16 @@ def images_by_host(checkpoint_dir, processes):
 
 
 def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
-            on_session=None):
+            on_session=None, incremental=None):
     """Restore the checkpoint at image_dir; returns the job's exit status.
 
     config_for(ckpt_dir) gives the settings; the job keeps its directory.
     new_hosts: where the checkpoint's hosts go, in its order; slots:
     {new host: how many processes it takes} where the user said; launcher:
     how other hosts' ckpt-restart start ("ssh" or "srun").  on_session(job):
-    called once the job's session runs."""
+    called once the job's session runs.  incremental: the restarted job's
+    checkpoints are (True) or are not (False) incremental; None: as the
+    checkpoint's job took them."""
     checkpoint_dir = resolve_checkpoint(image_dir)
     # Manifest, sizes and headers here; each image's XXH3 is checked by
     # ckpt-restart itself before it changes anything (one pass, not two).
@@ -158,6 +160,9 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     binary = restart_binary()
     job_dir = checkpoint_dir.parent
     config = config_for(job_dir.parent)
+    if incremental is None and manifest.get("full_every"):
+        # no word on the command line: an incremental job goes on so
+        config = dataclasses.replace(config, incremental=True, full_every=manifest["full_every"])
     mapping = host_mapping(manifest, new_hosts)
     check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)

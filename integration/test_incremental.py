@@ -5,11 +5,12 @@ last checkpoint of a chain give the uninterrupted run's output; a damaged
 or missing earlier checkpoint is one line of error before anything is
 restored; --keep never deletes a checkpoint a kept one reads from."""
 import os
+from pathlib import Path
 
 import pytest
 import yaml
 
-from harness import Job, restart_and_finish
+from harness import Job, Restart, restart_and_finish
 from test_engine import PROGRAMS
 
 DIRTY = ["dirty_pages", "300", "15", "32"]  # 32 MiB, a few pages changed per step
@@ -75,6 +76,25 @@ def test_changed_pages_alone_are_written(session, launch):
                             reference)
 
 
+def test_a_restarted_job_goes_on_incrementally(session):
+    """Restarted from an incremental checkpoint, the job's next checkpoints
+    are incremental too (against the newest); killed, restarted from the
+    last: the uninterrupted run's output."""
+    reference = session.reference(*DIRTY)
+    job = Job(session, "inc-chain", *DIRTY, launch_args=["--incremental"])
+    job.wait_ready()
+    job.checkpoint_at_random_moments(2, 0.1, 0.3)
+    job.kill()
+    restarted = Restart(session, job.images[-1])
+    restarted.wait_registered(job.id)
+    job.checkpoint_at_random_moments(2, 0.1, 0.3)
+    session.ckpt("kill", job.id)
+    restarted.wait()
+    assert [manifest(p)["chain"] for p in job.images] == [0, 1, 2, 3]
+    assert manifest(job.images[-1])["restarted_from"] == 2
+    restarts_like_reference(session, job, [job.images[-1]], reference)
+
+
 def test_full_every_bounds_the_chain(session):
     """--full-every 2: every other checkpoint is a full one, reading from none."""
     job = Job(session, "inc-full-every", *DIRTY, launch_args=["--incremental", "--full-every", "2"])
@@ -138,3 +158,25 @@ def test_bad_full_every_is_one_line_error(session):
     rc = job.wait(timeout=30)
     err = job.proc.stderr.read()
     assert rc != 0 and "full_every must be between 1 and 64" in err and "Traceback" not in err, err
+
+
+@pytest.mark.multihost
+def test_multihost_restart_from_incremental_images(cluster, jobs, request):
+    """An MPI ring on h1, h2 checkpointed twice incrementally (each host's
+    processes write their images and page lists to the shared directory),
+    restarted from the second on h3, h4: the uninterrupted run's result."""
+    from test_multihost import reference_result
+    args = (300, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args)
+    job.env["CKPT_INCREMENTAL"] = "1"
+    job.start()
+    first = job.ckpt("h2", "checkpoint", job.id).stdout.strip()
+    last = job.ckpt("h1", "checkpoint", "--kill", job.id).stdout.strip()
+    assert job.proc.wait(timeout=30) != 0
+    assert manifest(Path(last))["needs"] == [manifest(Path(first))["checkpoint"]]
+    assert {p["host"] for p in manifest(Path(last))["processes"] if p["referred"]} == {"h1", "h2"}
+    job.restart(last, ["h3", "h4"], "incremental").finish()
+    assert job.results() == reference_result(cluster, "openmpi", "ring", args, job.dir)
+
+
+from test_multihost import jobs  # noqa: E402,F401  (the fixture)

@@ -65,6 +65,15 @@ def test_file_then_env_then_flags(config_file, monkeypatch):
     assert config.keep == 3
 
 
+def test_incremental_settings(config_file, monkeypatch):
+    assert (load_config().incremental, load_config().full_every) == (False, 8)
+    config_file.write_text("incremental: yes\nfull_every: 4\n")
+    assert (load_config().incremental, load_config().full_every) == (True, 4)
+    monkeypatch.setenv("CKPT_FULL_EVERY", "2")
+    assert load_config().full_every == 2
+    assert load_config(incremental=False).incremental is False
+
+
 def test_keep_all(config_file):
     config_file.write_text("keep: all\n")
     assert load_config().keep == 0
@@ -77,6 +86,9 @@ def test_keep_all(config_file):
     ("barrier_timeout: 0\n", "positive"),
     ("interval: soon\n", "number"),
     ("keep: -1\n", "negative"),
+    ("full_every: 0\n", "between 1 and 64"),
+    ("full_every: 65\n", "between 1 and 64"),
+    ("incremental: maybe\n", "yes or no"),
 ])
 def test_bad_file_is_one_line_error(config_file, text, words):
     config_file.write_text(text)

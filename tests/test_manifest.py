@@ -12,11 +12,15 @@ def sample(number, processes=None):
                             processes=processes, start_ns=1, end_ns=2, restarted_from=None)
 
 
-def write_checkpoint(job_dir, number):
+def write_checkpoint(job_dir, number, sources=None, chain=0):
+    """sources: the checkpoints its (incremental) image reads from."""
     tmp = job_dir / m.tmp_name(number)
     tmp.mkdir(parents=True)
     (tmp / "proc-7.img").write_bytes(b"abc")
-    m.write_manifest(tmp, sample(number))
+    proc = {"pid": 7, "host": "h", "image": "proc-7.img", "size": 3, "xxh3": "00"}
+    if sources is not None:
+        proc.update(own=1, referred=2, chain=chain, sources=[m.checkpoint_name(n) for n in sources])
+    m.write_manifest(tmp, sample(number, [proc]))
     return m.publish(tmp, job_dir / m.checkpoint_name(number))
 
 
@@ -67,6 +71,28 @@ def test_prune_keeps_newest(tmp_path):
     m.prune(tmp_path, 2)
     assert [n for n, _ in m.published_checkpoints(tmp_path)] == [3, 4]
     assert os.readlink(tmp_path / "latest") == "ckpt-0004"
+
+
+def test_prune_spares_what_kept_incremental_checkpoints_read(tmp_path):
+    """1 full, 2 and 3 incremental (3 reads 1 and 2), 4 full, 5 reads 4 and 1
+    (a page unchanged since 1): keep 2 leaves 4, 5 and 1."""
+    write_checkpoint(tmp_path, 1, sources=[])
+    write_checkpoint(tmp_path, 2, sources=[1], chain=1)
+    write_checkpoint(tmp_path, 3, sources=[1, 2], chain=2)
+    write_checkpoint(tmp_path, 4, sources=[])
+    write_checkpoint(tmp_path, 5, sources=[4, 1], chain=1)
+    assert m.read_manifest(tmp_path / "ckpt-0005")["needs"] == [1, 4]
+    m.prune(tmp_path, 2)
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 4, 5]
+
+
+def test_incremental_parent_and_full_every(tmp_path):
+    assert m.incremental_parent(tmp_path, 4) == (None, 0)
+    write_checkpoint(tmp_path, 1, sources=[])
+    assert m.incremental_parent(tmp_path, 4) == (tmp_path / "ckpt-0001", 1)
+    assert m.incremental_parent(tmp_path, 1) == (None, 0)
+    write_checkpoint(tmp_path, 2, sources=[1], chain=3)
+    assert m.incremental_parent(tmp_path, 4) == (None, 0)   # the 4th is full again
 
 
 @pytest.mark.parametrize("text, words", [

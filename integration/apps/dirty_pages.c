@@ -7,8 +7,11 @@
  *     afterwards although no write touched it;
  *   - a window unmapped and mapped again at the same address every
  *     tenth step, with other bytes;
- *   - heap blocks freed and allocated again.
+ *   - heap blocks freed and allocated again;
+ *   - a private map of a file whose pages are written in turn, every
+ *     other time with zeros (a zero page there is not the file's).
  * Arguments: steps pace MiB. */
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include "zdtm.h"
@@ -17,6 +20,8 @@
 #define STAMPED_PER_STEP 5
 #define WINDOW_PAGES 16
 #define HEAP_BLOCKS 64
+#define FILE_PAGES 1024		/* each written once: a zero page stays */
+#define FILE_BYTE 0xab
 
 static size_t npages;
 
@@ -77,10 +82,42 @@ static void expected(char *out, size_t page, long steps)
 	}
 }
 
+static char *map_file(void)
+{
+	char path[64], page[PAGE];
+	char *map;
+	int fd;
+
+	snprintf(path, sizeof(path), "dirty_pages.%d.map", (int)getpid());
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	zdtm_check(fd >= 0, "open %s", path);
+	memset(page, FILE_BYTE, PAGE);
+	for (int i = 0; i < FILE_PAGES; i++)
+		zdtm_check(write(fd, page, PAGE) == PAGE, "write %s", path);
+	map = mmap(NULL, FILE_PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	zdtm_check(map != MAP_FAILED, "mmap %s", path);
+	close(fd);
+	return map;
+}
+
+/* Step s writes one page of the file's map: zeros or its own byte. */
+static int file_byte(long s)
+{
+	return s % 2 ? (int)(s & 0x7f) | 1 : 0;
+}
+
+/* The step < steps that last wrote page p of the file's map, or -1. */
+static long last_step(long steps, long p, long period)
+{
+	long last = steps - 1 - ((steps - 1 - p) % period + period) % period;
+
+	return last >= 0 && last % period == p ? last : -1;
+}
+
 int main(int argc, char **argv)
 {
 	long steps = 200, pace = 10, mib = 32;
-	char *mem, *window, *want, *heap[HEAP_BLOCKS];
+	char *mem, *window, *want, *heap[HEAP_BLOCKS], *fmap;
 	uint64_t sum = 0;
 
 	zdtm_args(argc, argv, &steps, &pace);
@@ -94,6 +131,7 @@ int main(int argc, char **argv)
 	for (size_t p = 0; p < npages; p++)
 		fill_page(mem + p * PAGE, p);
 	fill_window(window, 0);
+	fmap = map_file();
 	for (int b = 0; b < HEAP_BLOCKS; b++) {
 		heap[b] = malloc(3000);
 		zdtm_check(heap[b] != NULL, "malloc");
@@ -119,6 +157,7 @@ int main(int argc, char **argv)
 			fill_window(window, generation);
 			memset(window + WINDOW_PAGES / 2 * PAGE, 0, WINDOW_PAGES / 2 * PAGE);
 		}
+		memset(fmap + s % FILE_PAGES * PAGE, file_byte(s), PAGE);
 		free(heap[b]);
 		heap[b] = malloc(3000);
 		zdtm_check(heap[b] != NULL, "malloc");
@@ -137,9 +176,16 @@ int main(int argc, char **argv)
 	if (steps >= 10)
 		memset(want + WINDOW_PAGES / 2 * PAGE, 0, WINDOW_PAGES / 2 * PAGE);
 	zdtm_check(!memcmp(window, want, WINDOW_PAGES * PAGE), "the mapped-again window differs");
+	for (long p = 0; p < FILE_PAGES; p++) {
+		long last = last_step(steps, p, FILE_PAGES);
+
+		memset(want, last < 0 ? FILE_BYTE : file_byte(last), PAGE);
+		zdtm_check(!memcmp(fmap + p * PAGE, want, PAGE), "page %ld of the file's map differs",
+			   p);
+	}
 	for (int b = 0; b < HEAP_BLOCKS; b++) {
-		long last = steps - 1 - ((steps - 1 - b) % HEAP_BLOCKS + HEAP_BLOCKS) % HEAP_BLOCKS;
-		int value = last >= 0 && last % HEAP_BLOCKS == b ? (int)(last & 0x7f) + b : b;
+		long last = last_step(steps, b, HEAP_BLOCKS);
+		int value = last >= 0 ? (int)(last & 0x7f) + b : b;
 
 		for (int i = 0; i < 3000; i++)
 			zdtm_check(heap[b][i] == (char)value, "heap block %d holds %d, not %d", b,

@@ -206,9 +206,10 @@ struct ckpt_source {			/* an earlier image, checked before use */
 /*
  * Beside each image of an incremental job, <image>.pages: where every
  * saved page of the process lies and its hash, for the next checkpoint
- * to compare with.  A header, the sources (0: the image itself, k: its
- * CKPT_REC_SOURCES entry k - 1), the pages by address.  Never needed by a
- * restart; a sidecar that does not check out makes the next image full.
+ * to compare with.  A header, the pages by address, the sources (a
+ * page's source 0: the image itself, k: its CKPT_REC_SOURCES entry
+ * k - 1).  Never needed by a restart; a sidecar that does not check out
+ * makes the next image full.
  */
 #define CKPT_PAGES_MAGIC 0x3153475054504b43ULL	/* "CKPTPGS1" */
 struct ckpt_pages_header {

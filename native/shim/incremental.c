@@ -322,12 +322,13 @@ static void hash_window(struct increments *inc, uint64_t start, const struct ckp
 
 /*
  * The pages of the window at start that may be worth saving (runs, found
- * without reading them): those of zeros leave, those unchanged since the
- * previous image go to refs (WINDOW_MAX entries of room).  Every page is
- * read once, to hash it for the new sidecar.
+ * without reading them): those of zeros leave (drop_zero: anonymous
+ * memory, where a page not saved is a zero page), those unchanged since
+ * the previous image go to refs (WINDOW_MAX entries of room).  Every page
+ * is read once, to hash it for the new sidecar.
  */
 void increments_split(struct increments *inc, uint64_t start, struct ckpt_run *runs,
-		      long *nruns, struct ckpt_page_ref *refs, uint64_t *nrefs)
+		      long *nruns, struct ckpt_page_ref *refs, uint64_t *nrefs, int drop_zero)
 {
 	uint64_t pos = 0;	/* in the record's page data */
 	long nkept = 0;
@@ -342,7 +343,7 @@ void increments_split(struct increments *inc, uint64_t start, struct ckpt_run *r
 		struct ckpt_page_loc *l;
 		uint32_t source = 0;
 
-		if (XXH128_isEqual(h, inc->zero_hash) &&
+		if (drop_zero && XXH128_isEqual(h, inc->zero_hash) &&
 		    shim_page_is_zero((const void *)(start + offset)))
 			continue;	/* like a page never touched */
 		was = previous_at(inc, start + offset);

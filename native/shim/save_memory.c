@@ -493,7 +493,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 		if (nruns < 0)
 			return -nruns;
 		if (incremental)
-			increments_split(s->inc, start, s->runs, &nruns, s->refs, &nrefs);
+			/* a private file map's page not saved is the file's */
+			increments_split(s->inc, start, s->runs, &nruns, s->refs, &nrefs,
+					 r->kind != CKPT_VMA_FILE);
 	}
 	file_identity(r, &v);
 	if (r->kind == CKPT_VMA_DELETED_FILE) {

@@ -270,7 +270,7 @@ SHIM_HIDDEN struct increments *increments_begin(int dirfd, const char *image,
 						const char *parent_dir, int *err);
 SHIM_HIDDEN void increments_split(struct increments *inc, uint64_t start,
 				  struct ckpt_run *runs, long *nruns,
-				  struct ckpt_page_ref *refs, uint64_t *nrefs);
+				  struct ckpt_page_ref *refs, uint64_t *nrefs, int drop_zero);
 SHIM_HIDDEN int increments_place(struct increments *inc, uint64_t data_offset,
 				 uint64_t data_size, const struct ckpt_chunk *chunks,
 				 uint64_t nchunks);
