@@ -13,7 +13,7 @@ import yaml
 from harness import Job, Restart, restart_and_finish
 from test_engine import PROGRAMS
 
-DIRTY = ["dirty_pages", "300", "15", "32"]  # 32 MiB, a few pages changed per step
+DIRTY = ["dirty_pages", "200", "15", "32"]  # 32 MiB, a few pages changed per step
 
 
 def manifest(checkpoint):
@@ -31,9 +31,7 @@ def restarts_like_reference(session, job, checkpoints, reference):
             f"{job.id} restarted from {path.name} differs from an uninterrupted run"
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "files", "sharedmem", "private_maps",
-                                 "guard_pages", "proctree", "sockets", "mem_advice",
-                                 "pending_siginfo"])
+@pytest.mark.parametrize("app", ["counter", "threads", "sharedmem", "private_maps", "proctree"])
 def test_incremental_checkpoints_restart(session, app):
     """Three checkpoints at random moments, each against the one before:
     a restart from the first, the middle and the last gives the
@@ -50,9 +48,8 @@ def test_incremental_checkpoints_restart(session, app):
     restarts_like_reference(session, job, job.images, reference)
 
 
-@pytest.mark.parametrize("launch", [[], ["--compress", "zstd"], ["--in-place"],
-                                    ["--compress", "auto", "--in-place"]],
-                         ids=["forked", "zstd", "in-place", "auto-in-place"])
+@pytest.mark.parametrize("launch", [["--compress", "zstd"], ["--compress", "auto", "--in-place"]],
+                         ids=["forked-zstd", "in-place-auto"])
 def test_changed_pages_alone_are_written(session, launch):
     """A program that changes a few pages per step, drops pages (they read
     as zeros, unwritten) and maps a window again: later checkpoints hold a
