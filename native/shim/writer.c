@@ -104,7 +104,7 @@ static int write_file(const char *dir, const struct snapshot *snap, const char *
 	struct increments *inc = NULL;
 	uint64_t bytes = 0, xxh = 0;
 	int64_t t0 = shim_now_ns();
-	char name[128], keys[400] = "";
+	char name[128], keys[768] = "";	/* up to 64 sources */
 	int dirfd, err;
 
 	image_name(name, sizeof(name), snap->pid);
