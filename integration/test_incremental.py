@@ -31,7 +31,7 @@ def restarts_like_reference(session, job, checkpoints, reference):
             f"{job.id} restarted from {path.name} differs from an uninterrupted run"
 
 
-@pytest.mark.parametrize("app", ["counter", "threads", "sharedmem", "private_maps", "proctree"])
+@pytest.mark.parametrize("app", ["threads", "sharedmem", "private_maps", "proctree"])
 def test_incremental_checkpoints_restart(session, app):
     """Three checkpoints at random moments, each against the one before:
     a restart from the first, the middle and the last gives the
