@@ -187,6 +187,7 @@ struct increments *increments_begin(int dirfd, const char *image, const char *pa
 	inc->fd = openat(dirfd, inc->tmp_name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (inc->fd < 0) {
 		*err = errno;
+		cpu_tasks_free(inc->tasks);
 		scratch_unmap(inc, sizeof(*inc));
 		return NULL;
 	}
