@@ -79,8 +79,10 @@ def incremental_parent(job_dir, full_every):
     """What an incremental checkpoint builds on: (the newest published
     checkpoint, the new one's place in its chain), or (None, 0) for a full
     one: none yet, or every full_every-th."""
+    if full_every <= 1:  # not incremental (0), or every one full: no need to look
+        return None, 0
     published = published_checkpoints(job_dir)
-    if not published or full_every <= 1:
+    if not published:
         return None, 0
     path = published[-1][1]
     try:
