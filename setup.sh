@@ -67,7 +67,7 @@ else
 		echo "setup: add ~/.local/bin to PATH to use ckpt" >&2 ;;
 	esac
 fi
-echo "setup: built native/libckpt.so, native/ckpt-restart, native/ckpt-remote; ckpt is on PATH"
+echo "setup: built native/libckpt.so, native/ckpt-restart, native/ckpt-remote, native/ckpt-flush; ckpt is on PATH"
 
 if [ "${1:-}" != "--no-demo" ]; then
 	./examples/demo.sh

@@ -65,6 +65,10 @@ class CheckpointRun:
         self.forked = forked and not kill  # --kill: nothing to run on for
         self.compress = compress
         self.number, self.tmp = prepare_directory(coordinator.job_dir)
+        # node-local first, copied to the checkpoint directory while the job
+        # runs on (--kill: nothing runs on, the images go straight there)
+        self.stage_dir = None if kill or not coordinator.stage_dir else \
+            coordinator.stage_dir / coordinator.job_id / manifests.checkpoint_name(self.number)
         # incremental: the checkpoint this one is taken against (None: full)
         self.parent, _chain = manifests.incremental_parent(coordinator.job_dir,
                                                             coordinator.full_every)
@@ -91,7 +95,7 @@ class CheckpointRun:
             # tells where its peer stopped writing
             await self._phase("FLUSH", secrets.token_hex(16))
             written = await self._phase("WRITE", escape(self.tmp) + self._write_words())
-            if not self.forked:
+            if not self.forked and not self.stage_dir:
                 entries = self._image_entries(written, threads)
             # the stopped ones' threads stop again before RESUME could wake them
             await stopped_processes.freeze_app(self.thawed)
@@ -100,9 +104,10 @@ class CheckpointRun:
                 self.to_abort = []  # RESUME ok is out: no abort after this point
                 # a process that exits once resumed still has a complete image
                 stopped, _ = await self.coord.barrier("RESUME", self.procs, "ok", seq=self.number)
-            if self.forked:
-                # the children write while the job runs; a process that fell
-                # back to writing in place answered WRITE with the file keys
+            if self.forked or self.stage_dir:
+                # the children write (or copy staged images) while the job
+                # runs; a process that wrote in place, unstaged, answered
+                # WRITE with the file keys
                 synced = await self._sync(written)
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
@@ -128,8 +133,11 @@ class CheckpointRun:
         words += [] if self.compress == "none" else [self.compress]
         if self.coord.full_every:
             words.append("incremental")
-            if self.parent:
-                words.append("parent=" + escape(self.parent))  # last: a path
+        # paths last, in this order: the shim cuts them out from the end
+        if self.stage_dir:
+            words.append("stage=" + escape(self.stage_dir))
+        if self.coord.full_every and self.parent:
+            words.append("parent=" + escape(self.parent))
         return "".join(" " + word for word in words)
 
     async def _phase(self, phase, arg=None, procs=None):
@@ -188,8 +196,8 @@ class CheckpointRun:
     async def _result_left(self, write_keys):
         """The DONE keys its writer left in <image>.done; None if the writer
         died first (the lock it holds on <image>.done.tmp is free)."""
-        if "forked" not in write_keys:  # written in place: complete already
-            return {}
+        if "forked" not in write_keys and "flushing" not in write_keys:
+            return {}  # written in place: complete already
         done = self.tmp / f"{write_keys.get('file', '')}.done"
         deadline = time.monotonic() + self.coord.barrier_timeout
         while time.monotonic() < deadline:
@@ -256,6 +264,8 @@ class CheckpointRun:
                 "written": "forked" if "forked" in keys else "in place",
                 "threads": int(threads.get(proc, {}).get("threads", 0)),
             }
+            if "flush_ns" in keys:  # staged: written there, then copied here
+                entries[proc]["flush_ns"] = int(keys["flush_ns"])
             if "chain" in keys:  # incremental: what the image holds, what it reads elsewhere
                 entries[proc].update(
                     own=int(keys.get("own", 0)), referred=int(keys.get("referred", 0)),
@@ -280,7 +290,8 @@ class CheckpointRun:
             restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings(),
             addresses=self.coord.host_addresses(),
             parent=manifests.checkpoint_number(self.parent) if self.parent else None,
-            full_every=self.coord.full_every)
+            full_every=self.coord.full_every,
+            stage_dir=str(self.coord.stage_dir) if self.stage_dir else None)
         manifests.write_manifest(self.tmp, manifest)
         return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
 

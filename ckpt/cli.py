@@ -69,6 +69,11 @@ INCREMENTAL = click.option(
 FULL_EVERY = click.option(
     "--full-every", metavar="K",
     help="With --incremental, every K-th checkpoint is a full one (default 8).")
+STAGE_DIR = click.option(
+    "--stage-dir", type=click.Path(file_okay=False), metavar="DIR",
+    help="Node-local directory (an SSD, /dev/shm) each host writes its images to first; "
+         "they are copied to the checkpoint directory in the background, and the "
+         "checkpoint is published once every copy is complete.")
 
 
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,12 +91,15 @@ def main():
 @COMPRESS
 @INCREMENTAL
 @FULL_EVERY
+@STAGE_DIR
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(job_id, ckpt_dir, interval, keep, forked, compress, incremental, full_every, command):
+def launch(job_id, ckpt_dir, interval, keep, forked, compress, incremental, full_every,
+           stage_dir, command):
     """Run COMMAND in the foreground under the checkpoint shim."""
     from ckpt.launch import launch as run_launch
     config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
-                         compress=compress, incremental=incremental, full_every=full_every)
+                         compress=compress, incremental=incremental, full_every=full_every,
+                         stage_dir=stage_dir)
     sys.exit(run_launch(list(command), config, job_id))
 
 
@@ -130,13 +138,14 @@ def kill(job_id):
               help="The restarted job's checkpoints are incremental, or not (default: as the "
                    "checkpoint's job took them).")
 @FULL_EVERY
-def restart(image_dir, interval, hosts, hostfile, incremental, full_every):
+@STAGE_DIR
+def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import host_spec, restart as run_restart
 
     def config_for(ckpt_dir):
         return load_config(ckpt_dir=str(ckpt_dir), interval=interval, incremental=incremental,
-                           full_every=full_every)
+                           full_every=full_every, stage_dir=stage_dir)
     if hosts and hostfile:
         raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
     if hosts:
@@ -293,12 +302,15 @@ def slurm():
 @COMPRESS
 @INCREMENTAL
 @FULL_EVERY
+@STAGE_DIR
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def slurm_run(ckpt_dir, interval, keep, forked, compress, incremental, full_every, command):
+def slurm_run(ckpt_dir, interval, keep, forked, compress, incremental, full_every, stage_dir,
+              command):
     """The batch script's last command: launch COMMAND, or restart it from
     its latest checkpoint when Slurm requeued the job; USR1 checkpoints and
     requeues it."""
     from ckpt.slurm import run as run_slurm
     config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
-                         compress=compress, incremental=incremental, full_every=full_every)
+                         compress=compress, incremental=incremental, full_every=full_every,
+                         stage_dir=stage_dir)
     sys.exit(run_slurm(list(command), config))

@@ -19,6 +19,7 @@ ENV_NAMES = {
     "compress": "CKPT_COMPRESS",
     "incremental": "CKPT_INCREMENTAL",
     "full_every": "CKPT_FULL_EVERY",
+    "stage_dir": "CKPT_STAGE_DIR",
 }
 FULL_EVERY_MAX = 64  # an image refers to at most this many earlier ones
 COMPRESS_MODES = ("none", "zstd", "auto")
@@ -38,6 +39,9 @@ class Config:
     # a full checkpoint every full_every (bounds what a restart reads)
     incremental: bool = False
     full_every: int = 8
+    # node-local directory the images are written to first, then copied
+    # to ckpt_dir in the background; None: straight to ckpt_dir
+    stage_dir: Path = None
 
 
 def default_config():
@@ -105,9 +109,11 @@ def _full_every(value, source):
 
 def _convert(key, value, source):
     """One raw value (from YAML, env or a flag) to its typed form."""
-    if key == "ckpt_dir":
+    if key in ("ckpt_dir", "stage_dir"):
+        if key == "stage_dir" and value in (None, ""):
+            return None
         if not isinstance(value, (str, Path)) or not str(value):
-            raise CkptError(f"{source}: ckpt_dir must be a path")
+            raise CkptError(f"{source}: {key} must be a path")
         return Path(os.path.expanduser(str(value))).absolute()
     if key == "interval":
         return 0.0 if value is None else _seconds(value, key, source, allow_zero=True)
@@ -164,4 +170,8 @@ def load_config(environ=None, **flags):
     config = replace(config, **_from_file(config_path(environ)))
     config = replace(config, **_from_env(environ))
     given = {k: _convert(k, v, "--" + k.replace("_", "-")) for k, v in flags.items() if v is not None}
-    return replace(config, **given)
+    config = replace(config, **given)
+    if config.stage_dir == config.ckpt_dir:
+        # <stage>/<job>/ckpt-NNNN would be the checkpoint's own directory
+        raise CkptError(f"the stage directory cannot be the checkpoint directory ({config.ckpt_dir})")
+    return config

@@ -40,7 +40,7 @@ class Coordinator:
     def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
                  keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
                  headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False, compress="none",
-                 secret=None, full_every=0):
+                 secret=None, full_every=0, stage_dir=None):
         self.job_id = job_id
         self.socket_path = str(socket_path)
         self.job_dir = Path(job_dir)
@@ -50,6 +50,7 @@ class Coordinator:
         self.forked_write = forked_write  # default for periodic checkpoints
         self.compress = compress          # none, zstd or auto: the same
         self.full_every = full_every      # incremental, a full one every K; 0: all full
+        self.stage_dir = stage_dir        # node-local first (--stage-dir), or None
         self.restarted_from = restarted_from
         self.warn = warn
         self.on_kill = on_kill

@@ -101,7 +101,7 @@ def needed_checkpoints(manifest):
 
 def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
                    restarted_from=None, warnings=(), addresses=None, parent=None,
-                   full_every=0):
+                   full_every=0, stage_dir=None):
     """addresses: {host: its IPv4 address as the job's hosts reached it};
     `hosts` lists the coordinator's host first: a restart maps them in
     this order onto its new hosts."""
@@ -128,6 +128,8 @@ def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
         "chain": max([proc.get("chain", 0) for proc in processes] + [0]),
         "needs": needs,
         "full_every": full_every,  # the job's --incremental --full-every; 0: not incremental
+        # --stage-dir: each host kept a copy under <stage_dir>/<job>/ckpt-NNNN
+        "stage_dir": stage_dir,
         "warnings": list(warnings),
         "processes": list(processes),
     }

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import shlex
 import socket
+from pathlib import Path
 
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
@@ -23,16 +24,20 @@ RESTORE_FAILED = 70  # after it: the process is lost; ckpt-restart said why in o
 
 
 def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(),
-                    addr_map=None):
+                    addr_map=None, staged_dir=None):
     """One ckpt-restart per host: it rebuilds that host's process tree.
 
     images: (path, xxh3) pairs, the tree's root first.  On status_fd it
     says "exited N" if the root exits while others of the job run on.
     peers: the other hosts' images, where the far ends of this host's
-    connections to them are.  addr_map: {old address: new address}."""
+    connections to them are.  addr_map: {old address: new address}.
+    staged_dir: where --stage-dir left node-local copies of the images: one
+    there that checks out is read instead."""
     argv = [str(binary), "--coord", socket_path, "--job-id", job_id]
     if status_fd is not None:
         argv += ["--status-fd", str(status_fd)]
+    if staged_dir is not None:
+        argv += ["--staged-dir", str(staged_dir)]
     for old, new in (addr_map or {}).items():
         argv += ["--addr-map", f"{old}={new}"]
     for path in peers:
@@ -167,6 +172,8 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     if incremental is None and manifest.get("full_every"):
         # no word on the command line: an incremental job goes on so
         config = dataclasses.replace(config, incremental=True, full_every=manifest["full_every"])
+    if config.stage_dir is None and manifest.get("stage_dir"):
+        config = dataclasses.replace(config, stage_dir=Path(manifest["stage_dir"]))
     mapping = host_mapping(manifest, new_hosts)
     check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)
@@ -182,19 +189,22 @@ class HostPlan:
     over: object        # over_ssh or over_srun
 
 
-def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write):
+def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, stage_dir):
     """One ckpt-restart per host; returns {pid we wait for: its host}
-    (ckpt-restart here, ssh or srun for other hosts)."""
+    (ckpt-restart here, ssh or srun for other hosts).  stage_dir: the
+    checkpoint's --stage-dir, where each host may hold copies."""
     mapping = hosts.mapping
     env = job.environment()
     by_host = images_by_host(checkpoint_dir, processes)
+    staged = Path(stage_dir, job.entry.job_id, checkpoint_dir.name) if stage_dir else None
     here = this_host()
     pids = {}
     for old_host, images in by_host.items():
         peers = [path for other, imgs in by_host.items() if other != old_host for path, _ in imgs]
         root_here = old_host == processes[0]["host"] and mapping[old_host] == here
         argv = restart_command(binary, job.socket_path, job.entry.job_id, images,
-                               status_write if root_here else None, peers, hosts.addr_map)
+                               status_write if root_here else None, peers, hosts.addr_map,
+                               staged)
         if mapping[old_host] == here:
             pids[job.spawn(argv, env)] = here
         else:
@@ -212,7 +222,8 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
         status_read, status_write = os.pipe()
         os.set_inheritable(status_write, True)
-        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write)
+        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write,
+                            manifest.get("stage_dir"))
         os.close(status_write)
         await _restore(job, pids, [proc["pid"] for proc in processes], hosts.over)
         announce(job_id)  # only once restored: a refused image says one line

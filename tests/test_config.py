@@ -74,6 +74,17 @@ def test_incremental_settings(config_file, monkeypatch):
     assert load_config(incremental=False).incremental is False
 
 
+def test_stage_dir(config_file, monkeypatch, tmp_path):
+    assert load_config().stage_dir is None
+    config_file.write_text("stage_dir: ~/stage\n")
+    assert load_config().stage_dir == Path.home() / "stage"
+    monkeypatch.setenv("CKPT_STAGE_DIR", "/dev/shm/s")
+    assert load_config().stage_dir == Path("/dev/shm/s")
+    assert load_config(stage_dir=str(tmp_path)).stage_dir == tmp_path
+    with pytest.raises(CkptError, match="cannot be the checkpoint directory"):
+        load_config(stage_dir=str(tmp_path), ckpt_dir=str(tmp_path))
+
+
 def test_keep_all(config_file):
     config_file.write_text("keep: all\n")
     assert load_config().keep == 0
@@ -89,6 +100,7 @@ def test_keep_all(config_file):
     ("full_every: 0\n", "between 1 and 64"),
     ("full_every: 65\n", "between 1 and 64"),
     ("incremental: maybe\n", "yes or no"),
+    ("stage_dir: [a]\n", "must be a path"),
 ])
 def test_bad_file_is_one_line_error(config_file, text, words):
     config_file.write_text(text)

@@ -82,15 +82,15 @@ static int hash_blocks(void *arg)
 	}
 }
 
-/* Hashed straight from the page cache through a temporary mapping. */
-static void check_checksum(struct image *img, uint64_t want, uint64_t size)
+/* The image checksum of fd's size bytes, hashed straight from the page
+ * cache through a temporary mapping; 0 or an errno. */
+static int image_checksum(int fd, uint64_t size, uint64_t *xxh3)
 {
 	struct block_hashing h = { .size = size };
-	uint64_t got;
-	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, img->fd, 0);
+	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
 
 	if (p == MAP_FAILED)
-		die("%s: cannot map the image: %s", img->file, strerror(errno));
+		return errno;
 	h.data = p;
 	h.nblocks = (size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
 	h.digests = malloc(h.nblocks * sizeof(*h.digests) + 1);
@@ -98,10 +98,51 @@ static void check_checksum(struct image *img, uint64_t want, uint64_t size)
 		die("out of memory");
 	helpers_run(hash_blocks, &h);
 	munmap(p, size);
-	got = XXH3_64bits(h.digests, h.nblocks * sizeof(*h.digests));	/* x86: little-endian */
+	*xxh3 = XXH3_64bits(h.digests, h.nblocks * sizeof(*h.digests));	/* x86: little-endian */
 	free(h.digests);
+	return 0;
+}
+
+static void check_checksum(struct image *img, uint64_t want, uint64_t size)
+{
+	uint64_t got;
+	int err = image_checksum(img->fd, size, &got);
+
+	if (err)
+		die("%s: cannot map the image: %s", img->file, strerror(err));
 	if (got != want)
 		die("%s: image checksum mismatch (corrupt or truncated image)", img->file);
+}
+
+/*
+ * --stage-dir: this host may hold a node-local copy of the image, in
+ * staged_dir under the same name.  Read from there when it is the same
+ * image (size and checksum); returns whether it took the copy's fd.
+ */
+static int use_staged_copy(struct image *img, const char *staged_dir, uint64_t want,
+			   uint64_t size)
+{
+	const char *base = strrchr(img->file, '/');
+	char path[PATH_MAX];
+	struct stat st;
+	uint64_t got;
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/%s", staged_dir, base ? base + 1 : img->file) >=
+	    (int)sizeof(path))
+		return 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return 0;	/* none here: another host's, or gone */
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size ||
+	    image_checksum(fd, size, &got) || got != want) {
+		warn("%s: the staged copy does not check out: reading %s", path, img->file);
+		close(fd);
+		return 0;
+	}
+	close(img->fd);
+	img->fd = fd;
+	return 1;
 }
 
 static void *read_payload(struct image *img, size_t len, uint64_t off)
@@ -594,7 +635,8 @@ static void count_records(struct image *img, uint64_t file_size, unsigned count[
 	}
 }
 
-static void load(struct image *img, const char *path, const char *xxh3, int peer)
+static void load(struct image *img, const char *path, const char *xxh3, int peer,
+		 const char *staged_dir)
 {
 	struct stat st;
 	memset(img, 0, sizeof(*img));
@@ -614,9 +656,11 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 		die("%s: not a regular file", path);
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
-	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
-	if (xxh3)		/* damage first: it explains any odd header */
+	if (xxh3 && !(staged_dir && use_staged_copy(img, staged_dir, strtoull(xxh3, NULL, 16),
+						    st.st_size)))
+		/* damage first: it explains any odd header */
 		check_checksum(img, strtoull(xxh3, NULL, 16), st.st_size);
+	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
 	check_header(img);
 	unsigned count[CKPT_REC_LAST + 1] = { 0 };
 
@@ -644,13 +688,14 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 	check_timers(img);
 }
 
-void image_load(struct image *img, const char *path, const char *xxh3)
+/* staged_dir: where a node-local copy may be (--stage-dir), or NULL */
+void image_load(struct image *img, const char *path, const char *xxh3, const char *staged_dir)
 {
-	load(img, path, xxh3, 0);
+	load(img, path, xxh3, 0, staged_dir);
 }
 
 /* Another host's image: its records, never its memory. */
 void image_load_peer(struct image *img, const char *path)
 {
-	load(img, path, NULL, 1);
+	load(img, path, NULL, 1, NULL);
 }

@@ -3,9 +3,10 @@
  * tree in one fresh pid namespace (docs/PROTOCOL.md, "ckpt-restart").
  *
  *   ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--addr-map OLD=NEW]...
- *                [--peer-image FILE]... [--xxh3 HEX]... IMAGE...
+ *                [--peer-image FILE]... [--staged-dir DIR] [--xxh3 HEX]... IMAGE...
  *
- * The n-th --xxh3 is the checksum of the n-th image.  On --status-fd it
+ * The n-th --xxh3 is the checksum of the n-th image; an image of the same
+ * name in --staged-dir with that checksum is read instead (--stage-dir).  On --status-fd it
  * writes "exited N" when the job's root exits while other processes of the
  * job still run; it then goes on until they are gone.  --peer-image names
  * the images of the job's other hosts, and --addr-map a host that moved
@@ -38,7 +39,7 @@ static char job_copy[64];
 static void usage(void)
 {
 	die("usage: ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--addr-map OLD=NEW]... "
-	    "[--peer-image FILE]... [--xxh3 HEX]... IMAGE...");
+	    "[--peer-image FILE]... [--staged-dir DIR] [--xxh3 HEX]... IMAGE...");
 }
 
 static void parse_args(int argc, char **argv)
@@ -50,6 +51,7 @@ static void parse_args(int argc, char **argv)
 		{ "status-fd", required_argument, NULL, 's' },
 		{ "addr-map", required_argument, NULL, 'a' },
 		{ "peer-image", required_argument, NULL, 'p' },
+		{ "staged-dir", required_argument, NULL, 'S' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -65,6 +67,7 @@ static void parse_args(int argc, char **argv)
 				die("--status-fd %s: not an open fd", optarg);
 			break;
 		case 'a': addr_map_add(optarg); break;
+		case 'S': args.staged_dir = optarg; break;
 		case 'p':
 			if (args.npeer_images == MAX_IMAGES)
 				die("too many --peer-image");
@@ -210,7 +213,8 @@ int main(int argc, char **argv)
 	raise_fd_limit();
 	helpers_init();
 	for (unsigned i = 0; i < args.nimages; i++)
-		image_load(&imgs[i], args.image[i], args.nxxh3 ? args.xxh3[i] : NULL);
+		image_load(&imgs[i], args.image[i], args.nxxh3 ? args.xxh3[i] : NULL,
+			   args.staged_dir);
 	addr_map_apply(imgs, args.nimages);
 	cross_host_load(args.peer_image, args.npeer_images);
 	check_pids(imgs, args.nimages);

@@ -94,6 +94,7 @@ struct restart_args {
 	const char *peer_image[MAX_IMAGES];	/* other hosts' images (cross_host.c) */
 	unsigned npeer_images;
 	int status_fd;			/* -1, or where "exited N" goes */
+	const char *staged_dir;		/* node-local copies of the images (--stage-dir) */
 };
 
 /* arena.c */
@@ -135,7 +136,7 @@ void check_chunks(struct image *img, const struct loaded_vma *lv);
 void reader_run(void);
 
 /* image.c */
-void image_load(struct image *img, const char *path, const char *xxh3);
+void image_load(struct image *img, const char *path, const char *xxh3, const char *staged_dir);
 void image_load_peer(struct image *img, const char *path);
 void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off);
 

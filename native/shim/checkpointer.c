@@ -116,7 +116,9 @@ static void write_image(char *dir, unsigned seq, char *words)
 	};
 	int forked = has_word(words, "fork");
 
-	mode.parent_dir = word_value(words, "parent");	/* the last word */
+	/* values are cut out in place: the last word first (docs/PROTOCOL.md) */
+	mode.parent_dir = word_value(words, "parent");
+	mode.stage_dir = word_value(words, "stage");
 	unescape(dir);
 	if (forked)
 		err = image_write_forked(dir, seq, &self_rec, &mode, detail, sizeof(detail));

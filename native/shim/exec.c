@@ -32,6 +32,7 @@ extern char **environ;
 
 static char shim_path[CKPT_PATH_MAX];
 static char remote_path[CKPT_PATH_MAX];
+static char flusher_path[CKPT_PATH_MAX];
 static char job_id[64];
 /* "NAME=value" as the process found them at load, or "" */
 static const char *const host_var_names[] = { "CKPT_COORD_TCP", "CKPT_SECRET_FILE", "CKPT_AGENT" };
@@ -53,6 +54,8 @@ void exec_follow_init(void)
 			 info.dli_fname);
 		if (access(remote_path, X_OK))
 			remote_path[0] = 0;
+		snprintf(flusher_path, sizeof(flusher_path), "%.*sckpt-flush", dir,
+			 info.dli_fname);
 	}
 	snprintf(job_id, sizeof(job_id), "%s", id ? id : "");
 	for (size_t i = 0; i < HOST_VARS; i++) {
@@ -62,6 +65,12 @@ void exec_follow_init(void)
 		if (value)
 			snprintf(host_vars[i], sizeof(host_vars[i]), "%s=%s", host_var_names[i], value);
 	}
+}
+
+/* ckpt-flush, beside this library (staged checkpoints: writer.c). */
+const char *exec_flusher_path(void)
+{
+	return flusher_path;
 }
 
 /* "/libckpt.so" as /proc/<pid>/maps shows it, "" before exec_follow_init. */

@@ -345,6 +345,7 @@ struct write_mode {
 	int compression;		/* CKPT_COMPRESSION_* */
 	int incremental;		/* hash the pages, write a sidecar */
 	const char *parent_dir;		/* and refer to this checkpoint's, or NULL */
+	const char *stage_dir;		/* write here (node-local), then copy: or NULL */
 };
 SHIM_HIDDEN int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
 				const struct write_mode *mode, char *detail, size_t size);
@@ -365,6 +366,7 @@ SHIM_HIDDEN void checkpointer_atfork_child(void);
 /* exec.c: exec'd programs load the shim and find the coordinator */
 SHIM_HIDDEN void exec_follow_init(void);
 SHIM_HIDDEN const char *exec_shim_name(void);
+SHIM_HIDDEN const char *exec_flusher_path(void);
 SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
 /* net_addresses.c: the addresses of the first run stay the application's */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,6 +25,7 @@
 
 static pid_t writer_pid;		/* forked writer still running, or 0 */
 static int writer_pipe = -1;		/* its report: WARN lines, then DONE/FAIL */
+static int writer_staged;		/* it writes to, or copies from, a stage dir */
 
 static void fill_header(struct ckpt_image_header *h, pid_t pid)
 {
@@ -207,20 +209,81 @@ static void shared_key(char *key, size_t size, unsigned seq)
 	snprintf(key, size, "shm:%u:%s", seq, shim_hostname());
 }
 
-int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
-		    const struct write_mode *mode, char *detail, size_t size)
+/* mkdir -p, the directories made private (another user's job may stage
+ * on the same node). */
+static int make_dirs(char *path)
 {
-	struct snapshot snap;
-	char key[128];
-	int err = take_snapshot(&snap, seq, self, NULL, detail, size);
+	for (char *p = path + 1;; p++) {
+		char c = *p;
 
-	if (err)
+		if (c != '/' && c != '\0')
+			continue;
+		*p = '\0';
+		if (mkdir(path, 0700) && errno != EEXIST) {
+			*p = c;
+			return errno;
+		}
+		*p = c;
+		if (!c)
+			return 0;
+	}
+}
+
+/* The node-local directory of a staged checkpoint, without a copy left
+ * there by an earlier attempt at the same checkpoint. */
+static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t size)
+{
+	char path[PATH_MAX], name[128];
+	int err;
+
+	if (snprintf(path, sizeof(path), "%s", stage_dir) >= (int)sizeof(path))
+		err = ENAMETOOLONG;
+	else
+		err = make_dirs(path);
+	if (err) {
+		snprintf(detail, size, "cannot make stage directory %s: %s", stage_dir,
+			 shim_strerror(err));
 		return err;
-	snap.mode = *mode;
-	shared_key(key, sizeof(key), seq);
-	err = write_file(dir, &snap, key, detail, size);
-	drop_snapshot(&snap);
-	return err;
+	}
+	image_name(name, sizeof(name), pid);
+	snprintf(path, sizeof(path), "%s/%s", stage_dir, name);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/%s.pages", stage_dir, name);
+	unlink(path);
+	return 0;
+}
+
+/*
+ * Become ckpt-flush (native/flush/), which copies the staged image to
+ * dir and reports on `report` as a writer does.  exec lets go of the
+ * copy-on-write snapshot; the program runs without the shim (no
+ * environment).  Returns only on failure.
+ */
+static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
+		      const char *keys, int report, int result, char *detail, size_t size)
+{
+	char name[128], pages[140];
+	const char *argv[] = { "ckpt-flush", mode->stage_dir, dir, keys, name,
+			       mode->incremental ? pages : NULL, NULL };
+	const char *envp[] = { NULL };
+	sigset_t none;
+	int r = fcntl(report, F_DUPFD_CLOEXEC, 10), s = fcntl(result, F_DUPFD_CLOEXEC, 10);
+
+	image_name(name, sizeof(name), pid);
+	snprintf(pages, sizeof(pages), "%s.pages", name);
+	if (r < 0 || s < 0 || dup2(r, 3) < 0 || dup2(s, 4) < 0) {
+		snprintf(detail, size, "starting the flush: %s", shim_strerror(errno));
+		return errno;
+	}
+	syscall(SYS_close_range, 5, ~0U, 0);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	execve(exec_flusher_path(), (char **)argv, (char **)envp);
+	snprintf(detail, size, "cannot run %s: %s", exec_flusher_path(), shim_strerror(errno));
+	/* close_range took the report's own number: fd 3 is the pipe now */
+	if (dup2(3, report) < 0)
+		return EIO;
+	return ENOEXEC;
 }
 
 /*
@@ -263,15 +326,29 @@ static void result_leave(int fd, const char *dir, pid_t pid, const char *line, s
 		unlink(tmp);
 }
 
-static void writer_child(const char *dir, const struct snapshot *snap, int report, int result)
+static void writer_child(const char *dir, const void *arg, int report, int result)
 {
+	const struct snapshot *snap = arg;
 	char detail[1024], line[1100];
 	int err, n;
 
 	warnings_to_fd(report);
 	/* no claims from here: the control connection is the parent's, which
 	 * claimed and copied the shared memory to save */
-	err = write_file(dir, snap, NULL, detail, sizeof(detail));
+	if (snap->mode.stage_dir) {
+		err = stage_prepare(snap->mode.stage_dir, snap->pid, detail, sizeof(detail));
+		if (!err)
+			err = write_file(snap->mode.stage_dir, snap, NULL, detail, sizeof(detail));
+		if (!err) {
+			char keys[1024];
+
+			snprintf(keys, sizeof(keys), "%s", detail);
+			err = flush_exec(dir, &snap->mode, snap->pid, keys, report, result,
+					 detail, sizeof(detail));
+		}
+	} else {
+		err = write_file(dir, snap, NULL, detail, sizeof(detail));
+	}
 	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
 		  snprintf(line, sizeof(line), "DONE %s\n", detail);
 	if (!err)
@@ -279,6 +356,43 @@ static void writer_child(const char *dir, const struct snapshot *snap, int repor
 	if (write(report, line, n) != n)
 		err = EIO;
 	syscall(SYS_exit_group, err ? 1 : 0);
+}
+
+/*
+ * A child that reports on a pipe (WARN lines, then DONE or FAIL) and holds
+ * <image>.done.tmp locked: run(dir, arg, pipe, result fd) in it, which
+ * never returns.  A bare clone: exit signal 0.  Returns the child's pid,
+ * the one SYNC waits for, or -1 with *err.
+ */
+static long start_reporter(const char *dir,
+			   void (*run)(const char *, const void *, int, int),
+			   const void *arg, int *err)
+{
+	int p[2], result = result_open(dir, getpid());
+	long child;
+
+	if (result < 0 || pipe2(p, O_CLOEXEC)) {
+		*err = errno;
+		if (result >= 0)
+			close(result);
+		return -1;
+	}
+	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);
+	if (child == 0) {
+		close(p[0]);
+		run(dir, arg, p[1], result);
+	}
+	*err = child < 0 ? errno : 0;
+	close(p[1]);
+	close(result);	/* the child's copy holds the lock */
+	if (child < 0) {
+		close(p[0]);
+		return -1;
+	}
+	writer_pid = child;
+	writer_pipe = p[0];
+	writer_staged = 0;
+	return child;
 }
 
 /*
@@ -293,7 +407,7 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 	char key[128];
 	uint64_t copied;
 	struct vma_advice_table *advice;
-	int p[2], err, result;
+	int err;
 	long child;
 
 	advice = vma_advice_read(&err);
@@ -315,36 +429,82 @@ int image_write_forked(const char *dir, unsigned seq, const struct ckpt_thread *
 		drop_snapshot(&snap);
 		return EAGAIN;
 	}
-	result = result_open(dir, snap.pid);
-	if (result < 0 || pipe2(p, O_CLOEXEC)) {
-		err = errno;
-		snprintf(detail, size, "forked write: %s", shim_strerror(err));
-		if (result >= 0)
-			close(result);
-		drop_snapshot(&snap);
-		return err;
-	}
-	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);	/* exit signal 0 */
-	if (child == 0) {
-		close(p[0]);
-		writer_child(dir, &snap, p[1], result);
-	}
-	err = child < 0 ? errno : 0;
-	close(p[1]);
-	close(result);	/* the child's copy holds the lock */
+	child = start_reporter(dir, writer_child, &snap, &err);
+	writer_staged = mode->stage_dir != NULL;
 	copied = shm_snapshot_bytes(snap.shm);
 	drop_snapshot(&snap);
-	if (err) {
-		close(p[0]);
-		snprintf(detail, size, "forked write: clone: %s", shim_strerror(err));
+	if (child < 0) {
+		snprintf(detail, size, "forked write: %s", shim_strerror(err));
 		return err;
 	}
-	writer_pid = child;
-	writer_pipe = p[0];
 	image_name(key, sizeof(key), getpid());
 	snprintf(detail, size, "forked=%ld file=%s shm_copied=%llu", child, key,
 		 (unsigned long long)copied);
 	return 0;
+}
+
+struct flush_start {
+	const struct write_mode *mode;
+	pid_t pid;			/* the application's */
+	const char *keys;
+};
+
+static void flusher_child(const char *dir, const void *arg, int report, int result)
+{
+	const struct flush_start *f = arg;
+	char detail[512], line[600];
+	int err = flush_exec(dir, f->mode, f->pid, f->keys, report, result, detail,
+			     sizeof(detail));
+	int n = snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail);
+
+	if (write(report, line, n) != n)
+		err = EIO;
+	syscall(SYS_exit_group, 1);
+}
+
+/* In place and staged: a child becomes ckpt-flush while the job resumes;
+ * SYNC waits for it as for a forked writer. */
+static int start_flusher(const char *dir, const struct write_mode *mode, const char *keys,
+			 char *detail, size_t size)
+{
+	struct flush_start f = { mode, getpid(), keys };
+	char name[128];
+	int err;
+	long child = start_reporter(dir, flusher_child, &f, &err);
+
+	writer_staged = 1;
+	if (child < 0) {
+		snprintf(detail, size, "starting the flush: %s", shim_strerror(err));
+		return err;
+	}
+	image_name(name, sizeof(name), getpid());
+	snprintf(detail, size, "flushing=%ld file=%s", child, name);
+	return 0;
+}
+
+int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *self,
+		    const struct write_mode *mode, char *detail, size_t size)
+{
+	struct snapshot snap;
+	char key[128];
+	int err = take_snapshot(&snap, seq, self, NULL, detail, size);
+
+	if (err)
+		return err;
+	snap.mode = *mode;
+	shared_key(key, sizeof(key), seq);
+	if (mode->stage_dir)
+		err = stage_prepare(mode->stage_dir, snap.pid, detail, size);
+	if (!err)
+		err = write_file(mode->stage_dir ? mode->stage_dir : dir, &snap, key, detail, size);
+	drop_snapshot(&snap);
+	if (!err && mode->stage_dir) {	/* the copy runs on once the job resumed */
+		char keys[1024];
+
+		snprintf(keys, sizeof(keys), "%s", detail);
+		err = start_flusher(dir, mode, keys, detail, size);
+	}
+	return err;
 }
 
 static void writer_reap(void)
@@ -385,7 +545,8 @@ int image_write_wait(char *detail, size_t size)
 	detail[0] = '\0';
 	if (!writer_pid)
 		return 0;
-	snprintf(detail, size, "forked writer died");
+	snprintf(detail, size, "%s", writer_staged ? "the writer or copier of its staged image died"
+						   : "its forked writer died");
 	for (;;) {
 		ssize_t n = read(writer_pipe, buf + len, sizeof(buf) - 1 - len);
 		char *line, *nl;
