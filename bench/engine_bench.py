@@ -3,10 +3,13 @@
 Every figure is compared with a baseline measured in the same run on the
 same filesystem, because absolute times drift on these machines:
   - checkpoint write throughput vs a plain sequential write + fsync of the
-    same number of bytes;
+    same number of bytes, and DMTCP's checkpoint of the same program when
+    it is installed (bench/dmtcp.py);
   - restart time vs reading the image's bytes back into fresh memory;
   - incremental checkpoints of a process that rewrites 5% of its pages
     between them vs full checkpoints of the same memory: bytes and time;
+  - staged checkpoints (--stage-dir, default /dev/shm) vs checkpoints
+    written straight to the checkpoint directory: app stopped, published;
   - a mostly untouched 8 GiB process: checkpoint time and image size;
   - runtime overhead of the shim on compute, syscall, clock, malloc, poll and
     epoll loops (timed waits go through the shim's wrappers);
@@ -15,6 +18,7 @@ same filesystem, because absolute times drift on these machines:
     default: the previous commit that changed native/shim).
 
     python3 bench/engine_bench.py [--mib 2048] [--dir DIR] [--reps 5] [--only TABLE]
+                                  [--stage-dir DIR]
 """
 import argparse
 import os
@@ -27,6 +31,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+import dmtcp as dmtcp_side
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "bench" / "apps" / "bin"
@@ -96,24 +102,31 @@ def table(title, header, rows):
         print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
 
 
-def bench_big(env, work, mib, reps):
+def bench_big(env, work, mib, reps, dmtcp_bin):
     """Each round: a baseline write of the same size, a checkpoint as the
-    default takes it (a forked writer), one --in-place; then restarts
-    interleaved with baseline reads: medians."""
+    default takes it (a forked writer), one --in-place, and DMTCP's of the
+    same program when it is installed; then restarts interleaved with
+    baseline reads: medians."""
     data = work / "baseline.bin"
     proc, out = launch(env, work, "big", BIN / "bigproc", mib)
+    dmtcp = dmtcp_side.DmtcpJob(dmtcp_bin, work, [BIN / "bigproc", mib]) if dmtcp_bin else None
     base_write = []
     modes = {"default (forked)": (), "--in-place": ("--in-place",)}
-    stops = {m: [] for m in modes}
-    walls = {m: [] for m in modes}
+    stops = {m: [] for m in [*modes, "dmtcp"]}
+    walls = {m: [] for m in [*modes, "dmtcp"]}
     writes = {m: [] for m in modes}
-    order = ["baseline", *modes]
+    order = ["baseline", *modes] + (["dmtcp"] if dmtcp else [])
     for round_ in range(reps):
         # each round in another order: what runs first finds another disk
-        for what in order[round_ % 3:] + order[:round_ % 3]:
+        for what in order[round_ % len(order):] + order[:round_ % len(order)]:
             if what == "baseline":
                 base_write.append(baseline("write", data, mib))
                 data.unlink()
+                continue
+            if what == "dmtcp":
+                stopped, durable = dmtcp.checkpoint()
+                stops[what].append(stopped)
+                walls[what].append(durable)
                 continue
             image_dir, wall, info = checkpoint(env, "big", *modes[what])
             stops[what].append(info["stopped_ns"] / 1e9)
@@ -121,7 +134,7 @@ def bench_big(env, work, mib, reps):
             writes[what].append(info["write_ns"] / 1e9)
     kill(env, "big", proc)
     image = image_dir / info["image"]
-    base_read, restarts = [], []
+    base_read, restarts, dmtcp_restarts = [], [], []
     for _ in range(reps):
         base_read.append(baseline("read", image))
         seconds, rproc = restart_time(env, image_dir, out)
@@ -129,6 +142,11 @@ def bench_big(env, work, mib, reps):
         ckpt(env, "kill", "big")
         rproc.wait()
         time.sleep(1)   # let the killed process's memory go back
+        if dmtcp:
+            dmtcp_restarts.append(dmtcp.restart_time())
+            time.sleep(1)
+    if dmtcp:
+        dmtcp.stop()
     med = statistics.median
     gib = info["size"] / 2**30
     bw, br = med(base_write), med(base_read)
@@ -138,20 +156,36 @@ def bench_big(env, work, mib, reps):
         ratio = med([w / b for w, b in zip(walls[mode], base_write)])
         rows.append([mode, f"{med(stops[mode]):.3f}", f"{med(writes[mode]):.2f}",
                      f"{med(walls[mode]):.2f}", f"{bw:.2f}", f"{ratio:.2f}"])
+    if dmtcp:
+        ratio = med([w / b for w, b in zip(walls["dmtcp"], base_write)])
+        rows.append([f"DMTCP {dmtcp_side.version(dmtcp_bin)} (no gzip; then sync)",
+                     f"{med(stops['dmtcp']):.3f}", f"{med(stops['dmtcp']):.2f}",
+                     f"{med(walls['dmtcp']):.2f}", f"{bw:.2f}", f"{ratio:.2f}"])
     table(f"Checkpoint of a {mib} MiB incompressible process (image "
           f"{info['size'] / 2**20:.0f} MiB, median of {reps})",
           ["mode", "app stopped s", "image written s", "published s", "baseline write s",
            "published/baseline, per round (<=1.1)"], rows)
     print("  published: `ckpt checkpoint` until the checkpoint is durable and `latest`; "
           "baseline: sequential write()+fsync of the same bytes")
+    if dmtcp:
+        print(f"  app stopped, ckpt's default / DMTCP's checkpoint: "
+              f"{med(stops['default (forked)']) / med(stops['dmtcp']):.3f} (target <=0.05)")
+    else:
+        print("  DMTCP: not installed, left out (bench/dmtcp.py says how to add it)")
     print(f"  all rounds, s: baseline {fmt(base_write)}  " +
-          "  ".join(f"{m}: stopped {fmt(stops[m])} published {fmt(walls[m])}" for m in modes))
+          "  ".join(f"{m}: stopped {fmt(stops[m])} published {fmt(walls[m])}" for m in stops
+                    if stops[m]))
+    rows = [["ckpt restart to running", f"{med(restarts):.2f}", f"{gib / med(restarts):.2f}",
+             f"{br:.2f}", f"{br / med(restarts):.2f}"]]
+    if dmtcp:
+        rows.append(["DMTCP restart to running", f"{med(dmtcp_restarts):.2f}",
+                     f"{gib / med(dmtcp_restarts):.2f}", f"{br:.2f}",
+                     f"{br / med(dmtcp_restarts):.2f}"])
     table(f"Restart of that process (median of {reps})",
-          ["what", "seconds", "GiB/s", "baseline read s", "ratio (>=0.8)"],
-          [["restart to running", f"{med(restarts):.2f}", f"{gib / med(restarts):.2f}",
-            f"{br:.2f}", f"{br / med(restarts):.2f}"]])
+          ["what", "seconds", "GiB/s", "baseline read s", "ratio (>=0.8)"], rows)
     print("  baseline: read() of the image into fresh memory; "
-          f"all runs, s: baseline {fmt(base_read)}  restart {fmt(restarts)}")
+          f"all runs, s: baseline {fmt(base_read)}  restart {fmt(restarts)}"
+          + (f"  DMTCP {fmt(dmtcp_restarts)}" if dmtcp else ""))
 
 
 def dirty_and_wait(pid, out, round_):
@@ -204,6 +238,57 @@ def bench_incremental(env, work, mib, reps):
             f"{med(inc_sizes) / 2**20:.0f}", f"{size_ratio:.3f}", f"{time_ratio:.3f}"]])
     print(f"  all rounds, s: full {fmt(full_walls)}  incremental {fmt(inc_walls)}; restart from "
           f"the last incremental (reads {mib} MiB from {reps + 1} checkpoints): {seconds:.2f} s")
+
+
+def bench_staging(env, work, mib, reps, stage_root):
+    """Two processes of the same memory side by side: one checkpointed
+    straight into the checkpoint directory, the other with --stage-dir
+    (node-local first, copied by ckpt-flush once the job resumed), each
+    forked and in place, the order alternating per round: app stopped and
+    time to published, ratios within a round.  Then a restart of each:
+    the staged one reads the node-local copy."""
+    import shutil
+    stage = Path(stage_root) / f"ckpt-bench-{os.getpid()}"
+    procs = {"direct": launch(env, work, "direct", BIN / "bigproc", mib),
+             "staged": launch(env, work, "staged", BIN / "bigproc", mib,
+                              options=["--stage-dir", stage])}
+    modes = {"forked (default)": (), "--in-place": ("--in-place",)}
+    stops, walls, copies, writes, last = {}, {}, {}, {}, {}
+    try:
+        for round_ in range(reps):
+            for mode, extra in modes.items():
+                for job in ("direct", "staged")[::1 if round_ % 2 == 0 else -1]:
+                    last[job], wall, info = checkpoint(env, job, *extra)
+                    stops.setdefault((job, mode), []).append(info["stopped_ns"] / 1e9)
+                    walls.setdefault((job, mode), []).append(wall)
+                    writes.setdefault((job, mode), []).append(info["write_ns"] / 1e9)
+                    copies.setdefault((job, mode), []).append(info.get("flush_ns", 0) / 1e9)
+        for job, (proc, _) in procs.items():
+            kill(env, job, proc)
+        restarts = {}
+        for job, (_, out) in procs.items():
+            restarts[job], rproc = restart_time(env, last[job], out)
+            ckpt(env, "kill", job)
+            rproc.wait()
+            time.sleep(1)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    med = statistics.median
+    rows = []
+    for mode in modes:
+        for job in ("direct", "staged"):
+            ratio = med([s / d for s, d in zip(walls[("staged", mode)], walls[("direct", mode)])])
+            rows.append([f"{mode}, {'--stage-dir ' + str(stage_root) if job == 'staged' else 'straight to the ckpt-dir'}",
+                         f"{med(stops[(job, mode)]):.3f}", f"{med(writes[(job, mode)]):.2f}",
+                         f"{med(copies[(job, mode)]):.2f}" if job == "staged" else "",
+                         f"{med(walls[(job, mode)]):.2f}",
+                         f"{ratio:.2f}" if job == "staged" else "1.00"])
+    table(f"Staged checkpoints of a {mib} MiB incompressible process (median of {reps}, "
+          "ratios within a round)",
+          ["checkpoint", "app stopped s", "image written s", "copied s", "published s",
+           "published / straight"], rows)
+    print(f"  restart to running: from the staged copy {restarts['staged']:.2f} s, from the "
+          f"ckpt-dir {restarts['direct']:.2f} s")
 
 
 def fmt(values):
@@ -300,7 +385,11 @@ def main():
     ap.add_argument("--mib", type=int, default=2048)
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--only", choices=["big", "incremental", "overhead", "stopped"], help="run one table only")
+    ap.add_argument("--only", choices=["big", "incremental", "staging", "overhead", "stopped"],
+                    help="run one table only")
+    ap.add_argument("--stage-dir", default="/dev/shm", help="node-local dir of the staging table")
+    ap.add_argument("--dmtcp", default=None,
+                    help="DMTCP's bin dir for the big table (default: on PATH or /opt/dmtcp/bin)")
     ap.add_argument("--baseline-ref", default=None,
                     help="commit whose shim the stopped-time table compares with")
     args = ap.parse_args()
@@ -312,9 +401,11 @@ def main():
                    CKPT_CONFIG=str(work / "none.yaml"))
         print(f"ckpt engine benchmarks, work dir {work}")
         if args.only in (None, "big"):
-            bench_big(env, work, args.mib, args.reps)
+            bench_big(env, work, args.mib, args.reps, dmtcp_side.find(args.dmtcp))
         if args.only in (None, "incremental"):
             bench_incremental(env, work, args.mib, args.reps)
+        if args.only in (None, "staging"):
+            bench_staging(env, work, args.mib, args.reps, args.stage_dir)
         if not args.only:
             bench_sparse(env, work)
         if args.only in (None, "overhead"):

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,6 +20,7 @@ from harness import Job, restart_and_finish
 from test_engine import PROGRAMS
 from test_faults import COUNTER, one_line
 from test_incremental import DIRTY, own_and_referred
+from test_multihost import jobs  # noqa: F401  (the fixture)
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="mounts a small tmpfs (root)")
 
@@ -220,3 +222,38 @@ def test_killed_copier_fails_one_checkpoint(session):
     job.kill()
     assert restart_and_finish(session, first, job) == reference
     assert restart_and_finish(session, last, job) == reference
+
+
+@pytest.mark.multihost
+def test_multihost_staged_on_each_host(cluster, jobs, request):
+    """An MPI ring on h1, h2 with --stage-dir in each host's own /dev/shm:
+    each host's stage holds its own images and no other's; with the shared
+    copy of an h1 image damaged, a restart on h1, h2 reads the staged copies
+    and ends with the uninterrupted run's result, while one on h3, h4 (no
+    staged copy there) refuses the damaged image in one line."""
+    from test_multihost import reference_result
+    args = (300, 20)
+    job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args)
+    job.env["CKPT_STAGE_DIR"] = "/dev/shm/ckpt-stage"
+    job.start()
+    checkpoint = Path(job.ckpt("h2", "checkpoint", job.id).stdout.strip())
+    job.ckpt("h1", "kill", job.id)
+    job.proc.wait(timeout=30)
+    procs = manifest(checkpoint)["processes"]
+    assert all(p["flush_ns"] > 0 for p in procs), procs
+    for host in ("h1", "h2", "h3"):
+        listed = cluster.run(host, ["ls", f"/dev/shm/ckpt-stage/{job.id}/{checkpoint.name}"],
+                             capture_output=True, text=True).stdout.split()
+        assert sorted(listed) == sorted(p["image"] for p in procs if p["host"] == host), \
+            (host, listed)
+    image = checkpoint / next(p["image"] for p in procs if p["host"] == "h1")
+    good = image.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(good) // 2] ^= 0xFF
+    image.write_bytes(damaged)
+    elsewhere = job.ckpt("h3", "restart", "--hosts", "h3,h4", checkpoint, check=False)
+    assert elsewhere.returncode != 0 and "checksum mismatch" in elsewhere.stderr, \
+        elsewhere.stderr
+    assert "Traceback" not in elsewhere.stderr
+    job.restart(checkpoint, ["h1", "h2"], "staged").finish()
+    assert job.results() == reference_result(cluster, "openmpi", "ring", args, job.dir)

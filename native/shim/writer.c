@@ -268,10 +268,14 @@ static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
 	const char *envp[] = { NULL };
 	sigset_t none;
 	int r = fcntl(report, F_DUPFD_CLOEXEC, 10), s = fcntl(result, F_DUPFD_CLOEXEC, 10);
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 
 	image_name(name, sizeof(name), pid);
 	snprintf(pages, sizeof(pages), "%s.pages", name);
-	if (r < 0 || s < 0 || dup2(r, 3) < 0 || dup2(s, 4) < 0) {
+	/* none of the application's fds stays open in it: not even stdio,
+	 * whose reader would wait for the copy to end to see EOF */
+	if (r < 0 || s < 0 || null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 ||
+	    dup2(null, 2) < 0 || dup2(r, 3) < 0 || dup2(s, 4) < 0) {
 		snprintf(detail, size, "starting the flush: %s", shim_strerror(errno));
 		return errno;
 	}
@@ -391,7 +395,6 @@ static long start_reporter(const char *dir,
 	}
 	writer_pid = child;
 	writer_pipe = p[0];
-	writer_staged = 0;
 	return child;
 }
 
@@ -458,7 +461,7 @@ static void flusher_child(const char *dir, const void *arg, int report, int resu
 	int n = snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail);
 
 	if (write(report, line, n) != n)
-		err = EIO;
+		syscall(SYS_exit_group, 2);
 	syscall(SYS_exit_group, 1);
 }
 
