@@ -22,16 +22,16 @@ def test_blocking_calls_checkpointed_every_100ms_then_restarted(session):
     """Each thread blocks again and again in one interruptible call (poll,
     select, epoll_wait, sleeps, sigtimedwait, futex, SO_RCVTIMEO, pause...)
     and fails at the first EINTR or early return; checkpointed every
-    100 ms for 10 s, it must end as an uninterrupted run, and so must a
+    100 ms for 7 s, it must end as an uninterrupted run, and so must a
     restart from the middle checkpoint."""
-    args = ["500", "20", "restartable"]
+    args = ["350", "20", "restartable"]
     reference = session.reference("blocking_calls", *args)
     job = Job(session, "calls", "blocking_calls", *args)
     job.wait_ready()
     images = checkpoint_until_the_end(job, 0.1)
     assert job.wait() == 0, job.output()[-300:]
     assert job.output() == reference
-    assert len(images) >= 10, f"only {len(images)} checkpoints in 10 s"
+    assert len(images) >= 10, f"only {len(images)} checkpoints in 7 s"
     middle = images[len(images) // 2]
     assert restart_and_finish(session, middle, job) == reference
 
@@ -130,7 +130,7 @@ def test_a_stopped_child_stays_stopped_through_checkpoint_and_restart(session, m
     and without its parent being told anything new (no SIGCHLD, no second
     stop; a stop it had not collected yet still there, once); --kill kills
     it too; restarted, it is stopped again, as its parent saw it."""
-    args = [mode, "600", "10"]
+    args = [mode, "350", "10"]
     reference = session.reference("stopped_child", *args)
     job = Job(session, f"stopped-{mode}", "stopped_child", *args)
     job.wait_ready()

@@ -18,10 +18,11 @@ import yaml
 
 from harness import Job, restart_and_finish
 from test_engine import PROGRAMS
-from test_faults import COUNTER, one_line
+from test_faults import one_line
 from test_incremental import DIRTY, own_and_referred
 from test_multihost import jobs  # noqa: F401  (the fixture)
 
+COUNTER = ["counter", "100", "10"]  # held after its steps until the test lets it end
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="mounts a small tmpfs (root)")
 
 
