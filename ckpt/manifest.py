@@ -223,6 +223,7 @@ _MANIFEST_TYPES = {
     "needs": (lambda v: isinstance(v, list) and all(_is_int(n) and n >= 0 for n in v),
               "a list of checkpoint numbers"),
     "warnings": (lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v), "a list"),
+    "stage_dir": (lambda v: v is None or (_is_str(v) and v.startswith("/")), "an absolute path"),
 }
 _PROCESS_TYPES = {
     "pid": (lambda v: _is_int(v) and 0 < v < 1 << 22, "a process id"),

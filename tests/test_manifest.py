@@ -110,3 +110,13 @@ def test_image_name_may_not_escape_the_directory(tmp_path):
     m.write_manifest(tmp_path, sample(1, [{"pid": 1, "host": "h", "image": "../x", "size": 1, "xxh3": "0"}]))
     with pytest.raises(CkptError, match="bad image name"):
         m.read_manifest(tmp_path)
+
+
+def test_stage_dir_must_be_an_absolute_path(tmp_path):
+    proc = {"pid": 1, "host": "h", "image": "h-1.img", "size": 1, "xxh3": "0"}
+    m.write_manifest(tmp_path, dict(sample(1, [proc]), stage_dir="/dev/shm/s"))
+    assert m.read_manifest(tmp_path)["stage_dir"] == "/dev/shm/s"
+    for bad in ("relative/dir", 7, ["/x"]):
+        m.write_manifest(tmp_path, dict(sample(1, [proc]), stage_dir=bad))
+        with pytest.raises(CkptError, match="stage_dir is not an absolute path"):
+            m.read_manifest(tmp_path)
