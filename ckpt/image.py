@@ -113,33 +113,41 @@ def check_header(path, headers=None):
 RECORD = struct.Struct("<IIQ")  # struct ckpt_record: type, pad, size
 
 
+def memory_records(path, headers=None):
+    """Each memory record of an image, in order, as a `struct ckpt_vma *`
+    (read it before asking for the next); ValueError if the records do not
+    add up, OSError if the file cannot be read."""
+    headers = headers or load_headers()
+    ffi, const = headers.ffi, headers.const
+    vma_size = ffi.sizeof("struct ckpt_vma")
+    with open(path, "rb") as image:
+        end = os.fstat(image.fileno()).st_size
+        offset = const("CKPT_HEADER_SIZE")
+        while offset + RECORD.size <= end:
+            image.seek(offset)
+            kind, _pad, size = RECORD.unpack(image.read(RECORD.size))
+            if kind == const("CKPT_REC_END"):
+                return
+            if size > end - offset - RECORD.size:
+                raise ValueError(f"{path}: a record runs past the end")
+            if kind == const("CKPT_REC_VMA") and size >= vma_size:
+                yield ffi.cast("struct ckpt_vma *", ffi.from_buffer(image.read(vma_size)))
+            offset += RECORD.size + size
+    raise ValueError(f"{path}: no end record")
+
+
 def memory_bytes(path, headers=None):
     """(memory, stored): bytes of saved pages in an image's memory records,
     and the bytes they take in the file (less when compressed); None if
     the records do not add up (a damaged image says so elsewhere)."""
-    headers = headers or load_headers()
-    ffi, const = headers.ffi, headers.const
-    vma_size = ffi.sizeof("struct ckpt_vma")
     memory = stored = 0
     try:
-        with open(path, "rb") as image:
-            end = os.fstat(image.fileno()).st_size
-            offset = const("CKPT_HEADER_SIZE")
-            while offset + RECORD.size <= end:
-                image.seek(offset)
-                kind, _pad, size = RECORD.unpack(image.read(RECORD.size))
-                if kind == const("CKPT_REC_END"):
-                    return memory, stored
-                if size > end - offset - RECORD.size:
-                    return None
-                if kind == const("CKPT_REC_VMA") and size >= vma_size:
-                    vma = ffi.cast("struct ckpt_vma *", ffi.from_buffer(image.read(vma_size)))
-                    memory += vma.data_size
-                    stored += vma.stored_size
-                offset += RECORD.size + size
-    except OSError:
+        for vma in memory_records(path, headers):
+            memory += vma.data_size
+            stored += vma.stored_size
+    except (OSError, ValueError):
         return None
-    return None
+    return memory, stored
 
 
 def verify_process_image(directory, proc, headers=None, checksum=True):

@@ -16,6 +16,7 @@ import psutil
 import pytest
 import yaml
 
+from ckpt.image import memory_records
 from harness import Job, restart_and_finish
 from test_engine import PROGRAMS
 from test_faults import one_line
@@ -40,24 +41,9 @@ def page_data_offset(image):
     """An offset in the middle of the image's largest run of page data: a
     byte there matters to a restore of the image, not to another host's
     restart, which reads the image's records alone (its peers)."""
-    from ckpt.headers import load_headers
-    from ckpt.image import RECORD
-    headers = load_headers()
-    ffi, const = headers.ffi, headers.const
-    best, offset = (0, 0), const("CKPT_HEADER_SIZE")
-    with open(image, "rb") as f:
-        while True:
-            f.seek(offset)
-            kind, _pad, size = RECORD.unpack(f.read(RECORD.size))
-            if kind == const("CKPT_REC_END"):
-                break
-            if kind == const("CKPT_REC_VMA"):
-                vma = ffi.cast("struct ckpt_vma *",
-                               ffi.from_buffer(f.read(ffi.sizeof("struct ckpt_vma"))))
-                best = max(best, (vma.data_size, vma.data_offset))
-            offset += RECORD.size + size
-    assert best[0] >= 4096, f"{image}: no page data"
-    return best[1] + best[0] // 2
+    size, offset = max((vma.data_size, vma.data_offset) for vma in memory_records(image))
+    assert size >= 4096, f"{image}: no page data"
+    return offset + size // 2
 
 
 def restarts_like_reference(session, job, checkpoints, reference):

@@ -656,10 +656,12 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 		die("%s: not a regular file", path);
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
-	if (xxh3 && !(staged_dir && use_staged_copy(img, staged_dir, strtoull(xxh3, NULL, 16),
-						    st.st_size)))
-		/* damage first: it explains any odd header */
-		check_checksum(img, strtoull(xxh3, NULL, 16), st.st_size);
+	if (xxh3) {		/* damage first: it explains any odd header */
+		uint64_t want = strtoull(xxh3, NULL, 16);
+
+		if (!staged_dir || !use_staged_copy(img, staged_dir, want, st.st_size))
+			check_checksum(img, want, st.st_size);
+	}
 	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
 	check_header(img);
 	unsigned count[CKPT_REC_LAST + 1] = { 0 };

@@ -290,6 +290,21 @@ static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
 	return ENOEXEC;
 }
 
+/* The image goes to the stage directory when there is one (made ready
+ * first), else straight to dir; detail gets the DONE keys or the error. */
+static int write_first_copy(const char *dir, const struct snapshot *snap, const char *shared_key,
+			    char *detail, size_t size)
+{
+	int err = 0;
+
+	if (snap->mode.stage_dir)
+		err = stage_prepare(snap->mode.stage_dir, snap->pid, detail, size);
+	if (!err)
+		err = write_file(snap->mode.stage_dir ? snap->mode.stage_dir : dir, snap, shared_key,
+				 detail, size);
+	return err;
+}
+
 /*
  * The writer's result, for when its process is gone before SYNC (it
  * exited, execed or was killed once resumed): the image is complete all
@@ -339,19 +354,13 @@ static void writer_child(const char *dir, const void *arg, int report, int resul
 	warnings_to_fd(report);
 	/* no claims from here: the control connection is the parent's, which
 	 * claimed and copied the shared memory to save */
-	if (snap->mode.stage_dir) {
-		err = stage_prepare(snap->mode.stage_dir, snap->pid, detail, sizeof(detail));
-		if (!err)
-			err = write_file(snap->mode.stage_dir, snap, NULL, detail, sizeof(detail));
-		if (!err) {
-			char keys[1024];
+	err = write_first_copy(dir, snap, NULL, detail, sizeof(detail));
+	if (!err && snap->mode.stage_dir) {	/* the copy replaces this process */
+		char keys[1024];
 
-			snprintf(keys, sizeof(keys), "%s", detail);
-			err = flush_exec(dir, &snap->mode, snap->pid, keys, report, result,
-					 detail, sizeof(detail));
-		}
-	} else {
-		err = write_file(dir, snap, NULL, detail, sizeof(detail));
+		snprintf(keys, sizeof(keys), "%s", detail);
+		err = flush_exec(dir, &snap->mode, snap->pid, keys, report, result, detail,
+				 sizeof(detail));
 	}
 	n = err ? snprintf(line, sizeof(line), "FAIL %d %s\n", err, detail) :
 		  snprintf(line, sizeof(line), "DONE %s\n", detail);
@@ -496,10 +505,7 @@ int image_write_now(const char *dir, unsigned seq, const struct ckpt_thread *sel
 		return err;
 	snap.mode = *mode;
 	shared_key(key, sizeof(key), seq);
-	if (mode->stage_dir)
-		err = stage_prepare(mode->stage_dir, snap.pid, detail, size);
-	if (!err)
-		err = write_file(mode->stage_dir ? mode->stage_dir : dir, &snap, key, detail, size);
+	err = write_first_copy(dir, &snap, key, detail, size);
 	drop_snapshot(&snap);
 	if (!err && mode->stage_dir) {	/* the copy runs on once the job resumed */
 		char keys[1024];
