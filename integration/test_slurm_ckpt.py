@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
 CKPT = str(REPO / "bin" / "ckpt")
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
 STACKS = ("openmpi", "mpich")
+STAGE = "/dev/shm/ckpt-stage"   # node-local on each namespace host
 FINALIZE_WAIT = 15   # MPICH over UCX may hang in MPI_Finalize (openucx/ucx#8738)
 
 
@@ -153,8 +154,8 @@ def mpi_built():
 @pytest.fixture
 def jobs(slurm, request):
     """Makes BatchJobs; afterwards checks what the hooks promise: no job
-    process and no node-local directory left on any node, no node drained
-    or down, every checkpoint still there."""
+    process, node-local directory or staged copy left on any node, no node
+    drained or down, every checkpoint still there."""
     made = []
     directory = slurm.cluster.shared_dir / "slurm-ckpt" / \
         request.node.name.replace("[", "-").rstrip("]")
@@ -188,9 +189,10 @@ def _leftovers(slurm, timeout):
             pids = slurm.job_processes(host)
             if pids:
                 problems[f"processes on {host}"] = [_cmdline(p) for p in pids]
-            r = slurm.run(host, ["sh", "-c", "ls /run/ckpt 2>/dev/null"])
-            if r.stdout.split():
-                problems[f"/run/ckpt on {host}"] = r.stdout.split()
+            for local in ("/run/ckpt", STAGE):
+                r = slurm.run(host, ["sh", "-c", f"ls {local} 2>/dev/null"])
+                if r.stdout.split():
+                    problems[f"{local} on {host}"] = r.stdout.split()
         states = {h: s for h, s in slurm.node_states().items() if s != "idle"}
         if states:
             problems["nodes"] = states
@@ -263,11 +265,17 @@ def test_time_limit_signal_requeues_and_the_job_finishes(slurm, jobs):
 def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jobs):
     """scontrol requeue (what a preemption with PreemptMode=REQUEUE does):
     every process of the job gets SIGTERM; the requeued run restarts from
-    the latest periodic checkpoint."""
+    the latest periodic checkpoint.  Its checkpoints are staged in each
+    node's own /dev/shm; the epilog removes the staged copies (the
+    jobs fixture checks)."""
     args = (600, 20)
-    job = jobs("openmpi", args, ckpt_options=["--interval", "2"]).submit()
+    job = jobs("openmpi", args, ckpt_options=["--interval", "2", "--stage-dir", STAGE]).submit()
     job.wait_text("READY")
     job.wait_checkpoints(2)
+    for host in ("h1", "h2"):
+        staged = slurm.run(host, ["sh", "-c", f"ls {STAGE}/{job.id}/ckpt-*/*.img; "
+                                  f"readlink /run/ckpt/job-{job.id}/stage-{job.id}"]).stdout
+        assert ".img" in staged and f"{STAGE}/{job.id}\n" in staged, (host, staged)
     slurm.check("h1", ["scontrol", "requeue", job.id])
     job.wait_running(1)
     job.finish()

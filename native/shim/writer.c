@@ -231,6 +231,34 @@ static int make_dirs(char *path)
 
 /* The node-local directory of a staged checkpoint, without a copy left
  * there by an earlier attempt at the same checkpoint. */
+/*
+ * A link to the job's stage directory (<stage>/<job>) in the job's
+ * node-local directory, when it has one (CKPT_RUNTIME_DIR, under Slurm):
+ * the epilog removes the staged copies it points to once the job ended
+ * on the node.  Best effort: without it the copies only stay longer.
+ */
+static void stage_link(const char *stage_dir)
+{
+	const char *runtime = getenv("CKPT_RUNTIME_DIR");
+	char job_dir[PATH_MAX], link[PATH_MAX];
+	char *slash;
+
+	if (!runtime || !*runtime)
+		return;
+	snprintf(job_dir, sizeof(job_dir), "%s", stage_dir);
+	slash = strrchr(job_dir, '/');		/* <stage>/<job>/ckpt-NNNN */
+	if (!slash || slash == job_dir)
+		return;
+	*slash = '\0';
+	slash = strrchr(job_dir, '/');
+	if (!slash || snprintf(link, sizeof(link), "%s/stage-%s", runtime, slash + 1) >=
+		      (int)sizeof(link))
+		return;
+	if (symlink(job_dir, link) && errno != EEXIST)
+		ckpt_warn("cannot link the stage directory into %s: %s", runtime,
+			  shim_strerror(errno));
+}
+
 static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t size)
 {
 	char path[PATH_MAX], name[128];
@@ -245,6 +273,7 @@ static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t 
 			 shim_strerror(err));
 		return err;
 	}
+	stage_link(stage_dir);
 	image_name(name, sizeof(name), pid);
 	snprintf(path, sizeof(path), "%s/%s", stage_dir, name);
 	unlink(path);
@@ -256,8 +285,9 @@ static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t 
 /*
  * Become ckpt-flush (native/flush/), which copies the staged image to
  * dir and reports on `report` as a writer does.  exec lets go of the
- * copy-on-write snapshot; the program runs without the shim (no
- * environment).  Returns only on failure.
+ * copy-on-write snapshot; the program runs without the shim (its only
+ * environment is the Slurm job id, by which the epilog finds a copier
+ * the job left behind).  Returns only on failure.
  */
 static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
 		      const char *keys, int report, int result, char *detail, size_t size)
@@ -265,13 +295,17 @@ static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
 	char name[128], pages[140];
 	const char *argv[] = { "ckpt-flush", mode->stage_dir, dir, keys, name,
 			       mode->incremental ? pages : NULL, NULL };
-	const char *envp[] = { NULL };
+	const char *slurm_job = getenv("SLURM_JOB_ID");
+	char job_var[64];
+	const char *envp[] = { slurm_job ? job_var : NULL, NULL };
 	sigset_t none;
 	int r = fcntl(report, F_DUPFD_CLOEXEC, 10), s = fcntl(result, F_DUPFD_CLOEXEC, 10);
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 
 	image_name(name, sizeof(name), pid);
 	snprintf(pages, sizeof(pages), "%s.pages", name);
+	if (slurm_job)
+		snprintf(job_var, sizeof(job_var), "SLURM_JOB_ID=%s", slurm_job);
 	/* none of the application's fds stays open in it: not even stdio,
 	 * whose reader would wait for the copy to end to see EOF */
 	if (r < 0 || s < 0 || null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 ||
