@@ -1,9 +1,11 @@
 /* Benchmark job: MiB of memory (argv[1]) filled with incompressible data,
  * or touched only in part (argv[2] MiB of it touched, the rest untouched);
- * argv[3] "mixed": filled instead with what compresses as real programs'
- * memory does (a smooth double-precision field, text-like records, every
- * other page of a quarter zero); "dirty": incompressible, and each
- * SIGUSR1 rewrites 5% of the pages (scattered), then prints "DIRTIED n".
+ * argv[3] "field": filled instead with a smooth double-precision field (a
+ * Jacobi grid); "halfzero": every other page zero, the rest
+ * incompressible; "mixed": what compresses as real programs' memory does
+ * (half a field, text-like records, every other page of a quarter zero);
+ * "dirty": incompressible, and each SIGUSR1 rewrites 5% of the pages
+ * (scattered), then prints "DIRTIED n".
  * Prints READY, then a line per 5 ms tick so restart time can be seen. */
 #include <signal.h>
 #include <stdint.h>
@@ -13,19 +15,45 @@
 #include <sys/mman.h>
 #include <time.h>
 
+static void fill_random(uint64_t *mem, size_t words)
+{
+	uint64_t x = 88172645463325252ULL;
+
+	for (size_t i = 0; i < words; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		mem[i] = x;
+	}
+}
+
+static void fill_field(double *grid, size_t len)
+{
+	size_t side = 1024;
+
+	for (size_t i = 0; i < len / sizeof(double); i++) {
+		double u = (double)(i % side) / side, v = (double)(i / side % side) / side;
+
+		grid[i] = u * (1 - u) * v * (1 - v) * 16.0;
+	}
+}
+
+/* written zeros: present pages, which a checkpointer must look at */
+static void fill_halfzero(char *mem, size_t len)
+{
+	fill_random((uint64_t *)mem, len / 8);
+	for (size_t at = 0; at + 4096 <= len; at += 8192)
+		memset(mem + at, 0, 4096);
+}
+
 static void fill_mixed(char *mem, size_t len)
 {
 	static const char *words[] = { "rank ", "step ", "residual ", "0.000125 ", "converged\n",
 				       "iteration ", "halo ", "exchange " };
 	uint64_t x = 88172645463325252ULL;
-	double *grid = (double *)mem;
-	size_t side = 1024, at;
+	size_t at;
 
-	for (size_t i = 0; i < len / 2 / sizeof(double); i++) {
-		double u = (double)(i % side) / side, v = (double)(i / side % side) / side;
-
-		grid[i] = u * (1 - u) * v * (1 - v) * 16.0;
-	}
+	fill_field((double *)mem, len / 2);
 	for (at = len / 2; at < len;) {
 		const char *w;
 		size_t n;
@@ -73,23 +101,23 @@ int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? atol(argv[1]) : 2048;
 	size_t touch = argc > 2 ? (size_t)atol(argv[2]) : mib;
-	size_t words = touch << 17;
-	uint64_t x = 88172645463325252ULL, *mem;
+	const char *kind = argc > 3 ? argv[3] : "random";
+	uint64_t *mem;
 	struct timespec tick = { 0, 5 * 1000 * 1000 };
 
 	mem = mmap(NULL, mib << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
 		   MAP_NORESERVE, -1, 0);
 	if (mem == MAP_FAILED)
 		return 1;
-	if (argc > 3 && !strcmp(argv[3], "mixed"))
-		fill_mixed((char *)mem, touch << 20), words = 0;
-	for (size_t i = 0; i < words; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		mem[i] = x;
-	}
-	if (argc > 3 && !strcmp(argv[3], "dirty"))
+	if (!strcmp(kind, "mixed"))
+		fill_mixed((char *)mem, touch << 20);
+	else if (!strcmp(kind, "field"))
+		fill_field((double *)mem, touch << 20);
+	else if (!strcmp(kind, "halfzero"))
+		fill_halfzero((char *)mem, touch << 20);
+	else
+		fill_random(mem, touch << 17);
+	if (!strcmp(kind, "dirty"))
 		signal(SIGUSR1, ask_dirty);
 	printf("READY\n");
 	fflush(stdout);

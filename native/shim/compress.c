@@ -2,7 +2,10 @@
  * Compressed page data (--compress zstd|auto, ckpt_image.h): a memory
  * record's bytes are cut into CKPT_CHUNK_SIZE chunks, each compressed on
  * its own (one zstd frame with its size and checksum, or raw when it does
- * not shrink), by every CPU at once, then written in order.
+ * not shrink), by every CPU at once, then written in order.  A record's
+ * header holds its chunks' sizes, so its chunks are written only once all
+ * are compressed: while the next record's are (two banks of chunks), or
+ * before anything else is written.
  *
  * The writer may be a bare clone of a process whose parked threads hold
  * locks (malloc's among them): no malloc here.  The workers are
@@ -31,16 +34,26 @@ struct worker {
 	char *gather;			/* the chunk's bytes, contiguous */
 };
 
+/* A record's chunks */
+struct bank {
+	char *slots;			/* a compressBound-sized slot per chunk */
+	struct ckpt_chunk *table;
+	uint64_t nchunks;
+};
+
 struct compressor {
 	int mode;			/* CKPT_COMPRESSION_* */
 	struct cpu_tasks *tasks;
-	unsigned nworkers;		/* the caller is worker 0 */
+	unsigned nworkers;
 	size_t workspace_size, slot_size, max_chunks;
 	struct worker wk[MAX_WORKERS];
-	char *slots;			/* a compressBound-sized slot per chunk */
-	struct ckpt_chunk *table;
+	struct bank banks[2];
+	struct bank *fill;		/* the record being compressed */
+	struct bank *queued;		/* a record's chunks not yet written, or NULL */
+	struct image_writer *w;
+	int write_error;
 	/* the record being compressed */
-	uint64_t data_size, nchunks;
+	uint64_t data_size;
 	compress_gather_fn gather;
 	void *ctx;
 	unsigned next, joined;		/* atomic */
@@ -65,6 +78,21 @@ static void worker_free(struct compressor *c, struct worker *wk)
 		scratch_unmap(wk->gather, CKPT_CHUNK_SIZE);
 }
 
+static int bank_init(struct compressor *c, struct bank *b)
+{
+	b->slots = scratch_map(c->slot_size * c->max_chunks);
+	b->table = scratch_map(sizeof(struct ckpt_chunk) * c->max_chunks);
+	return b->slots && b->table ? 0 : ENOMEM;
+}
+
+static void bank_free(struct compressor *c, struct bank *b)
+{
+	if (b->slots)
+		scratch_unmap(b->slots, c->slot_size * c->max_chunks);
+	if (b->table)
+		scratch_unmap(b->table, sizeof(struct ckpt_chunk) * c->max_chunks);
+}
+
 /* For records of up to max_bytes of page data; NULL when mode is none. */
 struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err)
 {
@@ -82,12 +110,11 @@ struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err)
 	c->workspace_size = ZSTD_estimateCCtxSize(LEVEL);
 	c->slot_size = ZSTD_compressBound(CKPT_CHUNK_SIZE);
 	c->max_chunks = (max_bytes + CKPT_CHUNK_SIZE - 1) / CKPT_CHUNK_SIZE;
-	c->slots = scratch_map(c->slot_size * c->max_chunks);
-	c->table = scratch_map(sizeof(*c->table) * c->max_chunks);
+	c->fill = &c->banks[0];
 	c->tasks = cpu_tasks_new(err);
 	c->nworkers = cpu_tasks_count(c->tasks);
-	if (!*err && (!c->slots || !c->table))
-		*err = ENOMEM;
+	for (int b = 0; !*err && b < 2; b++)
+		*err = bank_init(c, &c->banks[b]);
 	for (unsigned i = 0; !*err && i < c->nworkers && i < MAX_WORKERS; i++)
 		*err = worker_init(c, &c->wk[i]);
 	if (*err) {
@@ -104,10 +131,8 @@ void compressor_free(struct compressor *c)
 	cpu_tasks_free(c->tasks);
 	for (unsigned i = 0; i < MAX_WORKERS; i++)
 		worker_free(c, &c->wk[i]);
-	if (c->slots)
-		scratch_unmap(c->slots, c->slot_size * c->max_chunks);
-	if (c->table)
-		scratch_unmap(c->table, sizeof(*c->table) * c->max_chunks);
+	for (int b = 0; b < 2; b++)
+		bank_free(c, &c->banks[b]);
 	scratch_unmap(c, sizeof(*c));
 }
 
@@ -133,18 +158,18 @@ static size_t chunk_len(const struct compressor *c, uint64_t i)
 static int compress_chunk(struct compressor *c, struct worker *wk, uint64_t i)
 {
 	size_t len = chunk_len(c, i), n;
-	char *slot = c->slots + i * c->slot_size;
-	int err = c->gather(c->ctx, i * CKPT_CHUNK_SIZE, len, wk->gather);
+	char *slot = c->fill->slots + i * c->slot_size;
+	const void *src = c->gather(c->ctx, i * CKPT_CHUNK_SIZE, len, wk->gather);
 
-	if (err)
-		return err;
-	n = compress_frame(wk, slot, c->slot_size, wk->gather, len);
+	if (!src)
+		return EIO;
+	n = compress_frame(wk, slot, c->slot_size, src, len);
 	if (!ZSTD_isError(n) && WORTH(len, n)) {
-		c->table[i] = (struct ckpt_chunk){ .stored = n, .format = CKPT_CHUNK_ZSTD };
+		c->fill->table[i] = (struct ckpt_chunk){ .stored = n, .format = CKPT_CHUNK_ZSTD };
 		return 0;
 	}
-	memcpy(slot, wk->gather, len);
-	c->table[i] = (struct ckpt_chunk){ .stored = len, .format = CKPT_CHUNK_RAW };
+	memcpy(slot, src, len);
+	c->fill->table[i] = (struct ckpt_chunk){ .stored = len, .format = CKPT_CHUNK_RAW };
 	return 0;
 }
 
@@ -158,7 +183,7 @@ static int work(void *p)
 		unsigned i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
 		int err;
 
-		if (i >= c->nchunks || __atomic_load_n(&c->error, __ATOMIC_RELAXED))
+		if (i >= c->fill->nchunks || __atomic_load_n(&c->error, __ATOMIC_RELAXED))
 			return 0;
 		err = compress_chunk(c, &c->wk[me], i);
 		if (err) {
@@ -168,15 +193,29 @@ static int work(void *p)
 	}
 }
 
-/* Every chunk compressed, on every CPU; each worker takes the buffers of
- * the order it joined in. */
+/* The queued record's chunks, in order (on the caller's CPU). */
+static int write_queued(void *p)
+{
+	struct compressor *c = p;
+	struct bank *b = c->queued;
+
+	for (uint64_t i = 0; b && !c->write_error && i < b->nchunks; i++)
+		c->write_error = iw_direct(c->w, b->slots + i * c->slot_size, b->table[i].stored);
+	c->queued = NULL;
+	return 0;
+}
+
+/* Every chunk compressed, on every CPU, while the caller first writes the
+ * queued record's chunks; each worker takes the buffers of the order it
+ * joined in. */
 static int compress_all(struct compressor *c)
 {
 	c->next = 0;
 	c->joined = 0;
 	c->error = 0;
-	cpu_tasks_run(c->tasks, c->nchunks, work, c);
-	return c->error;
+	cpu_tasks_run_beside(c->tasks, c->fill->nchunks, work, c,
+			     c->queued ? write_queued : NULL, c);
+	return c->write_error ? c->write_error : c->error;
 }
 
 /* auto: whether a few pieces spread over the record shrink. */
@@ -184,18 +223,20 @@ static int looks_compressible(struct compressor *c)
 {
 	struct worker *wk = &c->wk[0];
 	uint64_t raw = 0, packed = 0;
-	char *out = c->slots;
+	char *out = c->fill->slots;
 
 	if (c->data_size <= SAMPLES * SAMPLE_SIZE)
 		return 1;	/* small: just compress it */
 	for (unsigned k = 0; k < SAMPLES; k++) {
 		uint64_t off = (c->data_size - SAMPLE_SIZE) / (SAMPLES - 1) * k;
+		const void *src;
 		size_t n;
 
 		off &= ~(uint64_t)(CKPT_PAGE_SIZE - 1);
-		if (c->gather(c->ctx, off, SAMPLE_SIZE, wk->gather))
+		src = c->gather(c->ctx, off, SAMPLE_SIZE, wk->gather);
+		if (!src)
 			return 1;
-		n = compress_frame(wk, out, c->slot_size, wk->gather, SAMPLE_SIZE);
+		n = compress_frame(wk, out, c->slot_size, src, SAMPLE_SIZE);
 		raw += SAMPLE_SIZE;
 		packed += ZSTD_isError(n) ? SAMPLE_SIZE : n;
 	}
@@ -203,45 +244,59 @@ static int looks_compressible(struct compressor *c)
 }
 
 /*
- * Compress the data_size bytes that gather() copies out; returns 0 with
+ * Compress the data_size bytes that gather() gives; returns 0 with
  * *chunks set to the table (*nchunks entries, *stored bytes in all), or 0
  * with *nchunks 0 when the record is better stored raw, or an errno.
+ * Either way the chunks an earlier compress_write_later() queued are in w
+ * when it returns: what the caller writes next follows them.
  */
-int compress_record(struct compressor *c, uint64_t data_size, compress_gather_fn gather,
-		    void *ctx, const struct ckpt_chunk **chunks, uint64_t *nchunks,
-		    uint64_t *stored)
+int compress_record(struct compressor *c, struct image_writer *w, uint64_t data_size,
+		    compress_gather_fn gather, void *ctx, const struct ckpt_chunk **chunks,
+		    uint64_t *nchunks, uint64_t *stored)
 {
+	struct bank *b;
 	int err;
 
 	*nchunks = 0;
 	*stored = data_size;
-	if (!c || !data_size)
+	if (!c)
 		return 0;
+	c->w = w;
+	b = c->fill;
+	b->nchunks = (data_size + CKPT_CHUNK_SIZE - 1) / CKPT_CHUNK_SIZE;
 	c->data_size = data_size;
-	c->nchunks = (data_size + CKPT_CHUNK_SIZE - 1) / CKPT_CHUNK_SIZE;
 	c->gather = gather;
 	c->ctx = ctx;
-	if (c->nchunks > c->max_chunks)
-		return EOVERFLOW;
-	if (c->mode == CKPT_COMPRESSION_AUTO && !looks_compressible(c))
-		return 0;
+	if (!data_size || b->nchunks > c->max_chunks ||
+	    (c->mode == CKPT_COMPRESSION_AUTO && !looks_compressible(c))) {
+		err = compress_flush(c, w);
+		return err ? err : b->nchunks > c->max_chunks ? EOVERFLOW : 0;
+	}
 	err = compress_all(c);
 	if (err)
 		return err;
 	*stored = 0;
-	for (uint64_t i = 0; i < c->nchunks; i++)
-		*stored += c->table[i].stored;
-	*chunks = c->table;
-	*nchunks = c->nchunks;
+	for (uint64_t i = 0; i < b->nchunks; i++)
+		*stored += b->table[i].stored;
+	*chunks = b->table;
+	*nchunks = b->nchunks;
 	return 0;
 }
 
-/* The chunks compress_record() made, in order. */
-int compress_write(struct compressor *c, struct image_writer *w)
+/* The chunks compress_record() made go out with the next record's
+ * compression, or at compress_flush(). */
+void compress_write_later(struct compressor *c)
 {
-	int err = 0;
+	c->queued = c->fill;
+	c->fill = c->fill == &c->banks[0] ? &c->banks[1] : &c->banks[0];
+}
 
-	for (uint64_t i = 0; !err && i < c->nchunks; i++)
-		err = iw_direct(w, c->slots + i * c->slot_size, c->table[i].stored);
-	return err;
+/* The queued chunks, if any, written now. */
+int compress_flush(struct compressor *c, struct image_writer *w)
+{
+	if (!c)
+		return 0;
+	c->w = w;
+	write_queued(c);
+	return c->write_error;
 }

@@ -75,11 +75,13 @@ unsigned cpu_tasks_count(const struct cpu_tasks *t)
 }
 
 /*
- * fn(arg) on up to `want` tasks at once, this one among them; returns
- * when all are done.  A helper that cannot start (no pids) leaves its
- * share to the others: fn takes work until none is left.
+ * fn(arg) on up to `want` tasks at once, this one among them once it has
+ * done own(own_arg) (when given); returns when all are done.  A helper
+ * that cannot start (no pids) leaves its share to the others: fn takes
+ * work until none is left.
  */
-void cpu_tasks_run(struct cpu_tasks *t, unsigned want, int (*fn)(void *), void *arg)
+void cpu_tasks_run_beside(struct cpu_tasks *t, unsigned want, int (*fn)(void *), void *arg,
+			  int (*own)(void *), void *own_arg)
 {
 	pid_t pid[MAX_TASKS];
 	unsigned started = 0;
@@ -96,8 +98,15 @@ void cpu_tasks_run(struct cpu_tasks *t, unsigned want, int (*fn)(void *), void *
 		if (r > 0)
 			pid[started++] = r;
 	}
+	if (own)
+		own(own_arg);
 	fn(arg);
 	for (unsigned i = 0; i < started; i++)
 		while (syscall(SYS_wait4, pid[i], NULL, __WALL, NULL) < 0 && errno == EINTR)
 			;
+}
+
+void cpu_tasks_run(struct cpu_tasks *t, unsigned want, int (*fn)(void *), void *arg)
+{
+	cpu_tasks_run_beside(t, want, fn, arg, NULL, NULL);
 }

@@ -378,16 +378,19 @@ struct window_data {
 	const struct region *r;
 	uint64_t start;
 	long nruns;
+	int steady;		/* not our own memory, which changes as we go */
 };
 
-/* Copy out bytes [off, off + len) of the window's runs, laid end to end;
- * called on every compressing CPU at once. */
-static int gather_runs(void *p, uint64_t off, size_t len, void *dst)
+/* Bytes [off, off + len) of the window's runs, laid end to end: in place
+ * when one run holds them and they read as steady memory (zstd reads its
+ * input more than once), else copied to buf; called on every compressing
+ * CPU at once. */
+static const void *gather_runs(void *p, uint64_t off, size_t len, void *buf)
 {
 	const struct window_data *d = p;
 	const struct mem_saver *s = d->s;
 	uint64_t pos = 0;
-	char *out = dst;
+	char *out = buf;
 
 	for (long i = 0; len && i < d->nruns; i++) {
 		uint64_t run_len = s->runs[i].npages * CKPT_PAGE_SIZE;
@@ -400,6 +403,8 @@ static int gather_runs(void *p, uint64_t off, size_t len, void *dst)
 		skip = off - pos;
 		n = run_len - skip < len ? run_len - skip : len;
 		addr = d->start + s->runs[i].offset + skip;
+		if (out == buf && n == len && d->steady && (s->copy || !copied_kind(d->r->kind)))
+			return s->copy ? s->copy + (addr - d->start) : (const void *)addr;
 		if (s->copy)
 			memcpy(out, s->copy + (addr - d->start), n);
 		else if (copied_kind(d->r->kind)) {
@@ -412,7 +417,7 @@ static int gather_runs(void *p, uint64_t off, size_t len, void *dst)
 		len -= n;
 		pos += run_len;
 	}
-	return len ? EIO : 0;
+	return len ? NULL : buf;
 }
 
 static int write_window_data(struct mem_saver *s, const struct region *r, uint64_t start,
@@ -422,8 +427,10 @@ static int write_window_data(struct mem_saver *s, const struct region *r, uint64
 	int ours = checkpointer_memory(start, end);
 	int err = 0;
 
-	if (nchunks)
-		return compress_write(s->z, s->w);
+	if (nchunks) {
+		compress_write_later(s->z);
+		return 0;
+	}
 	for (long i = 0; !err && i < nruns; i++) {
 		void *p = (void *)(start + s->runs[i].offset);
 		size_t len = s->runs[i].npages * CKPT_PAGE_SIZE;
@@ -517,10 +524,10 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	for (long i = 0; i < nruns; i++)
 		v.data_size += s->runs[i].npages * CKPT_PAGE_SIZE;
 	{
-		struct window_data d = { s, r, start, nruns };
+		struct window_data d = { s, r, start, nruns, !checkpointer_memory(start, end) };
 
-		err = compress_record(s->z, v.data_size, gather_runs, &d, &chunks, &nchunks,
-				      &v.stored_size);
+		err = compress_record(s->z, s->w, v.data_size, gather_runs, &d, &chunks,
+				      &nchunks, &v.stored_size);
 		if (err)
 			goto out;
 		v.compression = nchunks ? CKPT_COMPRESS_ZSTD : CKPT_COMPRESS_NONE;
@@ -713,6 +720,8 @@ int save_memory(struct image_writer *w, const char *shared_key, const struct fd_
 		if (!err && !skip_region(&r))
 			err = save_region(&s, &r);
 	}
+	if (!err)
+		err = compress_flush(s.z, w);
 out:
 	compressor_free(s.z);
 	if (s.pagemap_fd >= 0)

@@ -97,6 +97,10 @@ SHIM_HIDDEN void syscall_restart_resume(void *uc, int64_t parked_ns, int restore
 SHIM_HIDDEN void stopped_children_note(void);
 SHIM_HIDDEN void stopped_children_restore(void);
 
+/* aio_requests.c: kernel AIO requests submitted and not reaped */
+SHIM_HIDDEN void aio_note_call(long nr, const long *args, long result);
+SHIM_HIDDEN int aio_requests_unsupported(char *why, size_t why_size);
+
 /* rseq_areas.c: a thread's rseq area registered by the program itself */
 SHIM_HIDDEN void rseq_note_call(long nr, const long *args, long result);
 SHIM_HIDDEN int rseq_own_area(struct ckpt_thread *rec);
@@ -238,6 +242,7 @@ SHIM_HIDDEN uint64_t iw_offset(const struct image_writer *w);
 SHIM_HIDDEN int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3);
 SHIM_HIDDEN void iw_abort(struct image_writer *w, int dirfd, const char *name);
 SHIM_HIDDEN int queued_signals_write(struct image_writer *w);
+SHIM_HIDDEN int aio_requests_write(struct image_writer *w);
 SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 
 /* save_*.c: the records of one image */
@@ -286,22 +291,26 @@ SHIM_HIDDEN void cpu_tasks_free(struct cpu_tasks *t);
 SHIM_HIDDEN unsigned cpu_tasks_count(const struct cpu_tasks *t);
 SHIM_HIDDEN void cpu_tasks_run(struct cpu_tasks *t, unsigned want, int (*fn)(void *),
 			       void *arg);
+SHIM_HIDDEN void cpu_tasks_run_beside(struct cpu_tasks *t, unsigned want, int (*fn)(void *),
+				      void *arg, int (*own)(void *), void *own_arg);
 
 /* compress.c: page data in chunks, compressed on every CPU (--compress) */
 #define CKPT_COMPRESSION_NONE 0
 #define CKPT_COMPRESSION_ZSTD 1		/* every record */
 #define CKPT_COMPRESSION_AUTO 2		/* records whose samples shrink */
 struct compressor;
-/* copy len bytes of the record's page data, from off on, to dst */
-typedef int (*compress_gather_fn)(void *ctx, uint64_t off, size_t len, void *dst);
+/* len bytes of the record's page data, from off on: where they lie when
+ * contiguous, else copied to buf; NULL when they cannot be read */
+typedef const void *(*compress_gather_fn)(void *ctx, uint64_t off, size_t len, void *buf);
 SHIM_HIDDEN int seccomp_here(void);
 SHIM_HIDDEN struct compressor *compressor_new(int mode, uint64_t max_bytes, int *err);
 SHIM_HIDDEN void compressor_free(struct compressor *c);
-SHIM_HIDDEN int compress_record(struct compressor *c, uint64_t data_size,
-				compress_gather_fn gather, void *ctx,
+SHIM_HIDDEN int compress_record(struct compressor *c, struct image_writer *w,
+				uint64_t data_size, compress_gather_fn gather, void *ctx,
 				const struct ckpt_chunk **chunks, uint64_t *nchunks,
 				uint64_t *stored);
-SHIM_HIDDEN int compress_write(struct compressor *c, struct image_writer *w);
+SHIM_HIDDEN void compress_write_later(struct compressor *c);
+SHIM_HIDDEN int compress_flush(struct compressor *c, struct image_writer *w);
 /* mlock and madvise state of every region, from smaps (vma_advice.c) */
 SHIM_HIDDEN struct vma_advice_table *vma_advice_read(int *err);
 SHIM_HIDDEN uint32_t vma_advice_at(const struct vma_advice_table *t, uint64_t addr);
