@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 15
+#define CKPT_IMAGE_VERSION 16
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -64,10 +64,12 @@ enum ckpt_record_type {
 					 * CKPT_REC_FD of kind CKPT_FD_MQUEUE,
 					 * fd -1 */
 	CKPT_REC_SIGNALS = 10,		/* struct ckpt_signal_queue, its siginfos */
-	CKPT_REC_SOURCES = 11		/* struct ckpt_source[]: the earlier images
+	CKPT_REC_SOURCES = 11,		/* struct ckpt_source[]: the earlier images
 					 * an incremental image's pages refer to */
+	CKPT_REC_AIO_REQUESTS = 12	/* struct ckpt_aio_request[]: kernel AIO
+					 * requests submitted, not reaped */
 };
-#define CKPT_REC_LAST 11		/* the highest record type */
+#define CKPT_REC_LAST 12		/* the highest record type */
 
 struct ckpt_record {
 	uint32_t type;
@@ -337,6 +339,13 @@ struct ckpt_mq_message {		/* followed by len bytes, padded to 8 */
  * bitmasks (ckpt_process.shared_pending, ckpt_thread.pending) still hold
  * every pending signal; one with no siginfo here comes back without. */
 #define CKPT_SIGINFO_SIZE 128
+
+/* A kernel AIO request submitted and not reaped: its context (the ring's
+ * address) and its iocb, in the process's memory. */
+struct ckpt_aio_request {
+	uint64_t ctx;
+	uint64_t iocb;
+};
 
 struct ckpt_signal_queue {		/* followed by count siginfos */
 	int32_t tid;			/* the queue of this thread; 0: the process's */

@@ -7,8 +7,9 @@
  * completed events nobody had taken.  The kernel keeps its own copy of the
  * ring's tail, which only completions move: it is brought to the saved
  * tail by as many empty reads of /dev/null, submitted and reaped.
- * Requests still in flight at the checkpoint are seen by nobody: they
- * never complete after a restart.
+ * Requests still in flight at the checkpoint (the shim noted them,
+ * native/shim/aio_requests.c) are submitted again from their iocbs in the
+ * restored memory, once everything else is back.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,10 +48,41 @@ static uint32_t ring_events(uint64_t len)
 	return (len - sizeof(struct aio_ring_header)) / sizeof(struct io_event);
 }
 
+static const struct loaded_vma *ring_at(const struct image *img, uint64_t ctx)
+{
+	for (unsigned i = 0; i < img->nvmas; i++)
+		if (img->vmas[i].v.kind == CKPT_VMA_AIO_RING && img->vmas[i].v.start == ctx)
+			return &img->vmas[i];
+	return NULL;
+}
+
+static int in_some_region(const struct image *img, uint64_t addr, uint64_t len)
+{
+	for (unsigned i = 0; i < img->nvmas; i++)
+		if (addr >= img->vmas[i].v.start && addr + len <= img->vmas[i].v.end &&
+		    addr + len > addr)
+			return 1;
+	return 0;
+}
+
+/* Every request in flight names a saved ring and an iocb in memory. */
+static void check_requests(const struct image *img)
+{
+	for (unsigned i = 0; i < img->naio_requests; i++) {
+		const struct ckpt_aio_request *q = &img->aio_requests[i];
+
+		if (!ring_at(img, q->ctx) || q->iocb % 8 ||
+		    !in_some_region(img, q->iocb, sizeof(struct iocb)))
+			die("%s: corrupt record of AIO requests (context %#llx, iocb %#llx)",
+			    img->file, (unsigned long long)q->ctx, (unsigned long long)q->iocb);
+	}
+}
+
 /* Before the point of no return: the saved rings, checked, and whether this
  * kernel makes rings of their size (it does not with many more CPUs). */
 void aio_read_rings(struct image *img)
 {
+	check_requests(img);
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		struct loaded_vma *lv = &img->vmas[i];
 		uint64_t len = lv->v.end - lv->v.start;
@@ -138,4 +170,34 @@ void aio_restore_ring(const struct loaded_vma *lv)
 	r = sys5(SYS_mremap, ctx, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, start);
 	if (r < 0 || (uint64_t)r != start)
 		fatal("moving an AIO ring back", r < 0 ? r : -EFAULT);
+}
+
+/* Whether the ring at ctx holds a completion of iocb not yet reaped. */
+static int completed(aio_context_t ctx, uint64_t iocb)
+{
+	const struct aio_ring_header *ring = (const void *)ctx;
+	const struct io_event *events = (const void *)(ring + 1);
+
+	for (uint32_t i = ring->head; i != ring->tail; i = (i + 1) % ring->nr)
+		if (events[i].obj == iocb)
+			return 1;
+	return 0;
+}
+
+/* Last, with memory and fds back: the requests in flight at the checkpoint
+ * whose completion the ring does not hold, submitted again. */
+void aio_submit_again(const struct image *img)
+{
+	for (unsigned i = 0; i < img->naio_requests; i++) {
+		const struct ckpt_aio_request *q = &img->aio_requests[i];
+		struct iocb *cb = (struct iocb *)(uintptr_t)q->iocb;
+		long r;
+
+		if (completed(q->ctx, q->iocb))
+			continue;
+		r = sys3(SYS_io_submit, q->ctx, 1, &cb);
+		if (r != 1)
+			fatal("submitting an AIO request in flight again (io_submit)",
+			      r < 0 ? r : -EAGAIN);
+	}
 }

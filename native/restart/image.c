@@ -609,6 +609,13 @@ static void load_records(struct image *img, uint64_t file_size)
 		case CKPT_REC_SOURCES:
 			load_sources(img, off, rec.size);
 			break;
+		case CKPT_REC_AIO_REQUESTS:
+			if (img->naio_requests || !rec.size ||
+			    rec.size % sizeof(struct ckpt_aio_request))
+				die("%s: corrupt record of AIO requests", img->file);
+			img->aio_requests = read_payload(img, rec.size, off);
+			img->naio_requests = rec.size / sizeof(struct ckpt_aio_request);
+			break;
 		case CKPT_REC_END:
 			return;
 		default:

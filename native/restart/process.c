@@ -316,6 +316,7 @@ void restore_process_late(struct image *img, const struct restart_args *args)
 	restore_signals(p);
 	restore_itimers(p);
 	restore_pending(img);
+	aio_submit_again(img);
 	/* tell the shim where its new coordinator is */
 	info->generation++;
 	memset(info->coord_path, 0, sizeof(info->coord_path));

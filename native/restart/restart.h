@@ -78,6 +78,8 @@ struct image {
 	unsigned nsignal_queues;
 	struct loaded_source *sources;	/* CKPT_REC_SOURCES */
 	unsigned nsources;
+	const struct ckpt_aio_request *aio_requests;	/* CKPT_REC_AIO_REQUESTS */
+	unsigned naio_requests;
 	unsigned max_threads, max_vmas, max_fds, max_named_mqueues, max_sysv,
 		 max_signal_queues;	/* room */
 };
@@ -204,6 +206,7 @@ void restore_memory(struct image *img);
 /* aio.c */
 void aio_read_rings(struct image *img);
 void aio_restore_ring(const struct loaded_vma *lv);
+void aio_submit_again(const struct image *img);
 void relock_memory(const struct image *img);
 void check_capabilities(const struct image *img);
 void restore_async_owners(const struct image *img);

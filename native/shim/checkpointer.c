@@ -201,6 +201,8 @@ static void phase_suspend(unsigned seq)
 	/* once the threads are parked: its scratch map is not to move the
 	 * memory map under a thread reading /proc/self/maps */
 	err = memory_unsupported(detail, sizeof(detail));
+	if (!err)
+		err = aio_requests_unsupported(detail, sizeof(detail));
 	if (err) {
 		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;

@@ -316,6 +316,7 @@ SHIM_EXPORT long syscall(long nr, ...)
 	seccomp_note_call(nr);
 	r = shim_raw_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 	rseq_note_call(nr, a, r);
+	aio_note_call(nr, a, r);
 	if ((unsigned long)r >= (unsigned long)-4095) {
 		errno = -r;
 		return -1;

@@ -80,6 +80,8 @@ static int write_records(struct image_writer *w, const struct snapshot *snap,
 	if (!err)
 		err = queued_signals_write(w);
 	if (!err)
+		err = aio_requests_write(w);
+	if (!err)
 		err = save_fds(w, snap->fds);
 	if (!err)
 		err = save_memory(w, shared_key, snap->fds, snap->shm, snap->advice,
