@@ -53,6 +53,7 @@ PROGRAMS = {
     "leases": ["300", "10", "."],
     "async_io": ["300", "10"],
     "inotify_watch": ["300", "10", "."],
+    "inotify_queued": ["300", "10", "."],
     "aio_context": ["300", "10", "."],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),

@@ -203,6 +203,8 @@ static void phase_suspend(unsigned seq)
 	err = memory_unsupported(detail, sizeof(detail));
 	if (!err)
 		err = aio_requests_unsupported(detail, sizeof(detail));
+	if (!err)
+		err = inotify_take_queued(detail, sizeof(detail));
 	if (err) {
 		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;
@@ -230,8 +232,10 @@ static void phase_resume(unsigned seq, const char *arg)
 	/* the answer first: an application that exits as soon as it runs must
 	 * not look to the coordinator like a process that died before RESUME */
 	reply(CKPT_PHASE_RESUME, 0, detail);
-	if (restarting)
+	if (restarting) {
 		stopped_children_restore();
+		inotify_taken_restarted();
+	}
 	/* stopped when checkpointed: stopped again, its threads still parked
 	 * until a SIGCONT, and its parent told as the kernel tells */
 	if (restarting && stopped_in_image && !aborted)

@@ -226,7 +226,7 @@ struct pipe_copy {
 static struct pipe_copy pipes[MAX_PIPES];
 static int npipes;
 
-static int list_fds(int *fds, int max)
+int app_list_fds(int *fds, int max)
 {
 	char buf[4096];
 	int n = 0;
@@ -517,7 +517,7 @@ struct fd_table *fds_collect(unsigned seq)
 
 	if (!t || !fds)
 		goto fail;
-	nfds = list_fds(fds, MAX_FDS);
+	nfds = app_list_fds(fds, MAX_FDS);
 	if (nfds < 0)
 		goto fail;
 	mqueues_collect_begin();
@@ -702,7 +702,7 @@ int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino)
 static int copy_pipes(void)
 {
 	int fds[MAX_FDS];
-	int nfds = list_fds(fds, MAX_FDS);
+	int nfds = app_list_fds(fds, MAX_FDS);
 	int err = 0;
 
 	release_pipes();
@@ -727,7 +727,7 @@ static int copy_pipes(void)
 static int list_sockets(int *socks)
 {
 	int fds[MAX_FDS];
-	int nfds = list_fds(fds, MAX_FDS), n = 0;
+	int nfds = app_list_fds(fds, MAX_FDS), n = 0;
 
 	for (int i = 0; i < nfds; i++) {
 		struct stat st;

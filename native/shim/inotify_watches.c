@@ -4,7 +4,7 @@
  * here as the program adds watches; the checkpoint keeps the watches
  * fdinfo shows (a watch the kernel dropped, IN_IGNORED, is gone there),
  * and restart/fds.c adds them again with their numbers.  Events queued at
- * the checkpoint are not kept: the checkpoint says so.
+ * the checkpoint were taken out of the instance (inotify_queue.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
@@ -131,7 +130,7 @@ static int add_watch(struct fd_payload *q, int wd, uint32_t mask, const char *pa
 /* One "inotify wd:N ino:I sdev:D mask:M ..." line per watch. */
 int inotify_describe(int fd, const char *info, struct ckpt_fd *rec, struct fd_payload *q)
 {
-	int ours = app_getfd(fd), queued = 0, err = 0;
+	int err = 0;
 
 	rec->kind = CKPT_FD_INOTIFY;
 	for (const char *p = info; !err && (p = strstr(p, "inotify wd:")); p += 11) {
@@ -148,9 +147,5 @@ int inotify_describe(int fd, const char *info, struct ckpt_fd *rec, struct fd_pa
 			ckpt_warn("fd %d: inotify watch %u (inode %llu) was not added through the "
 				  "shim: it will not be there after restart", fd, wd, ino);
 	}
-	if (ours >= 0 && ioctl(ours, FIONREAD, &queued) == 0 && queued > 0)
-		ckpt_warn("fd %d: %d bytes of inotify events not read yet are not kept", fd, queued);
-	if (ours >= 0)
-		close(ours);
 	return err;
 }

@@ -191,6 +191,8 @@ SHIM_HIDDEN int mqueue_describe_name(const char *name, unsigned seq, struct ckpt
 
 /* sockets.c */
 SHIM_HIDDEN int app_getfd(int fd);
+/* the application's fd numbers, ascending (fds.c); or -errno */
+SHIM_HIDDEN int app_list_fds(int *fds, int max);
 SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload *q,
 				char *path, size_t path_size);
 SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_size);
@@ -227,6 +229,10 @@ SHIM_HIDDEN void tcp_flush_give_back(int restarted);
 /* event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
 SHIM_HIDDEN int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec,
 				  struct fd_payload *q);
+/* inotify_queue.c: events queued at a checkpoint, handed to read() */
+SHIM_HIDDEN int inotify_take_queued(char *why, size_t why_size);
+SHIM_HIDDEN int image_writer_process(void);	/* writer.c */
+SHIM_HIDDEN void inotify_taken_restarted(void);
 /* inotify_watches.c: the watches, with the paths the program gave */
 SHIM_HIDDEN int inotify_describe(int fd, const char *info, struct ckpt_fd *rec,
 				 struct fd_payload *q);

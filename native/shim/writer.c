@@ -24,6 +24,8 @@
 
 
 static pid_t writer_pid;		/* forked writer still running, or 0 */
+static pid_t child_pid;		/* in a writer or copier: its pid (the image
+					 * it writes has it too, so a pid) */
 static int writer_pipe = -1;		/* its report: WARN lines, then DONE/FAIL */
 static int writer_staged;		/* it writes to, or copies from, a stage dir */
 
@@ -428,6 +430,7 @@ static long start_reporter(const char *dir,
 	}
 	child = syscall(SYS_clone, 0L, 0L, NULL, NULL, 0L);
 	if (child == 0) {
+		child_pid = syscall(SYS_getpid);
 		close(p[0]);
 		run(dir, arg, p[1], result);
 	}
@@ -441,6 +444,12 @@ static long start_reporter(const char *dir,
 	writer_pid = child;
 	writer_pipe = p[0];
 	return child;
+}
+
+/* Whether this process is a forked writer (or a copier before its exec). */
+int image_writer_process(void)
+{
+	return child_pid && child_pid == syscall(SYS_getpid);
 }
 
 /*
