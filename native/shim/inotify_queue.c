@@ -29,7 +29,7 @@
 #include "shim.h"
 
 #define MAX_QUEUES 64
-#define EVENT_MAX (sizeof(struct inotify_event) + NAME_MAX + 1)
+#define MAX_FDS 4096
 
 struct taken_events {
 	int used;
@@ -141,7 +141,28 @@ static struct taken_events *slot_for(int fd)
 	return q;
 }
 
-/* Move what the kernel queued on the program's inotify fd into q. */
+/* Our own watch's events cut out of what the kernel gave. */
+static size_t cut_own(struct taken_events *q, char *buf, size_t len)
+{
+	size_t at = 0;
+
+	while (q->own_events && at + sizeof(struct inotify_event) <= len) {
+		struct inotify_event *e = (void *)(buf + at);
+		size_t size = sizeof(*e) + e->len;
+
+		if (e->wd != q->own_wd) {
+			at += size;
+			continue;
+		}
+		memmove(buf + at, buf + at + size, len - at - size);
+		len -= size;
+		q->own_events--;
+	}
+	return len;
+}
+
+/* Move what the kernel queued on the program's inotify fd into q (our own
+ * events of an earlier checkpoint, not read yet, left out). */
 static int take_events(struct taken_events *q, int ours)
 {
 	int queued = 0;
@@ -158,14 +179,14 @@ static int take_events(struct taken_events *q, int ours)
 	n = syscall(SYS_read, ours, q->buf + q->len, (size_t)queued);
 	if (n < 0)
 		return errno == EAGAIN ? 0 : errno;
-	q->len += n;
+	q->len += cut_own(q, q->buf + q->len, (size_t)n);
 	return 0;
 }
 
 /* At SUSPEND, every thread parked: the events of every inotify fd. */
 int inotify_take_queued(char *why, size_t why_size)
 {
-	int fds[1024], nfds = app_list_fds(fds, 1024), err = 0;
+	int fds[MAX_FDS], nfds = app_list_fds(fds, MAX_FDS), err = 0;
 
 	for (int i = 0; !err && i < nfds; i++) {
 		char path[64], link[64];
@@ -242,26 +263,6 @@ static ssize_t read_taken(struct taken_events *q, char *buf, size_t count)
 	memcpy(buf, q->buf + q->off, n);
 	q->off += n;
 	return (ssize_t)n;
-}
-
-/* Our own watch's events cut out of what the kernel gave. */
-static size_t cut_own(struct taken_events *q, char *buf, size_t len)
-{
-	size_t at = 0;
-
-	while (q->own_events && at + sizeof(struct inotify_event) <= len) {
-		struct inotify_event *e = (void *)(buf + at);
-		size_t size = sizeof(*e) + e->len;
-
-		if (e->wd != q->own_wd) {
-			at += size;
-			continue;
-		}
-		memmove(buf + at, buf + at + size, len - at - size);
-		len -= size;
-		q->own_events--;
-	}
-	return len;
 }
 
 static int still_inotify(int fd)
