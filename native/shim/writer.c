@@ -24,8 +24,8 @@
 
 
 static pid_t writer_pid;		/* forked writer still running, or 0 */
-static pid_t child_pid;		/* in a writer or copier: its pid (the image
-					 * it writes has it too, so a pid) */
+static pid_t child_pid;		/* in a writer or copier: its own pid (a flag
+					 * would come back set from its image) */
 static int writer_pipe = -1;		/* its report: WARN lines, then DONE/FAIL */
 static int writer_staged;		/* it writes to, or copies from, a stage dir */
 
@@ -233,8 +233,6 @@ static int make_dirs(char *path)
 	}
 }
 
-/* The node-local directory of a staged checkpoint, without a copy left
- * there by an earlier attempt at the same checkpoint. */
 /*
  * A link to the job's stage directory (<stage>/<job>) in the job's
  * node-local directory, when it has one (CKPT_RUNTIME_DIR, under Slurm):
@@ -263,6 +261,8 @@ static void stage_link(const char *stage_dir)
 			  shim_strerror(errno));
 }
 
+/* The node-local directory of a staged checkpoint, without a copy left
+ * there by an earlier attempt at the same checkpoint. */
 static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t size)
 {
 	char path[PATH_MAX], name[128];
