@@ -2,7 +2,8 @@
  * Sockets in the states programs leave them in besides "connected": TCP
  * and UDP sockets never bound, bound only, a UDP socket connected, a
  * listener, Unix datagram sockets with queued datagrams, and a stream pair half shut down (SHUT_WR) with
- * bytes still to read.  At the end each must still be what it was: same
+ * bytes still to read; sockets bound with IP_FREEBIND / IPV6_FREEBIND to
+ * addresses no host has (documentation ranges), a listener among them.  At the end each must still be what it was: same
  * type and family, same local (and peer) address, listening or not, the
  * queued bytes, EOF after them; and usable (bind, listen, connect, send).
  */
@@ -43,6 +44,59 @@ static unsigned short port_of(int fd, int peer)
 	return ntohs(a.sin_port);
 }
 
+/* A socket bound, with IP(V6)_FREEBIND, to an address of a documentation
+ * range (on no host); its port. */
+static unsigned short bind_free(int fd, int domain)
+{
+	struct sockaddr_storage st;
+	struct sockaddr_in *in = (struct sockaddr_in *)&st;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&st;
+	socklen_t len;
+
+	memset(&st, 0, sizeof(st));
+	if (domain == AF_INET) {
+		zdtm_check(setsockopt(fd, IPPROTO_IP, IP_FREEBIND, &(int){ 1 }, sizeof(int)) == 0,
+			   "IP_FREEBIND: %m");
+		in->sin_family = AF_INET;
+		inet_pton(AF_INET, "198.51.100.7", &in->sin_addr);
+		len = sizeof(*in);
+	} else {
+		zdtm_check(setsockopt(fd, IPPROTO_IPV6, IPV6_FREEBIND, &(int){ 1 }, sizeof(int)) == 0,
+			   "IPV6_FREEBIND: %m");
+		in6->sin6_family = AF_INET6;
+		inet_pton(AF_INET6, "2001:db8::7", &in6->sin6_addr);
+		len = sizeof(*in6);
+	}
+	zdtm_check(bind(fd, (struct sockaddr *)&st, len) == 0, "bind to an address not here: %m");
+	zdtm_check(getsockname(fd, (struct sockaddr *)&st, &len) == 0, "getsockname: %m");
+	return ntohs(domain == AF_INET ? in->sin_port : in6->sin6_port);
+}
+
+/* Still bound to that address and port, the option still set. */
+static void is_bound_free(int fd, int domain, unsigned short port, const char *what)
+{
+	struct sockaddr_storage st;
+	socklen_t len = sizeof(st);
+	char text[64] = "?";
+	int on = 0;
+	socklen_t olen = sizeof(on);
+	unsigned short got;
+
+	zdtm_check(getsockname(fd, (struct sockaddr *)&st, &len) == 0, "%s: getsockname: %m", what);
+	if (domain == AF_INET) {
+		inet_ntop(AF_INET, &((struct sockaddr_in *)&st)->sin_addr, text, sizeof(text));
+		got = ntohs(((struct sockaddr_in *)&st)->sin_port);
+		getsockopt(fd, IPPROTO_IP, IP_FREEBIND, &on, &olen);
+	} else {
+		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&st)->sin6_addr, text, sizeof(text));
+		got = ntohs(((struct sockaddr_in6 *)&st)->sin6_port);
+		getsockopt(fd, IPPROTO_IPV6, IPV6_FREEBIND, &on, &olen);
+	}
+	zdtm_check(!strcmp(text, domain == AF_INET ? "198.51.100.7" : "2001:db8::7") &&
+		   got == port && on == 1, "%s: bound to %s port %u (was %u), freebind %d", what,
+		   text, got, port, on);
+}
+
 static struct sockaddr_in loopback(unsigned short port)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
@@ -56,8 +110,8 @@ int main(int argc, char **argv)
 	long steps = 100, pace = 10;
 	int tcp_fresh, tcp_bound, udp_fresh, udp_bound, udp_conn, listener, dgram[2], half[2];
 	int unix_fresh, unix_dgram_fresh, udp_shut, seqpacket[2], mapped_client, mapped_server;
-	int udp_pair[2];
-	unsigned short bound_port, udp_port, conn_port, listen_port;
+	int udp_pair[2], free_udp, free_listener, free_udp6;
+	unsigned short bound_port, udp_port, conn_port, listen_port, free_ports[3];
 	struct sockaddr_in a;
 	char buf[64];
 	uint64_t hash = 0;
@@ -130,6 +184,14 @@ int main(int argc, char **argv)
 	zdtm_check(connect(udp_shut, (struct sockaddr *)&a, sizeof(a)) == 0 &&
 		   shutdown(udp_shut, SHUT_RDWR) == 0, "shut down a connected udp socket");
 
+	free_udp = socket(AF_INET, SOCK_DGRAM, 0);
+	free_ports[0] = bind_free(free_udp, AF_INET);
+	free_listener = socket(AF_INET, SOCK_STREAM, 0);
+	free_ports[1] = bind_free(free_listener, AF_INET);
+	zdtm_check(listen(free_listener, 4) == 0, "listen on an address not here: %m");
+	free_udp6 = socket(AF_INET6, SOCK_DGRAM, 0);
+	free_ports[2] = bind_free(free_udp6, AF_INET6);
+
 	printf("READY\n");
 	fflush(stdout);
 	for (long step = 0; step < steps; step++) {
@@ -187,6 +249,13 @@ int main(int argc, char **argv)
 	is_socket(unix_dgram_fresh, AF_UNIX, SOCK_DGRAM, 0, "unbound unix datagram");
 	is_socket(udp_shut, AF_INET, SOCK_DGRAM, 0, "shut down udp");
 	zdtm_check(port_of(udp_shut, 1) == udp_port, "shut down udp keeps its peer");
+
+	is_socket(free_udp, AF_INET, SOCK_DGRAM, 0, "freebind udp");
+	is_bound_free(free_udp, AF_INET, free_ports[0], "freebind udp");
+	is_socket(free_listener, AF_INET, SOCK_STREAM, 1, "freebind listener");
+	is_bound_free(free_listener, AF_INET, free_ports[1], "freebind listener");
+	is_socket(free_udp6, AF_INET6, SOCK_DGRAM, 0, "freebind udp6");
+	is_bound_free(free_udp6, AF_INET6, free_ports[2], "freebind udp6");
 
 	/* still usable: the unbound ones bind, listen and connect */
 	a = loopback(0);

@@ -462,7 +462,7 @@ struct ckpt_inotify_watch {
 					 * EOF after the queue */
 #define CKPT_SOCK_FILTER_LOCKED 64	/* SO_LOCK_FILTER */
 #define CKPT_SOCK_FILTER_MAX 4096	/* BPF_MAXINSNS */
-#define CKPT_SOCK_OPTS 36		/* options saved per socket, at most */
+#define CKPT_SOCK_OPTS 40		/* options saved per socket, at most */
 
 struct ckpt_sockaddr {
 	uint32_t len;

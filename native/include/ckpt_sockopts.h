@@ -55,10 +55,12 @@ static const struct ckpt_sockopt_name ckpt_sockopt_names[] = {
 	CKPT_OPT(IPPROTO_IP, IP_TTL),
 	CKPT_OPT(IPPROTO_IP, IP_RECVERR),
 	CKPT_OPT(IPPROTO_IP, IP_PKTINFO),
+	CKPT_OPT(IPPROTO_IP, IP_FREEBIND),	/* set before the bind again */
 	CKPT_OPT(IPPROTO_IPV6, IPV6_V6ONLY),
 	CKPT_OPT(IPPROTO_IPV6, IPV6_TCLASS),
 	CKPT_OPT(IPPROTO_IPV6, IPV6_UNICAST_HOPS),
 	CKPT_OPT(IPPROTO_IPV6, IPV6_RECVPKTINFO),
+	CKPT_OPT(IPPROTO_IPV6, IPV6_FREEBIND),
 };
 
 #define CKPT_NSOCKOPT_NAMES (sizeof(ckpt_sockopt_names) / sizeof(ckpt_sockopt_names[0]))

@@ -518,6 +518,9 @@ static void bind_as_before(int s, const struct shared_socket *ss)
 		if (errno == EADDRINUSE && f->sock_domain != AF_UNIX)
 			die("cannot bind a socket to %s again: it is in use (for longer than "
 			    "connections that ended stay in TIME_WAIT)", at);
+		if (errno == EADDRNOTAVAIL)
+			die("cannot bind a socket to %s again: this host does not have that "
+			    "address (the program did not ask for IP_FREEBIND)", at);
 		die("cannot bind a socket to %s again: %s", at, strerror(errno));
 	}
 }
