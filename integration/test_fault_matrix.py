@@ -191,6 +191,7 @@ def test_fault_during_checkpoint(session, phase, fault):
             assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         if fault == "coordinator":
             job.proc.wait(timeout=60)
+            job.hold.unlink(missing_ok=True)
             _wait_gone(job_pids, timeout=120)   # they run on to their end, unwatched
             status = 0 if job.output() == reference else 1
         else:

@@ -186,6 +186,7 @@ int main(int argc, char **argv)
 			check_fork(s);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_pass("%016llx", (unsigned long long)hash);
 	return 0;
 }

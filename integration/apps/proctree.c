@@ -168,6 +168,7 @@ int main(int argc, char **argv)
 		count_step();
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	for (int w = 0; w < WORKERS; w++) {
 		close(down[w][1]);
 		zdtm_check(waitpid(workers[w], &status, 0) == workers[w] && WIFEXITED(status),

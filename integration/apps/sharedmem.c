@@ -93,6 +93,7 @@ int main(int argc, char **argv)
 		stamp(stamped, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_check(lseek(log, 0, SEEK_CUR) == steps * 16 && lseek(log2, 0, SEEK_CUR) == steps * 16,
 		   "dup'd fds do not share one offset any more");
 	zdtm_check(same(shared, 4 * MIB, 1), "shared anonymous memory differs");
