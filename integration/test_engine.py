@@ -54,6 +54,7 @@ PROGRAMS = {
     "async_io": ["300", "10"],
     "inotify_watch": ["300", "10", "."],
     "inotify_queued": ["300", "10", "."],
+    "file_corners": ["300", "10", "."],
     "aio_context": ["300", "10", "."],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),

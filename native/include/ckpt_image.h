@@ -401,7 +401,8 @@ struct ckpt_process {
 enum ckpt_fd_kind {
 	CKPT_FD_FILE = 1,		/* regular file: reopened at offset; a scratch
 				 * file's contents saved, to recreate it */
-	CKPT_FD_DELETED_FILE = 2,	/* unlinked regular file: contents saved */
+	CKPT_FD_DELETED_FILE = 2,	/* unlinked regular file: contents saved;
+					 * a memfd's seals in value[0] */
 	CKPT_FD_DEVICE = 3,		/* /dev/null and other char devices: reopened */
 	CKPT_FD_TTY = 4,		/* terminal: the restarter's terminal */
 	CKPT_FD_PIPE_READ = 5,		/* pipe: contents saved by its readers */

@@ -138,6 +138,16 @@ void write_all(int fd, const char *p, size_t len, const char *what)
 
 /* A memfd: a new one of the same name and contents (a file named
  * "/memfd:..." in / would need root), opened again with the fd's flags. */
+/* Pair of memfd_seals (native/shim/fds.c), for a memfd nothing maps (a
+ * mapped one is made in shared.c, its regions mapped later: not sealed). */
+static void seal_memfd(int fd, const struct loaded_fd *lf)
+{
+	int seals = (int)lf->f.value[0];
+
+	if (seals && fcntl(fd, F_ADD_SEALS, seals) < 0)
+		die("cannot seal memfd %s again (%#x): %s", lf->path, seals, strerror(errno));
+}
+
 static int open_memfd(const struct loaded_fd *lf)
 {
 	char path[64];
@@ -149,6 +159,7 @@ static int open_memfd(const struct loaded_fd *lf)
 	write_all(mfd, lf->data, lf->f.data_size, lf->path);
 	if (ftruncate(mfd, lf->f.data_size) < 0)
 		die("cannot recreate memfd %s: %s", lf->path, strerror(errno));
+	seal_memfd(mfd, lf);
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
 	fd = open(path, (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC | O_NOFOLLOW)) | O_CLOEXEC);
 	close(mfd);
@@ -227,6 +238,37 @@ int open_file_again(const struct loaded_fd *lf)
 		fd = open(lf->path, flags | O_CLOEXEC);
 	}
 	return fd;
+}
+
+/* A directory removed while open: one made and removed again, beside
+ * where it was when that still exists (else in /tmp), opened in between.
+ * Empty and unlinked as it was; it has no offset to go back to. */
+static int open_removed_directory(const struct loaded_fd *lf)
+{
+	char tmp[PATH_MAX], *slash;
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "%s", lf->path);
+	slash = strrchr(tmp, '/');
+	if (slash && slash != tmp)
+		snprintf(slash, sizeof(tmp) - (slash - tmp), "/.ckpt-removed-XXXXXX");
+	if (!slash || slash == tmp || !mkdtemp(tmp)) {
+		snprintf(tmp, sizeof(tmp), "/tmp/.ckpt-removed-XXXXXX");
+		if (!mkdtemp(tmp))
+			die("cannot make removed directory %s again: %s", lf->path, strerror(errno));
+	}
+	fd = open(tmp, (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+	rmdir(tmp);
+	if (fd < 0)
+		die("cannot make removed directory %s again: %s", lf->path, strerror(errno));
+	return fd;
+}
+
+static int removed(const char *path)
+{
+	size_t len = strlen(path);
+
+	return len > 10 && !strcmp(path + len - 10, " (deleted)");
 }
 
 static int open_path(const struct loaded_fd *lf)
@@ -467,12 +509,17 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 	if (shared >= 0)	/* inherited across fork: the one open file */
 		return fcntl(shared, F_DUPFD_CLOEXEC, 0);
 	switch (lf->f.kind) {
+	case CKPT_FD_DIRECTORY:
+		if (removed(lf->path))
+			return open_removed_directory(lf);
+		/* fall through */
 	case CKPT_FD_FILE:
-	case CKPT_FD_DEVICE:
-	case CKPT_FD_DIRECTORY: {
+	case CKPT_FD_DEVICE: {
 		int fd = open_path(lf);
 
-		if (lf->f.kind != CKPT_FD_DEVICE && lseek(fd, lf->f.offset, SEEK_SET) < 0)
+		/* an O_PATH fd has no offset (and no seek) */
+		if (lf->f.kind != CKPT_FD_DEVICE && !(lf->f.flags & O_PATH) &&
+		    lseek(fd, lf->f.offset, SEEK_SET) < 0)
 			die("cannot seek fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
 		return fd;
 	}

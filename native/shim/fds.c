@@ -353,6 +353,58 @@ static int at_a_root(const char *path)
 	return path[0] == '/' && !strchr(path + 1, '/');
 }
 
+/* A memfd's seals (F_GET_SEALS), given back at restart. */
+static uint64_t memfd_seals(int fd)
+{
+	int ours = app_getfd(fd), seals = -1;
+
+	if (ours >= 0) {
+		seals = fcntl(ours, F_GET_SEALS);
+		close(ours);
+	}
+	return seals > 0 ? (uint64_t)seals : 0;
+}
+
+/*
+ * A file unlinked under the name an fd shows but linked under another
+ * (path: "<dir>/<name> (deleted)", name_len bytes without the suffix):
+ * another name in the same directory, as a rename-over leaves it, put in
+ * path.  Unprivileged, names elsewhere cannot be found.
+ */
+static int name_beside(char *path, size_t name_len, const struct stat *st)
+{
+	char dir[CKPT_PATH_MAX], buf[4096];
+	char *slash;
+	long got;
+	int dfd, found = 0;
+
+	snprintf(dir, sizeof(dir), "%.*s", (int)name_len, path);
+	slash = strrchr(dir, '/');
+	if (!slash)
+		return 0;
+	*(slash == dir ? slash + 1 : slash) = '\0';
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return 0;
+	while (!found && (got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long off = 0; !found && off < got;) {
+			struct { uint64_t ino; int64_t off; unsigned short reclen;
+				 unsigned char type; char name[]; } *d = (void *)(buf + off);
+			struct stat other;
+
+			off += d->reclen;
+			if (d->ino != st->st_ino ||
+			    fstatat(dfd, d->name, &other, AT_SYMLINK_NOFOLLOW) ||
+			    other.st_dev != st->st_dev || other.st_ino != st->st_ino)
+				continue;
+			found = snprintf(path, CKPT_PATH_MAX, "%s%s%s", dir, slash == dir ? "" : "/",
+					 d->name) < CKPT_PATH_MAX;
+		}
+	}
+	close(dfd);
+	return found;
+}
+
 static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 {
 	size_t len = strlen(fi->path);
@@ -371,10 +423,18 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		ckpt_warn("fd %d (message queue %s): %s: it will be /dev/null after restart",
 			  fd, fi->path, shim_strerror(err));
 	} else if (S_ISREG(st->st_mode)) {
-		fi->rec.kind = st->st_nlink == 0 ? CKPT_FD_DELETED_FILE : CKPT_FD_FILE;
-		if (fi->rec.kind == CKPT_FD_DELETED_FILE && len > 10 &&
-		    !strcmp(fi->path + len - 10, " (deleted)"))
+		int unlinked = len > 10 && !strcmp(fi->path + len - 10, " (deleted)");
+
+		if (unlinked && st->st_nlink > 0 && name_beside(fi->path, len - 10, st))
+			unlinked = 0;		/* reopened under its other name */
+		else if (unlinked && st->st_nlink > 0)
+			ckpt_warn("fd %d (%s): its other names are not in that directory: a copy "
+				  "of the file comes back, not the file", fd, fi->path);
+		fi->rec.kind = unlinked || st->st_nlink == 0 ? CKPT_FD_DELETED_FILE : CKPT_FD_FILE;
+		if (unlinked)
 			fi->path[len - 10] = '\0';
+		if (fi->rec.kind == CKPT_FD_DELETED_FILE && !strncmp(fi->path, "/memfd:", 7))
+			fi->rec.value[0] = memfd_seals(fd);
 		fi->file_size = st->st_size;
 		fi->save_contents = fi->rec.kind == CKPT_FD_DELETED_FILE ||
 			(shim_is_scratch_path(fi->path) && fi->file_size <= SCRATCH_MAX);
@@ -382,6 +442,8 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		fi->rec.object_id = shim_object_id(st->st_dev, st->st_ino);
 	} else if (S_ISDIR(st->st_mode)) {
 		fi->rec.kind = CKPT_FD_DIRECTORY;
+	} else if (S_ISLNK(st->st_mode) && (fi->rec.flags & O_PATH)) {
+		fi->rec.kind = CKPT_FD_FILE;	/* O_PATH | O_NOFOLLOW: the link itself */
 	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec) == 0) {
 		return;
 	} else if (S_ISCHR(st->st_mode)) {
