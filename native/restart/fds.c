@@ -136,8 +136,6 @@ void write_all(int fd, const char *p, size_t len, const char *what)
 	}
 }
 
-/* A memfd: a new one of the same name and contents (a file named
- * "/memfd:..." in / would need root), opened again with the fd's flags. */
 /* Pair of memfd_seals (native/shim/fds.c), for a memfd nothing maps (a
  * mapped one is made in shared.c, its regions mapped later: not sealed). */
 static void seal_memfd(int fd, const struct loaded_fd *lf)
@@ -148,6 +146,8 @@ static void seal_memfd(int fd, const struct loaded_fd *lf)
 		die("cannot seal memfd %s again (%#x): %s", lf->path, seals, strerror(errno));
 }
 
+/* A memfd: a new one of the same name and contents (a file named
+ * "/memfd:..." in / would need root), opened again with the fd's flags. */
 static int open_memfd(const struct loaded_fd *lf)
 {
 	char path[64];
