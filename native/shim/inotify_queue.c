@@ -183,20 +183,27 @@ static int take_events(struct taken_events *q, int ours)
 	return 0;
 }
 
+/* Whether the program's fd is an inotify fd (now). */
+static int is_inotify(int fd)
+{
+	char path[64], link[64];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	return n > 0 && (link[n] = '\0', !strcmp(link, "anon_inode:inotify"));
+}
+
 /* At SUSPEND, every thread parked: the events of every inotify fd. */
 int inotify_take_queued(char *why, size_t why_size)
 {
 	int fds[MAX_FDS], nfds = app_list_fds(fds, MAX_FDS), err = 0;
 
 	for (int i = 0; !err && i < nfds; i++) {
-		char path[64], link[64];
 		struct taken_events *q;
-		ssize_t n;
 		int ours;
 
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[i]);
-		n = readlink(path, link, sizeof(link) - 1);
-		if (n < 0 || (link[n] = '\0', strcmp(link, "anon_inode:inotify")))
+		if (!is_inotify(fds[i]))
 			continue;
 		ours = app_getfd(fds[i]);
 		if (ours < 0)
@@ -265,16 +272,6 @@ static ssize_t read_taken(struct taken_events *q, char *buf, size_t count)
 	return (ssize_t)n;
 }
 
-static int still_inotify(int fd)
-{
-	char path[64], link[64];
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	n = readlink(path, link, sizeof(link) - 1);
-	return n > 0 && (link[n] = '\0', !strcmp(link, "anon_inode:inotify"));
-}
-
 /* Taken events of fd, as many whole ones as fit; 0 in *served when
  * none are left (nor the fd is an inotify fd any more). */
 static ssize_t read_taken_of(int fd, char *buf, size_t count, int *served)
@@ -286,7 +283,7 @@ static ssize_t read_taken_of(int fd, char *buf, size_t count, int *served)
 	*served = 0;
 	lock(&saved);
 	q = queue_of(fd);
-	if (q && !still_inotify(fd)) {	/* closed and its number reused */
+	if (q && !is_inotify(fd)) {	/* closed and its number reused */
 		q->off = q->len = 0;
 		q->own_events = 0;
 		release_if_done(q);
