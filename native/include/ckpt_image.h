@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 16
+#define CKPT_IMAGE_VERSION 17
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -394,6 +394,9 @@ struct ckpt_process {
 	uint32_t membarrier;		/* CKPT_MEMBARRIER_*: registrations */
 	uint32_t nzombies;		/* children that exited, not yet waited for */
 	uint32_t ntimers;
+	uint32_t ctty_pty;		/* the controlling terminal: the pty's
+					 * number + 1; 0: none, or not a pty */
+	int32_t ctty_foreground;	/* its foreground process group */
 	struct ckpt_zombie zombies[CKPT_MAX_ZOMBIES];
 	struct ckpt_posix_timer timers[CKPT_MAX_TIMERS];
 };
@@ -416,9 +419,9 @@ enum ckpt_fd_kind {
 	CKPT_FD_TIMERFD = 13,		/* value: clock, flags, interval, next (ns),
 					 * expirations not read yet */
 	CKPT_FD_SIGNALFD = 14,		/* value[0]: the signal mask */
-	CKPT_FD_PTY_MASTER = 15,	/* /dev/ptmx; object_id: the pty's number */
-	CKPT_FD_PTY_SLAVE = 16,		/* /dev/pts/N; value: c_iflag, c_oflag,
-					 * c_cflag, c_lflag */
+	CKPT_FD_PTY_MASTER = 15,	/* /dev/ptmx; object_id: the pty's number;
+					 * data: struct ckpt_pty, then its bytes */
+	CKPT_FD_PTY_SLAVE = 16,		/* /dev/pts/N; object_id: the pty's number */
 	CKPT_FD_FIFO = 17,		/* named pipe: reopened, bytes like a pipe's */
 	CKPT_FD_PIDFD = 18,		/* value[0]: the pid it refers to, 0: a
 					 * process that has exited */
@@ -483,6 +486,20 @@ struct ckpt_epoll_entry {
 	int32_t fd;
 	uint32_t events;
 	uint64_t data;
+};
+
+/* A pseudo-terminal, as its master's holder saw it: the slave's settings
+ * (struct termios, speeds as B* constants), its window size, and the
+ * bytes queued and not read yet, output_len written by the slave for the
+ * master, then input_len written to the master for the slave. */
+struct ckpt_pty {
+	uint32_t iflag, oflag, cflag, lflag;
+	uint8_t line;
+	uint8_t cc[32];
+	uint8_t pad[3];
+	uint32_t ispeed, ospeed;
+	uint16_t rows, cols, xpixel, ypixel;
+	uint32_t output_len, input_len;
 };
 
 struct ckpt_fd {

@@ -545,7 +545,7 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 	}
 	case CKPT_FD_PTY_MASTER:
 	case CKPT_FD_PTY_SLAVE: {
-		int end = shared_pty_end(lf->f.object_id, lf->f.kind == CKPT_FD_PTY_MASTER);
+		int end = pty_end(lf->f.object_id, lf->f.kind == CKPT_FD_PTY_MASTER);
 
 		if (end >= 0)
 			return fcntl(end, F_DUPFD_CLOEXEC, 0);

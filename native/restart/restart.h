@@ -163,7 +163,6 @@ int shared_pipe_end(uint64_t id, int write_end);
 int shared_shm_fd(uint64_t id);
 int shared_sysv_id(uint64_t id);
 int shared_socket_fd(uint64_t id);
-int shared_pty_end(uint64_t id, int master);
 int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
 unsigned shared_fds(int *out, unsigned max);
 void shared_close_pipes(void);
@@ -226,6 +225,13 @@ void restore_posix_timers(const struct ckpt_process *p);
 void restore_thread_pending(const struct image *img, const struct ckpt_thread *thread);
 unsigned mapped_file_fds(const struct image *img);
 void make_exited_pidfd(void);
+
+/* ptys.c: pseudo-terminals with both ends in the job */
+void ptys_create(struct image *imgs, unsigned n);
+int pty_end(uint64_t id, int master);
+unsigned pty_fds(int *out, unsigned max);
+void ptys_close(void);
+void pty_take_controlling(const struct ckpt_process *p, pid_t pid);
 
 /* mqueues.c */
 void mqueues_create(struct image *imgs, unsigned n);

@@ -71,14 +71,6 @@ static unsigned nshms;
 static struct shared_socket *socks;
 static unsigned nsocks;
 
-struct shared_pty {
-	uint64_t id;			/* the old pty's number */
-	int master, slave;
-};
-
-static struct shared_pty *ptys;
-static unsigned nptys;
-
 /* An open file inherited across fork: one open file, one offset. */
 struct shared_file {
 	int32_t pid, fd;		/* the process and fd that own it */
@@ -939,82 +931,6 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 	shut_down_as_before();
 }
 
-/* ---- pseudo-terminals with both ends in the job ---- */
-
-static struct shared_pty *find_pty(uint64_t id)
-{
-	for (unsigned i = 0; i < nptys; i++)
-		if (ptys[i].id == id)
-			return &ptys[i];
-	return NULL;
-}
-
-static const struct ckpt_fd *pty_slave_record(struct image *imgs, unsigned n, uint64_t id)
-{
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++)
-			if (imgs[i].fds[j].f.kind == CKPT_FD_PTY_SLAVE &&
-			    imgs[i].fds[j].f.object_id == id)
-				return &imgs[i].fds[j].f;
-	return NULL;
-}
-
-static void open_pty(struct shared_pty *p, const struct ckpt_fd *slave_rec)
-{
-	int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-	const char *name;
-	int s;
-
-	if (m < 0 || grantpt(m) || unlockpt(m) || !(name = ptsname(m)))
-		die("cannot create a pseudo-terminal: %s", strerror(errno));
-	s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
-	if (s < 0)
-		die("cannot open %s: %s", name, strerror(errno));
-	if (slave_rec->value[4]) {
-		struct termios t;
-
-		if (tcgetattr(s, &t) == 0) {
-			t.c_iflag = slave_rec->value[0];
-			t.c_oflag = slave_rec->value[1];
-			t.c_cflag = slave_rec->value[2];
-			t.c_lflag = slave_rec->value[3];
-			tcsetattr(s, TCSANOW, &t);
-		}
-	}
-	p->master = move_high(m, "a pseudo-terminal");
-	p->slave = move_high(s, "a pseudo-terminal");
-}
-
-static void create_ptys(struct image *imgs, unsigned n)
-{
-	unsigned total = 0;
-
-	for (unsigned i = 0; i < n; i++)
-		total += imgs[i].nfds;
-	ptys = arena_alloc(sizeof(*ptys) * (total + 1));
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++) {
-			const struct ckpt_fd *f = &imgs[i].fds[j].f;
-			const struct ckpt_fd *slave;
-
-			if (f->kind != CKPT_FD_PTY_MASTER || find_pty(f->object_id))
-				continue;
-			slave = pty_slave_record(imgs, n, f->object_id);
-			ptys[nptys].id = f->object_id;
-			ptys[nptys].master = ptys[nptys].slave = -1;
-			if (slave)	/* a master alone: a slave nobody holds */
-				open_pty(&ptys[nptys], slave);
-			nptys++;
-		}
-}
-
-int shared_pty_end(uint64_t id, int master)
-{
-	const struct shared_pty *p = find_pty(id);
-
-	return !p ? -1 : master ? p->master : p->slave;
-}
-
 /* ---- open files shared between processes ---- */
 
 static struct shared_file *find_file(int32_t pid, int32_t fd)
@@ -1077,7 +993,7 @@ void shared_create(struct image *imgs, unsigned n, const char *coord)
 	create_fifos(imgs, n);
 	create_shms(imgs, n);
 	create_sockets(imgs, n, coord);
-	create_ptys(imgs, n);
+	ptys_create(imgs, n);
 	create_files(imgs, n);
 	mqueues_create(imgs, n);
 }
@@ -1125,10 +1041,7 @@ unsigned shared_fds(int *out, unsigned max)
 			out[k++] = shms[i].fd;
 	for (unsigned i = 0; i < nsocks && k < max; i++)
 		out[k++] = socks[i].fd;
-	for (unsigned i = 0; i < nptys && k + 2 <= max; i++) {
-		out[k++] = ptys[i].master;
-		out[k++] = ptys[i].slave;
-	}
+	k += pty_fds(out + k, max - k);
 	for (unsigned i = 0; i < nfiles && k < max; i++)
 		out[k++] = files[i].file;
 	return k + mqueue_fds(out + k, max - k);
@@ -1144,10 +1057,7 @@ void shared_close_pipes(void)
 	}
 	for (unsigned i = 0; i < nsocks; i++)
 		close(socks[i].fd);
-	for (unsigned i = 0; i < nptys; i++) {
-		close(ptys[i].master);
-		close(ptys[i].slave);
-	}
+	ptys_close();
 	for (unsigned i = 0; i < nfiles; i++)
 		close(files[i].file);
 	mqueues_close();

@@ -14,9 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <termios.h>
 #include <sys/sysmacros.h>
 #include <poll.h>
 #include <sys/syscall.h>
@@ -135,48 +133,6 @@ static int app_is_tty(const struct stat *st, const char *path)
 	return maj == 4 || maj == 5 || (maj >= 136 && maj <= 143) ||
 	       !strncmp(path, "/dev/tty", 8) || !strncmp(path, "/dev/pts/", 9) ||
 	       !strncmp(path, "/dev/hvc", 8) || !strcmp(path, "/dev/console");
-}
-
-/* A pseudo-terminal: both ends may be in the job (mpirun and its ranks).
- * The pty's number pairs them; the slave keeps its termios flags. */
-static int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec)
-{
-	unsigned maj = major(st->st_rdev);
-	int ours;
-
-	if (maj == 5 && minor(st->st_rdev) == 2) {	/* /dev/ptmx */
-		unsigned n = 0;
-
-		ours = app_getfd(fd);
-		if (ours < 0 || ioctl(ours, TIOCGPTN, &n)) {
-			if (ours >= 0)
-				close(ours);
-			return ENOTTY;
-		}
-		close(ours);
-		rec->kind = CKPT_FD_PTY_MASTER;
-		rec->object_id = n;
-		return 0;
-	}
-	if (maj >= 136 && maj <= 143) {			/* /dev/pts/N */
-		struct termios t;
-
-		rec->kind = CKPT_FD_PTY_SLAVE;
-		rec->object_id = (maj - 136) * 256 + minor(st->st_rdev);
-		rec->stdio_fd = fd;
-		ours = app_getfd(fd);
-		if (ours >= 0 && tcgetattr(ours, &t) == 0) {
-			rec->value[0] = t.c_iflag;
-			rec->value[1] = t.c_oflag;
-			rec->value[2] = t.c_cflag;
-			rec->value[3] = t.c_lflag;
-			rec->value[4] = 1;
-		}
-		if (ours >= 0)
-			close(ours);
-		return 0;
-	}
-	return ENOTTY;
 }
 
 /*
@@ -444,7 +400,7 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		fi->rec.kind = CKPT_FD_DIRECTORY;
 	} else if (S_ISLNK(st->st_mode) && (fi->rec.flags & O_PATH)) {
 		fi->rec.kind = CKPT_FD_FILE;	/* O_PATH | O_NOFOLLOW: the link itself */
-	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec) == 0) {
+	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec, &fi->payload, seq) == 0) {
 		return;
 	} else if (S_ISCHR(st->st_mode)) {
 		fi->rec.kind = app_is_tty(st, fi->path) ? CKPT_FD_TTY : CKPT_FD_DEVICE;

@@ -79,11 +79,10 @@ static int saved_already(uint64_t ino)
 
 static int claim(unsigned seq, uint64_t ino)
 {
-	char key[200], value[16], owner[16];
+	char key[200];
 
 	snprintf(key, sizeof(key), "mq:%u:%s:%llu", seq, shim_hostname(), (unsigned long long)ino);
-	snprintf(value, sizeof(value), "%d", getpid());
-	return !(kv_claim(key, value, owner, sizeof(owner)) == EEXIST && atoi(owner) != getpid());
+	return kv_claim_mine(key);
 }
 
 /* Take every message (q gets them), then give them back in that order. */

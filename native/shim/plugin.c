@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "shim.h"
@@ -132,6 +133,16 @@ int kv_claim(const char *key, const char *value, char *owner, size_t size)
 		return EPROTO;
 	strcpy(owner, line + 4);
 	return EEXIST;
+}
+
+/* Whether this process owns key: it claimed it first (or the
+ * coordinator cannot say, and the process acts alone). */
+int kv_claim_mine(const char *key)
+{
+	char value[16], owner[64];
+
+	snprintf(value, sizeof(value), "%d", getpid());
+	return !(kv_claim(key, value, owner, sizeof(owner)) == EEXIST && atoi(owner) != getpid());
 }
 
 /* Until key is there (0), or `seconds` have passed (ETIMEDOUT). */

@@ -345,6 +345,7 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 	p->pgid = getpgid(0);
 	p->sid = getsid(0);
 	p->ppid = getppid();
+	pty_controlling_terminal(p);
 	err = read_mm_fields(p);
 	if (err) {
 		snprintf(detail, size, "reading process state: %s", shim_strerror(err));

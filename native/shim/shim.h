@@ -166,6 +166,7 @@ SHIM_HIDDEN int coord_recv_answer(char *line, size_t size);
 SHIM_HIDDEN int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size);
 SHIM_HIDDEN void plugins_clear_failure(void);
 SHIM_HIDDEN int kv_claim(const char *key, const char *value, char *owner, size_t size);
+SHIM_HIDDEN int kv_claim_mine(const char *key);
 SHIM_HIDDEN int kv_wait(const char *key, int seconds);
 
 /* fds.c: the built-in fd plugin and the fd records */
@@ -179,6 +180,11 @@ struct fd_payload {
 	char *data;
 	size_t len, cap;
 };
+
+/* ptys.c: a pty's end; the master's record carries the pty's state */
+SHIM_HIDDEN int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec,
+			     struct fd_payload *q, unsigned seq);
+SHIM_HIDDEN void pty_controlling_terminal(struct ckpt_process *p);
 
 /* mqueues.c: a POSIX message queue's fd; its messages once per host */
 SHIM_HIDDEN void mqueues_collect_begin(void);
