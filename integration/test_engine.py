@@ -60,6 +60,8 @@ PROGRAMS = {
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),
+    # changes its group credentials: only root may
+    **({"credentials": ["300", "10"]} if os.getuid() == 0 else {}),
     # raw and packet sockets need CAP_NET_RAW
     **({"socket_protocols": ["300", "10"]} if os.getuid() == 0 else {}),
 }

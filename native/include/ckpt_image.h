@@ -24,6 +24,7 @@
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
 #define CKPT_PAGE_SIZE 4096
+#define CKPT_MAX_GROUPS 64
 
 /* Address range the shim keeps PROT_NONE in every process, never saved:
  * ckpt-restart is linked inside it so it never collides with an image.
@@ -266,6 +267,12 @@ struct ckpt_thread {
 	uint32_t securebits;		/* PR_GET_SECUREBITS, if caps_read */
 	uint32_t pad;
 	char comm[16];			/* PR_GET_NAME: the thread's name */
+	/* group credentials, each thread's own: real, effective, saved and
+	 * filesystem group ids, and the supplementary groups (ngroups above
+	 * CKPT_MAX_GROUPS: more than were saved) */
+	uint32_t gids[4];
+	uint32_t ngroups;
+	uint32_t groups[CKPT_MAX_GROUPS];
 	uint64_t pending;		/* signals pending for it alone (SigPnd) */
 	struct ckpt_regs regs;
 };

@@ -169,6 +169,7 @@ static int restorer(void *arg)
 	restore_fds(img);
 	prepare_memory(img);
 	check_capabilities(img);
+	check_credentials(img);
 	tree_report_restored(img);
 	sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, 8);
 	/* point of no return */

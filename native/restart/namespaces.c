@@ -28,6 +28,15 @@ static void write_file(const char *path, const char *text)
 	close(fd);
 }
 
+/* An unprivileged restart's user namespace maps the user's own ids alone
+ * and may not set groups: the job keeps the user's, as they were. */
+static int setgroups_denied;
+
+int namespace_denies_setgroups(void)
+{
+	return setgroups_denied;
+}
+
 void enter_namespaces(void)
 {
 	uid_t uid = geteuid();
@@ -43,6 +52,7 @@ void enter_namespaces(void)
 	if (uid == 0)
 		return;
 	write_file("/proc/self/setgroups", "deny");
+	setgroups_denied = 1;
 	snprintf(map, sizeof(map), "%u %u 1\n", uid, uid);
 	write_file("/proc/self/uid_map", map);
 	snprintf(map, sizeof(map), "%u %u 1\n", gid, gid);

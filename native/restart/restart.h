@@ -144,6 +144,7 @@ void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off);
 
 /* namespaces.c */
 void enter_namespaces(void);
+int namespace_denies_setgroups(void);
 int run_init(int (*init_main)(void));
 
 /* tree.c */
@@ -208,6 +209,7 @@ void aio_restore_ring(const struct loaded_vma *lv);
 void aio_submit_again(const struct image *img);
 void relock_memory(const struct image *img);
 void check_capabilities(const struct image *img);
+void check_credentials(const struct image *img);
 void restore_async_owners(const struct image *img);
 
 /* time_wait.c */

@@ -112,6 +112,61 @@ void check_capabilities(const struct image *img)
 	}
 }
 
+#define CAP_SETGID_BIT (1ULL << 6)
+
+/* Whether thread t's group credentials are this thread's already. */
+static int same_credentials(const struct ckpt_thread *t)
+{
+	uint32_t gids[4], groups[CKPT_MAX_GROUPS];
+	long n = sys2(SYS_getgroups, CKPT_MAX_GROUPS, groups);
+
+	sys3(SYS_getresgid, &gids[0], &gids[1], &gids[2]);
+	gids[3] = sys1(SYS_setfsgid, -1);
+	return !memcmp(gids, t->gids, sizeof(gids)) &&
+	       (t->ngroups > CKPT_MAX_GROUPS || namespace_denies_setgroups() ||
+		(n == t->ngroups && !memcmp(groups, t->groups, n * sizeof(groups[0]))));
+}
+
+/* Before the point of no return: the threads' group ids and groups are
+ * this restart's, or it may set them (CAP_SETGID). */
+void check_credentials(const struct image *img)
+{
+	uint64_t effective, permitted;
+
+	if (read_own_capabilities(&effective, &permitted))
+		die("cannot read this restart's capabilities: %s", strerror(errno));
+	for (unsigned i = 0; i < img->nthreads; i++) {
+		const struct ckpt_thread *t = &img->threads[i];
+
+		if (t->ngroups > CKPT_MAX_GROUPS && !namespace_denies_setgroups())
+			warn("thread %d of process %d had %u supplementary groups, more than the %d "
+			     "an image keeps: it gets this restart's", t->tid, img->hdr.pid,
+			     t->ngroups, CKPT_MAX_GROUPS);
+		if (!same_credentials(t) &&
+		    (!(effective & CAP_SETGID_BIT) || namespace_denies_setgroups()))
+			die("thread %d of process %d ran with group ids %u/%u/%u/%u and groups this "
+			    "restart may not take (it needs CAP_SETGID): restart it as that user",
+			    t->tid, img->hdr.pid, t->gids[0], t->gids[1], t->gids[2], t->gids[3]);
+	}
+}
+
+/* Pair of fill_credentials (native/shim/quiesce.c): the groups first,
+ * then the ids, while the thread still has ckpt-restart's CAP_SETGID. */
+static void restore_credentials(const struct ckpt_thread *t)
+{
+	long r = 0;
+
+	if (same_credentials(t))
+		return;
+	if (t->ngroups <= CKPT_MAX_GROUPS && !namespace_denies_setgroups())
+		r = sys2(SYS_setgroups, t->ngroups, t->groups);
+	if (!r)
+		r = sys3(SYS_setresgid, t->gids[0], t->gids[1], t->gids[2]);
+	if (r < 0)
+		fatal("restoring the thread's group credentials", r);
+	sys1(SYS_setfsgid, t->gids[3]);
+}
+
 /* Pair of fill_capabilities (native/shim/quiesce.c), after every step that
  * may need ckpt-restart's privileges: the bounding set first (dropping
  * needs CAP_SETPCAP), then the three sets, then the ambient set (which
@@ -162,6 +217,7 @@ static void become(const struct ckpt_thread *t)
 
 	restore_thread_pending(restoring, t);	/* only the thread may queue them */
 	restore_scheduling(t);
+	restore_credentials(t);
 	restore_capabilities(t);
 	sys5(SYS_prctl, PR_SET_NAME, t->comm, 0, 0, 0);	/* ps and pthread_getname_np */
 	sys1(SYS_set_tid_address, t->clear_child_tid);

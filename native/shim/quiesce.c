@@ -106,6 +106,22 @@ static void fill_capabilities(struct ckpt_thread *rec)
 	rec->caps_read = 1;
 }
 
+/* Restored by restore_credentials (native/restart/threads.c). */
+static void fill_credentials(struct ckpt_thread *rec)
+{
+	uint32_t groups[CKPT_MAX_GROUPS];
+	long n;
+
+	syscall(SYS_getresgid, &rec->gids[0], &rec->gids[1], &rec->gids[2]);
+	rec->gids[3] = syscall(SYS_setfsgid, -1);	/* -1: only says which */
+	n = syscall(SYS_getgroups, CKPT_MAX_GROUPS, groups);
+	if (n < 0)	/* EINVAL: more than CKPT_MAX_GROUPS */
+		n = syscall(SYS_getgroups, 0, NULL);
+	rec->ngroups = n > 0 ? n : 0;
+	if (n > 0 && n <= CKPT_MAX_GROUPS)
+		memcpy(rec->groups, groups, n * sizeof(groups[0]));
+}
+
 /* The checkpoint thread, after its fixups of a restart, takes back the
  * capabilities it had (ckpt-restart left it its own for them).  Its
  * bounding and ambient sets only matter to an execve, which it never
@@ -158,6 +174,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	rec->pending = queued_signals_own_pending();
 	fill_scheduling(rec);
 	fill_capabilities(rec);
+	fill_credentials(rec);
 }
 
 /*
