@@ -57,6 +57,8 @@ PROGRAMS = {
     "file_corners": ["300", "10", "."],
     "aio_context": ["300", "10", "."],
     "ptys": ["300", "10"],
+    "memfd_exec": ["300", "10"],
+    "proc_files": ["300", "10"],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),

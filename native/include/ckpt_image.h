@@ -67,10 +67,14 @@ enum ckpt_record_type {
 	CKPT_REC_SIGNALS = 10,		/* struct ckpt_signal_queue, its siginfos */
 	CKPT_REC_SOURCES = 11,		/* struct ckpt_source[]: the earlier images
 					 * an incremental image's pages refer to */
-	CKPT_REC_AIO_REQUESTS = 12	/* struct ckpt_aio_request[]: kernel AIO
+	CKPT_REC_AIO_REQUESTS = 12,	/* struct ckpt_aio_request[]: kernel AIO
 					 * requests submitted, not reaped */
+	CKPT_REC_EXE = 13		/* the executable when no name reaches it
+					 * (deleted, or a memfd run by fexecve):
+					 * laid out as a CKPT_REC_FD of kind
+					 * CKPT_FD_DELETED_FILE, fd -1, its bytes */
 };
-#define CKPT_REC_LAST 12		/* the highest record type */
+#define CKPT_REC_LAST 13		/* the highest record type */
 
 struct ckpt_record {
 	uint32_t type;

@@ -405,6 +405,21 @@ static void load_named_mqueue(struct image *img, uint64_t off, uint64_t size)
 	lf->sock_filter = NULL;
 }
 
+/* The executable no name reaches: a deleted file's record, fd -1. */
+static void load_exe(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_fd *lf = arena_alloc(sizeof(*lf));
+
+	if (img->exe)
+		die("%s: corrupt image (two executables)", img->file);
+	parse_fd_record(img, off, size, lf);
+	if (lf->f.fd != -1 || lf->f.kind != CKPT_FD_DELETED_FILE || lf->f.dup_of != -1 ||
+	    lf->f.path_len >= CKPT_PATH_MAX || lf->f.sock_filter_len || !lf->f.object_id)
+		die("%s: corrupt executable record", img->file);
+	lf->sock_filter = NULL;
+	img->exe = lf;
+}
+
 static int has_nul(const char *s, size_t len)
 {
 	return memchr(s, '\0', len) != NULL;
@@ -587,6 +602,9 @@ static void load_records(struct image *img, uint64_t file_size)
 			break;
 		case CKPT_REC_MQUEUE:
 			load_named_mqueue(img, off, rec.size);
+			break;
+		case CKPT_REC_EXE:
+			load_exe(img, off, rec.size);
 			break;
 		case CKPT_REC_PLUGIN:
 			break;		/* plugins keep their state in memory */

@@ -174,6 +174,38 @@ static int deleted_file_object(const struct image *img, const struct loaded_vma 
 	return high;
 }
 
+/* The deleted executable (a memfd run by fexecve, or a binary removed
+ * while it ran) made again whole, for its regions to map and for
+ * /proc/self/exe to name (the shim's restore_exe_link): a memfd. */
+static int exe_again(const struct loaded_fd *exe)
+{
+	const char *p = exe->path;
+	char name[240];
+	int fd, high;
+
+	p = !strncmp(p, "/memfd:", 7) ? p + 7 : (strrchr(p, '/') ? strrchr(p, '/') + 1 : p);
+	snprintf(name, sizeof(name), "%s", p);
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0)
+		die("the executable %s: a memfd: %s", exe->path, strerror(errno));
+	write_all(fd, exe->data, exe->f.data_size, exe->path);
+	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
+	if (high < 0)
+		die("the executable %s: %s", exe->path, strerror(errno));
+	close(fd);
+	return high;
+}
+
+/* An earlier region mapping the deleted executable, or -1. */
+static int exe_mapped_before(const struct image *img, unsigned i, const int *fds)
+{
+	for (unsigned j = 0; j < i; j++)
+		if (fds[j] >= 0 && img->vmas[j].v.kind == CKPT_VMA_DELETED_FILE &&
+		    img->vmas[j].v.shm_id == img->exe->f.object_id)
+			return j;
+	return -1;
+}
+
 static int is_mapped_file(const struct loaded_vma *lv)
 {
 	return lv->v.kind == CKPT_VMA_FILE || lv->v.kind == CKPT_VMA_SHARED_FILE;
@@ -232,6 +264,13 @@ static void check_files(struct image *img)
 
 		file_fds[i] = -1;
 		file_fd_owned[i] = 1;
+		if (lv->v.kind == CKPT_VMA_DELETED_FILE && img->exe &&
+		    lv->v.shm_id == img->exe->f.object_id) {
+			same = exe_mapped_before(img, i, file_fds);
+			file_fds[i] = same >= 0 ? file_fds[same] : exe_again(img->exe);
+			file_fd_owned[i] = same < 0;
+			continue;
+		}
 		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
 			file_fds[i] = deleted_file_object(img, lv);
 			if (file_fds[i] < 0)

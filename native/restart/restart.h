@@ -70,6 +70,7 @@ struct image {
 	unsigned nvmas;
 	struct loaded_fd *fds;
 	unsigned nfds;
+	struct loaded_fd *exe;		/* CKPT_REC_EXE: a deleted executable, or NULL */
 	struct loaded_fd *named_mqueues;	/* CKPT_REC_MQUEUE: no fd holds them */
 	unsigned nnamed_mqueues;
 	struct sysv_object *sysv;

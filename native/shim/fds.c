@@ -527,6 +527,50 @@ static void collect_named_mqueues(struct fd_table *t, unsigned seq)
 	}
 }
 
+/*
+ * An executable that was deleted, or a memfd run by fexecve: only
+ * /proc/self/exe reaches its bytes, which the restart maps the program's
+ * text from and makes /proc/self/exe again.  An entry of its own (fd -1),
+ * saved as CKPT_REC_EXE.
+ */
+#define EXE_MAX (1ULL << 30)
+
+static void collect_deleted_exe(struct fd_table *t)
+{
+	struct fd_info *fi = &t->fi[t->n];
+	ssize_t n = readlink("/proc/self/exe", fi->path, sizeof(fi->path) - 1);
+	struct stat st;
+
+	if (n <= 10 || t->n == MAX_FDS)
+		return;
+	fi->path[n] = '\0';
+	if (strcmp(fi->path + n - 10, " (deleted)"))
+		return;
+	fi->path[n - 10] = '\0';
+	fi->held = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+	if (fi->held < 0 || fstat(fi->held, &st) || (uint64_t)st.st_size > EXE_MAX) {
+		ckpt_warn("the executable %s was deleted and %s: /proc/self/exe will name "
+			  "ckpt-restart after a restart", fi->path,
+			  fi->held < 0 ? "cannot be read" : "is larger than 1 GiB");
+		if (fi->held >= 0)
+			close(fi->held);
+		return;
+	}
+	memset(&fi->rec, 0, sizeof(fi->rec));
+	fi->rec.fd = -1;
+	fi->rec.dup_of = -1;
+	fi->rec.kind = CKPT_FD_DELETED_FILE;
+	fi->rec.flags = O_RDONLY;
+	fi->rec.mode = st.st_mode;
+	fi->rec.object_id = shim_object_id(st.st_dev, st.st_ino);
+	fi->dev = st.st_dev;
+	fi->ino = st.st_ino;
+	fi->file_size = st.st_size;
+	fi->save_contents = 1;
+	fi->payload = (struct fd_payload){ 0 };
+	t->n++;
+}
+
 struct fd_table *fds_collect(unsigned seq)
 {
 	struct fd_table *t = scratch_map(sizeof(*t));
@@ -560,6 +604,7 @@ struct fd_table *fds_collect(unsigned seq)
 		t->n++;
 	}
 	collect_named_mqueues(t, seq);
+	collect_deleted_exe(t);
 	scratch_unmap(fds, MAX_FDS * sizeof(int));
 	return t;
 fail:
@@ -611,7 +656,9 @@ static int save_file_contents(struct image_writer *w, int fd, uint64_t size)
 
 static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 {
-	struct ckpt_record rec = { .type = fi->rec.fd < 0 ? CKPT_REC_MQUEUE : CKPT_REC_FD };
+	struct ckpt_record rec = { .type = fi->rec.fd >= 0 ? CKPT_REC_FD :
+					   fi->rec.kind == CKPT_FD_MQUEUE ? CKPT_REC_MQUEUE :
+					   CKPT_REC_EXE };
 	struct pipe_copy *p = NULL;
 	int err;
 

@@ -381,25 +381,57 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 	return 0;
 }
 
+/* The file mapped at addr, opened through /proc/self/map_files (which
+ * takes CAP_SYS_ADMIN, as PR_SET_MM_MAP does); -1 if none. */
+static int open_mapped_file(uint64_t addr)
+{
+	size_t size = 1 << 20;		/* the program's text is near the start */
+	char *buf = scratch_map(size), path[64];
+	unsigned long long start, end;
+	int fd = -1;
+
+	if (!buf)
+		return -1;
+	if (shim_read_proc("/proc/self/maps", buf, size - 1) > 0)
+		for (char *line = buf; line && *line; line = strchr(line, '\n'), line += !!line)
+			if (sscanf(line, "%llx-%llx", &start, &end) == 2 && addr >= start &&
+			    addr < end) {
+				snprintf(path, sizeof(path), "/proc/self/map_files/%llx-%llx", start,
+					 end);
+				fd = open(path, O_RDONLY | O_CLOEXEC);
+				break;
+			}
+	scratch_unmap(buf, size);
+	return fd;
+}
+
 /*
  * After a restart /proc/self/exe names ckpt-restart: the kernel lets
  * PR_SET_MM_MAP replace it only once ckpt-restart's file is no longer
  * mapped, which is the case once the checkpoint thread gave the reserved
  * range back.  Needs CAP_SYS_ADMIN in our user namespace, which the
- * restarted process has (nobody exec'd since the namespace was made).
+ * restarted process has (nobody exec'd since the namespace was made).  An
+ * executable that was deleted, or a memfd, is the file its text is
+ * mapped from now (a copy the restart made).
  */
 int restore_exe_link(void)
 {
 	struct ckpt_process *p = scratch_map(sizeof(*p));
 	struct prctl_mm_map map;
 	ssize_t n;
-	int fd, err = 0;
+	int fd = -1, err = 0;
 
 	if (!p)
 		return ENOMEM;
+	if (read_mm_fields(p)) {
+		err = EIO;
+		goto out;
+	}
 	fd = checkpointed_exe[0] ? open(checkpointed_exe, O_RDONLY | O_CLOEXEC) : -1;
-	if (fd < 0 || read_mm_fields(p)) {
-		err = fd < 0 ? ENOENT : EIO;
+	if (fd < 0)	/* a deleted executable, or a memfd: its restored text */
+		fd = open_mapped_file(p->start_code);
+	if (fd < 0) {
+		err = ENOENT;
 		goto out;
 	}
 	n = shim_read_proc("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
