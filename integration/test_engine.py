@@ -62,6 +62,9 @@ PROGRAMS = {
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),
+    # opens a virtual console and the system console: root, where they exist
+    **({"consoles": ["300", "10"]}
+       if os.getuid() == 0 and os.path.exists("/dev/tty5") else {}),
     # changes its group credentials: only root may
     **({"credentials": ["300", "10"]} if os.getuid() == 0 else {}),
     # raw and packet sockets need CAP_NET_RAW

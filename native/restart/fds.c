@@ -230,7 +230,8 @@ void make_fifo_again(const struct loaded_fd *lf)
 /* A regular file opened again by its path, a gone scratch file made again. */
 int open_file_again(const struct loaded_fd *lf)
 {
-	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
+	/* a session leader opening a terminal would take it as its own */
+	int flags = (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_NOCTTY;
 	int fd = open(lf->path, flags | O_CLOEXEC);
 
 	if (fd < 0 && errno == ENOENT && lf->f.kind == CKPT_FD_FILE && lf->f.data_size) {
@@ -521,6 +522,8 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 		if (lf->f.kind != CKPT_FD_DEVICE && !(lf->f.flags & O_PATH) &&
 		    lseek(fd, lf->f.offset, SEEK_SET) < 0)
 			die("cannot seek fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
+		if (lf->f.kind == CKPT_FD_DEVICE)
+			tty_settings_restore(fd, lf);
 		return fd;
 	}
 	case CKPT_FD_DELETED_FILE: {

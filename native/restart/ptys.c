@@ -107,6 +107,23 @@ static void open_pty(struct shared_pty *p)
 	p->slave = move_high(s, "a pseudo-terminal");
 }
 
+/* A terminal device of the host, reopened: its saved settings (the shim's
+ * tty_settings_describe), if it has them. */
+void tty_settings_restore(int fd, const struct loaded_fd *lf)
+{
+	const struct ckpt_pty *p = (const void *)lf->data;
+	struct termios t;
+	struct winsize w;
+
+	if (lf->f.data_size != sizeof(*p) || p->output_len || p->input_len || !isatty(fd))
+		return;
+	if (tcgetattr(fd, &t))
+		die("cannot read the settings of %s: %s", lf->path, strerror(errno));
+	ckpt_pty_settings_load(p, &t, &w);
+	if (tcsetattr(fd, TCSANOW, &t) || ioctl(fd, TIOCSWINSZ, &w))
+		die("cannot give %s its settings back: %s", lf->path, strerror(errno));
+}
+
 void ptys_create(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;

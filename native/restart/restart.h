@@ -235,6 +235,7 @@ int pty_end(uint64_t id, int master);
 unsigned pty_fds(int *out, unsigned max);
 void ptys_close(void);
 void pty_take_controlling(const struct ckpt_process *p, pid_t pid);
+void tty_settings_restore(int fd, const struct loaded_fd *lf);
 
 /* mqueues.c */
 void mqueues_create(struct image *imgs, unsigned n);

@@ -135,6 +135,15 @@ static int app_is_tty(const struct stat *st, const char *path)
 	       !strncmp(path, "/dev/hvc", 8) || !strcmp(path, "/dev/console");
 }
 
+/* The terminal the job runs on (its stdio, or /dev/tty: its controlling
+ * terminal), which a restart replaces by its own; a virtual console, a
+ * serial line or the system console held beside it is a device of the
+ * host, reopened by name. */
+static int job_terminal(int fd, const struct stat *st, const char *path)
+{
+	return app_is_tty(st, path) && (fd <= 2 || st->st_rdev == makedev(5, 0));
+}
+
 /*
  * A job's scratch files (an MPI library's session directory under /tmp,
  * say) are removed when the job ends: restarting an older image later
@@ -403,7 +412,9 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 	} else if (S_ISCHR(st->st_mode) && pty_describe(fd, st, &fi->rec, &fi->payload, seq) == 0) {
 		return;
 	} else if (S_ISCHR(st->st_mode)) {
-		fi->rec.kind = app_is_tty(st, fi->path) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
+		fi->rec.kind = job_terminal(fd, st, fi->path) ? CKPT_FD_TTY : CKPT_FD_DEVICE;
+		if (fi->rec.kind == CKPT_FD_DEVICE && app_is_tty(st, fi->path))
+			tty_settings_describe(fd, &fi->payload);	/* else as the device is */
 	} else if (S_ISFIFO(st->st_mode) && fi->path[0] == '/') {
 		fi->rec.kind = CKPT_FD_FIFO;	/* reopened by name */
 		fi->rec.object_id = st->st_ino;

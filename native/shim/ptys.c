@@ -158,6 +158,34 @@ int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec, struct fd_p
 	return 0;
 }
 
+/* A terminal device of the host held beside the job's own (a virtual
+ * console, a serial line): its settings, which its last close resets,
+ * for the restart to give back once it reopened it (no queued bytes). */
+int tty_settings_describe(int fd, struct fd_payload *q)
+{
+	struct ckpt_pty p = { 0 };
+	struct termios t;
+	struct winsize w = { 0 };
+	int ours = app_getfd(fd), err = 0;
+
+	if (ours < 0)
+		return EBADF;
+	if (tcgetattr(ours, &t))
+		err = errno;
+	ioctl(ours, TIOCGWINSZ, &w);
+	close(ours);
+	if (err)
+		return err;
+	ckpt_pty_settings_save(&p, &t, &w);
+	q->cap = sizeof(p);
+	q->data = scratch_map(q->cap);
+	if (!q->data)
+		return ENOMEM;
+	memcpy(q->data, &p, sizeof(p));
+	q->len = sizeof(p);
+	return 0;
+}
+
 /* /proc/self/stat's tty_nr and tpgid (fields 7 and 8), after the
  * command name's closing parenthesis. */
 void pty_controlling_terminal(struct ckpt_process *p)

@@ -185,6 +185,7 @@ struct fd_payload {
 SHIM_HIDDEN int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec,
 			     struct fd_payload *q, unsigned seq);
 SHIM_HIDDEN void pty_controlling_terminal(struct ckpt_process *p);
+SHIM_HIDDEN int tty_settings_describe(int fd, struct fd_payload *q);
 
 /* mqueues.c: a POSIX message queue's fd; its messages once per host */
 SHIM_HIDDEN void mqueues_collect_begin(void);
