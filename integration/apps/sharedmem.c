@@ -103,6 +103,15 @@ int main(int argc, char **argv)
 		zdtm_check(same(memfd_map + i, sizeof(buf), 2), "memfd mapping differs at %d", i);
 	zdtm_check(same(deleted_map, sizeof(buf), 3), "map of the unlinked file differs");
 	{
+		char link[64], name[64];
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", memfd);
+		n = readlink(link, name, sizeof(name) - 1);
+		name[n > 0 ? n : 0] = '\0';
+		zdtm_check(!strcmp(name, "/memfd:ckpt-test (deleted)"), "the memfd is named %s", name);
+	}
+	{
 		char all[4096 * 4];
 		int r = open("dup.log", O_RDONLY);
 

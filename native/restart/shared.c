@@ -46,6 +46,7 @@ struct shared_shm {
 	uint64_t id;
 	uint64_t size;
 	const struct loaded_vma *file;	/* a /dev/shm file, or NULL: a memfd */
+	const char *name;		/* a memfd's path, "/memfd:NAME (deleted)" */
 	int fd;				/* -1 for a System V segment */
 	int sysv;
 	int sysv_id;
@@ -264,7 +265,16 @@ static int open_shm_object(const struct shared_shm *s)
 	int fd;
 
 	if (!s->file) {
-		fd = memfd_create("ckpt-shared", MFD_CLOEXEC);
+		char name[240] = "ckpt-shared";	/* MAP_SHARED | MAP_ANONYMOUS */
+		size_t n;
+
+		if (s->name && !strncmp(s->name, "/memfd:", 7)) {
+			snprintf(name, sizeof(name), "%s", s->name + 7);
+			n = strlen(name);
+			if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
+				name[n - 10] = '\0';
+		}
+		fd = memfd_create(name, MFD_CLOEXEC);
 		if (fd < 0 || ftruncate(fd, s->size))
 			die("cannot recreate shared memory: %s", strerror(errno));
 		return fd;
@@ -298,6 +308,7 @@ static void create_shms(struct image *imgs, unsigned n)
 				memset(s, 0, sizeof(*s));
 				s->id = v->shm_id;
 				s->file = v->kind == CKPT_VMA_SHARED_MEMFILE ? &imgs[i].vmas[j] : NULL;
+				s->name = imgs[i].vmas[j].path;
 				if (v->kind == CKPT_VMA_SYSV_SHM)
 					create_sysv(s, v);
 			}
