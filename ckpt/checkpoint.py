@@ -276,7 +276,8 @@ class CheckpointRun:
 
     def _publish(self, entries, stopped):
         images = {entry["image"] for entry in entries.values()}
-        images |= {name + ".pages" for name in images}  # an incremental image's page list
+        # an incremental image's page list, every image's block checksums
+        images |= {name + suffix for name in images for suffix in (".pages", ".sum")}
         for leftover in self.tmp.iterdir():  # images of processes that were left out
             if leftover.name not in images:
                 leftover.unlink()

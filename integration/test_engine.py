@@ -472,3 +472,51 @@ def test_listeners_bound_again_while_time_wait_holds_a_port(session):
         assert f"port 127.0.0.1:{held} was held by 3 connections in TIME_WAIT" in restart.stderr, \
             restart.stderr
     assert f"listening on {plain} SO_REUSEADDR 0\n" in output, output
+
+
+def running_copies(app, cwd):
+    """Processes of the test program app whose working directory is cwd."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and os.readlink(entry / "exe") == str(APPS / app)
+                    and os.readlink(entry / "cwd") == str(cwd)):
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_restart_reads_the_image_once_and_checks_every_block(session):
+    """Blocks of an image that hold page data alone are checked as the
+    restart reads them into place (one read of the image), the others
+    before anything is restored.  A byte changed in either kind ends the
+    restart in one line, naming it, with nothing left running; without
+    <image>.sum (an older image) the whole image is checked first."""
+    args = ["300", "10", "256"]
+    reference = session.reference("bigmem", *args)
+    job = Job(session, "once", "bigmem", *args)
+    job.wait_ready()
+    checkpoint = job.checkpoint()
+    job.kill()
+    image = next(checkpoint.glob("*.img"))
+    sums = Path(f"{image}.sum")
+    size = image.stat().st_size
+    assert sums.stat().st_size == 8 * -(-size // (64 << 20))
+    with open(image, "r+b") as f:
+        for offset, message in ((4096 + 64, "image checksum mismatch (corrupt or truncated image)"),
+                                (size // 2, "image checksum mismatch in its page data")):
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x40]))
+            f.flush()
+            r = Restart(session, checkpoint)
+            assert r.wait() != 0
+            assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+            assert not running_copies("bigmem", session.work)
+            f.seek(offset)
+            f.write(byte)
+            f.flush()
+    sums.rename(f"{sums}.gone")
+    assert restart_and_finish(session, checkpoint, job) == reference

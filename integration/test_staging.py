@@ -90,7 +90,7 @@ def test_staged_checkpoints_restart(session, app):
         assert data["stage_dir"] == str(stage)
         assert all(p["flush_ns"] > 0 for p in data["processes"]), data
     newest = manifest(job.images[-1])
-    images = sorted(p["image"] for p in newest["processes"])
+    images = sorted(name for p in newest["processes"] for name in (p["image"], p["image"] + ".sum"))
     assert staged_files(stage, job.id) == {job.images[-1].name: images}
     assert not list(job.images[-1].glob("*.done*")), "a copier's result file was published"
     restarts_like_reference(session, job, [job.images[0], job.images[-1]], reference)
@@ -255,7 +255,8 @@ def test_multihost_staged_on_each_host(cluster, jobs, request):
     for host in ("h1", "h2", "h3"):
         listed = cluster.run(host, ["ls", f"/dev/shm/ckpt-stage/{job.id}/{checkpoint.name}"],
                              capture_output=True, text=True).stdout.split()
-        assert sorted(listed) == sorted(p["image"] for p in procs if p["host"] == host), \
+        assert sorted(listed) == sorted(name for p in procs if p["host"] == host
+                                        for name in (p["image"], p["image"] + ".sum")), \
             (host, listed)
     image = checkpoint / next(p["image"] for p in procs if p["host"] == "h1")
     good = image.read_bytes()

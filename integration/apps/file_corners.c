@@ -1,5 +1,6 @@
 /*
- * Files in the corners programs leave them in: a memfd with seals, an
+ * Files in the corners programs leave them in: a memfd with seals, a
+ * memfd mapped shared and writable, then sealed against later writes, an
  * O_PATH fd of a file, an O_PATH | O_NOFOLLOW fd of a symbolic link (the
  * link itself), a directory removed while open, and a file unlinked under
  * the name it was opened by but still linked under another (as a
@@ -18,11 +19,13 @@
 #include "zdtm.h"
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+#define MAPPED_SEALS (F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
 
 int main(int argc, char **argv)
 {
 	long steps = 300, pace = 10;
-	int memfd, opath, olink, removed, hard, other;
+	int memfd, mapped_memfd, opath, olink, removed, hard, other;
+	char *map;
 	struct stat file_st, link_st, st;
 	uint64_t hash = 0;
 	char buf[64];
@@ -33,6 +36,12 @@ int main(int argc, char **argv)
 	memfd = memfd_create("sealed", MFD_ALLOW_SEALING);
 	zdtm_check(memfd >= 0 && write(memfd, "sealed bytes", 12) == 12 &&
 		   fcntl(memfd, F_ADD_SEALS, SEALS) == 0, "a sealed memfd: %m");
+	/* the map stays writable: it was made before the seal */
+	mapped_memfd = memfd_create("sealed-mapped", MFD_ALLOW_SEALING);
+	zdtm_check(mapped_memfd >= 0 && ftruncate(mapped_memfd, 4096) == 0, "a memfd: %m");
+	map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, mapped_memfd, 0);
+	zdtm_check(map != MAP_FAILED && fcntl(mapped_memfd, F_ADD_SEALS, MAPPED_SEALS) == 0,
+		   "a mapped memfd sealed: %m");
 	close(open("fc-target", O_CREAT | O_WRONLY, 0600));
 	unlink("fc-link");
 	zdtm_check(symlink("fc-target", "fc-link") == 0, "symlink: %m");
@@ -61,6 +70,13 @@ int main(int argc, char **argv)
 	zdtm_check(pread(memfd, buf, 12, 0) == 12 && !memcmp(buf, "sealed bytes", 12),
 		   "the memfd's bytes");
 	zdtm_check(ftruncate(memfd, 1) < 0 && errno == EPERM, "a sealed memfd shrinks");
+	zdtm_check(fcntl(mapped_memfd, F_GET_SEALS) == MAPPED_SEALS, "mapped memfd seals %#x, not %#x",
+		   fcntl(mapped_memfd, F_GET_SEALS), MAPPED_SEALS);
+	memcpy(map, "through the map", 15);
+	zdtm_check(pread(mapped_memfd, buf, 15, 0) == 15 && !memcmp(buf, "through the map", 15),
+		   "the mapped memfd's map");
+	zdtm_check(pwrite(mapped_memfd, "x", 1, 0) < 0 && errno == EPERM,
+		   "a write to the mapped memfd after its seal");
 	zdtm_check((fcntl(opath, F_GETFL) & O_PATH) && fstat(opath, &st) == 0 &&
 		   st.st_ino == file_st.st_ino, "the O_PATH fd: flags %#x", fcntl(opath, F_GETFL));
 	zdtm_check(fstat(olink, &st) == 0 && S_ISLNK(st.st_mode) && st.st_ino == link_st.st_ino &&

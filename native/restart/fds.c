@@ -137,7 +137,8 @@ void write_all(int fd, const char *p, size_t len, const char *what)
 }
 
 /* Pair of memfd_seals (native/shim/fds.c), for a memfd nothing maps (a
- * mapped one is made in shared.c, its regions mapped later: not sealed). */
+ * mapped one is made in shared.c and sealed by the shim once it is mapped
+ * again). */
 static void seal_memfd(int fd, const struct loaded_fd *lf)
 {
 	int seals = (int)lf->f.value[0];

@@ -64,6 +64,7 @@ struct block_hashing {
 	const char *data;
 	uint64_t size, nblocks;
 	uint64_t *digests;
+	const uint8_t *skip;		/* blocks not to hash, or NULL */
 	uint64_t next;			/* the next block to take (atomic) */
 };
 
@@ -112,6 +113,103 @@ static void check_checksum(struct image *img, uint64_t want, uint64_t size)
 		die("%s: cannot map the image: %s", img->file, strerror(err));
 	if (got != want)
 		die("%s: image checksum mismatch (corrupt or truncated image)", img->file);
+}
+
+/*
+ * <image>.sum: the checksum of each block, as the writer computed them;
+ * their XXH3 is the image's, which the manifest gives.  NULL when there
+ * is none (an older image) or it does not check out: then the whole
+ * image is hashed now, as without it.
+ */
+static uint64_t *load_block_sums(const struct image *img, uint64_t want, uint64_t size)
+{
+	uint64_t nblocks = (size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
+	char path[PATH_MAX];
+	uint64_t *sums;
+	struct stat st;
+	int fd, ok;
+
+	if (snprintf(path, sizeof(path), "%s.sum", img->file) >= (int)sizeof(path))
+		return NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return NULL;
+	sums = arena_alloc(nblocks * sizeof(*sums) + 1);
+	ok = !fstat(fd, &st) && S_ISREG(st.st_mode) &&
+	     (uint64_t)st.st_size == nblocks * sizeof(*sums) &&
+	     pread(fd, sums, st.st_size, 0) == st.st_size &&
+	     XXH3_64bits(sums, st.st_size) == want;	/* x86: little-endian */
+	close(fd);
+	return ok ? sums : NULL;
+}
+
+/*
+ * Which blocks hold nothing but the records of regions whose page data
+ * the reader puts in place after the point of no return (memory.c): it
+ * checks those as it reads them (pages.c), so that a restart reads the
+ * image once.  Their record headers are checked then too; before, they
+ * only place and size the regions, which the loader checked for sense.
+ * Such records follow each other: a run of them, [lo, hi), covers the
+ * blocks wholly inside it.
+ */
+static void mark_deferred_blocks(struct image *img, uint64_t size)
+{
+	img->deferred = arena_alloc(img->nblocks + 1);
+	for (unsigned i = 0; i < img->nvmas;) {
+		uint64_t lo, hi;
+
+		if (!region_read_by_pieces(&img->vmas[i])) {
+			i++;
+			continue;
+		}
+		lo = img->vmas[i].record_start;
+		hi = img->vmas[i].record_end;
+		for (i++; i < img->nvmas && region_read_by_pieces(&img->vmas[i]) &&
+			  img->vmas[i].record_start == hi; i++)
+			hi = img->vmas[i].record_end;
+		for (uint64_t b = (lo + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
+		     b < img->nblocks; b++) {
+			uint64_t end = (b + 1) * CKPT_CHECKSUM_BLOCK;
+
+			if ((end < size ? end : size) > hi)
+				break;
+			img->deferred[b] = 1;
+		}
+	}
+}
+
+/* Before the point of no return: every block the reader does not check. */
+static int hash_blocks_not_deferred(void *arg)
+{
+	struct block_hashing *h = arg;
+
+	for (;;) {
+		uint64_t i = __atomic_fetch_add(&h->next, 1, __ATOMIC_RELAXED);
+		uint64_t off = i * CKPT_CHECKSUM_BLOCK;
+
+		if (i >= h->nblocks)
+			return 0;
+		if (!h->skip[i])
+			h->digests[i] = fast_xxh3_64(h->data + off,
+						     h->size - off < CKPT_CHECKSUM_BLOCK ?
+						     h->size - off : CKPT_CHECKSUM_BLOCK);
+	}
+}
+
+static void check_blocks_not_deferred(struct image *img, uint64_t size)
+{
+	struct block_hashing h = { .size = size, .nblocks = img->nblocks, .skip = img->deferred };
+	void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, img->fd, 0);
+
+	if (p == MAP_FAILED)
+		die("%s: cannot map the image: %s", img->file, strerror(errno));
+	h.data = p;
+	h.digests = arena_alloc(h.nblocks * sizeof(*h.digests) + 1);
+	helpers_run(hash_blocks_not_deferred, &h);
+	munmap(p, size);
+	for (uint64_t i = 0; i < h.nblocks; i++)
+		if (!img->deferred[i] && h.digests[i] != img->block_sums[i])
+			die("%s: image checksum mismatch (corrupt or truncated image)", img->file);
 }
 
 /*
@@ -291,6 +389,8 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	if (img->nvmas == img->max_vmas || img->nvmas == MAX_VMAS)
 		die("%s: too many memory regions", img->file);
 	lv = &img->vmas[img->nvmas++];
+	lv->record_start = off - sizeof(struct ckpt_record);
+	lv->record_end = off + size;
 	if (size < sizeof(lv->v))
 		die("%s: corrupt memory record", img->file);
 	read_exact_at(img, &lv->v, sizeof(lv->v), off);
@@ -681,10 +781,15 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 		die("%s: not a regular file", path);
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
+	img->size = st.st_size;
 	if (xxh3) {		/* damage first: it explains any odd header */
 		uint64_t want = strtoull(xxh3, NULL, 16);
 
-		if (!staged_dir || !use_staged_copy(img, staged_dir, want, st.st_size))
+		if (staged_dir && use_staged_copy(img, staged_dir, want, st.st_size))
+			;	/* checked whole */
+		else if (!peer && (img->block_sums = load_block_sums(img, want, st.st_size)))
+			img->nblocks = (st.st_size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
+		else
 			check_checksum(img, want, st.st_size);
 	}
 	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);
@@ -707,6 +812,10 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 	img->signal_queues = arena_alloc((img->max_signal_queues + 1) *
 					 sizeof(*img->signal_queues));
 	load_records(img, st.st_size);
+	if (img->block_sums) {	/* before anything acts on the records */
+		mark_deferred_blocks(img, st.st_size);
+		check_blocks_not_deferred(img, st.st_size);
+	}
 	for (unsigned i = 0; i < img->nvmas && !peer; i++)
 		check_refs(img, &img->vmas[i]);
 	if (!img->proc || !img->nthreads)

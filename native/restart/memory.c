@@ -437,6 +437,26 @@ static void map_region(struct image *img, unsigned idx)
 		img->vmas[idx].filled = 1;	/* writable until its pages are in */
 }
 
+/* Whether map_region() hands all of the region's page data (if any) to
+ * the reader, read after the point of no return, and nothing else in
+ * between (image.c defers checking those blocks to the reader).  Shared
+ * memory is filled before, from its object; compressed data is checked
+ * by its frames. */
+int region_read_by_pieces(const struct loaded_vma *lv)
+{
+	switch (lv->v.kind) {
+	case CKPT_VMA_ANON:
+	case CKPT_VMA_HEAP:
+	case CKPT_VMA_STACK:
+	case CKPT_VMA_FILE:
+	case CKPT_VMA_DELETED_FILE:
+		/* an incremental region's pages of earlier images come between */
+		return !lv->nchunks && !lv->v.nrefs && !lv->v.shared;
+	default:
+		return 0;
+	}
+}
+
 static void protect_filled(struct image *img)
 {
 	for (unsigned i = 0; i < img->nvmas; i++) {

@@ -6,6 +6,14 @@
  * straight into place by whichever CPU takes it; the zstd contexts and
  * buffers are made before the point of no return, one per task.
  *
+ * A block of the image (CKPT_CHECKSUM_BLOCK) that holds the records of
+ * such regions alone is checked here, as it is read (image.c left it out,
+ * its checksum in <image>.sum): its pieces are one task, read a step at a
+ * time and hashed in place while the step is in the cache, the record
+ * headers between them read and hashed on the way, so that a restart
+ * reads the image from the disk once.  A block that does not match ends
+ * the process before it runs (the restart fails, saying so).
+ *
  * reader_prepare() runs before the point of no return; the rest after it,
  * with raw system calls only.
  */
@@ -18,11 +26,16 @@
 #include <zstd.h>
 #include "restart.h"
 #include "sys.h"
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include "fast_hash.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 #define PIECE (32UL << 20)		/* small enough to share out evenly */
+#define HASH_STEP (2UL << 20)		/* read, then hashed while in the cache */
+#define GAP_STEP (1UL << 20)		/* record headers between pieces, at once */
 #define PARALLEL_FROM (128UL << 20)	/* below this, helpers cost more than they save */
 
 /* Raw: len bytes at offset off of file fd belong at addr.  A chunk (lv
@@ -31,6 +44,8 @@
  * chunk_len decompressed bytes, stored at off, belong at addr. */
 struct piece {
 	uint64_t addr, len, off;
+	const uint64_t *block_sum;	/* its block's checksum, if the reader checks it */
+	uint64_t block_lo, block_hi;	/* and where that block lies in the file */
 	int fd;
 	const struct loaded_vma *lv;
 	const struct ckpt_page_ref *ref;
@@ -38,18 +53,27 @@ struct piece {
 	uint32_t stored, format;
 };
 
-/* What one task decompresses with. */
+/* What one task decompresses and hashes with. */
 struct unpacker {
+	XXH3_state_t block_hash;	/* first: 64-byte aligned */
 	ZSTD_DCtx *dctx;
 	char *in;			/* a chunk as stored */
 	char *out;			/* a chunk whose pages are not contiguous */
+	char *gap;			/* record headers of a checked block */
+};
+
+/* What a task takes at once: a piece, or the pieces of a block it checks. */
+struct unit {
+	unsigned first, count;
 };
 
 static struct {
 	struct piece *pieces;
 	unsigned npieces, max_pieces;
+	struct unit *units;
+	unsigned nunits;
 	uint64_t bytes;
-	unsigned next;			/* the next piece to take (atomic) */
+	unsigned next;			/* the next unit to take (atomic) */
 	unsigned joined;		/* tasks at work, each an unpacker (atomic) */
 	long error;			/* the first failed read (atomic) */
 	struct unpacker unpackers[HELPERS_MAX_TASKS];
@@ -120,7 +144,9 @@ void reader_prepare(struct image *img)
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		const struct loaded_vma *lv = &img->vmas[i];
 
-		max += lv->v.nruns + lv->nchunks + lv->v.nrefs;
+		/* a piece ends at a block's end too */
+		max += lv->v.nruns + lv->nchunks + lv->v.nrefs + 1 +
+		       lv->v.data_size / CKPT_CHECKSUM_BLOCK;
 		compressed |= lv->nchunks > 0;
 		for (unsigned r = 0; r < lv->v.nruns; r++)
 			max += lv->runs[r].npages * CKPT_PAGE_SIZE / PIECE;
@@ -131,8 +157,11 @@ void reader_prepare(struct image *img)
 	}
 	plan.max_pieces = max;
 	plan.pieces = arena_alloc((max + 1) * sizeof(*plan.pieces));
+	plan.units = arena_alloc((max + 1) * sizeof(*plan.units));
 	for (unsigned i = 0; compressed && i < HELPERS_MAX_TASKS; i++)
 		unpacker_init(&plan.unpackers[i]);
+	for (unsigned i = 0; img->block_sums && i < HELPERS_MAX_TASKS; i++)
+		plan.unpackers[i].gap = arena_alloc(GAP_STEP);
 }
 
 static void add_piece(const struct piece *p)
@@ -158,13 +187,24 @@ void reader_add_chunks(const struct image *img, const struct loaded_vma *lv)
 	}
 }
 
-/* The pages at off in file fd belong at addr. */
-static void add_raw(int fd, uint64_t addr, uint64_t len, uint64_t off)
+/* The pages at off in file fd belong at addr; img: the image whose
+ * deferred blocks the reader checks, or NULL. */
+static void add_raw(const struct image *img, int fd, uint64_t addr, uint64_t len, uint64_t off)
 {
 	while (len) {
-		uint64_t n = len > PIECE ? PIECE : len;
+		uint64_t block = off / CKPT_CHECKSUM_BLOCK, lo = block * CKPT_CHECKSUM_BLOCK;
+		uint64_t n = lo + CKPT_CHECKSUM_BLOCK - off;
+		int checked = img && img->block_sums && img->deferred[block];
 
-		add_piece(&(struct piece){ .addr = addr, .len = n, .off = off, .fd = fd });
+		if (n > PIECE)
+			n = PIECE;
+		if (n > len)
+			n = len;
+		add_piece(&(struct piece){
+			.addr = addr, .len = n, .off = off, .fd = fd,
+			.block_sum = checked ? &img->block_sums[block] : NULL, .block_lo = lo,
+			.block_hi = !checked || lo + CKPT_CHECKSUM_BLOCK < img->size ?
+				lo + CKPT_CHECKSUM_BLOCK : img->size });
 		addr += n;
 		off += n;
 		len -= n;
@@ -174,7 +214,7 @@ static void add_raw(int fd, uint64_t addr, uint64_t len, uint64_t off)
 /* The pages at off in the image belong at addr. */
 void reader_add(const struct image *img, uint64_t addr, uint64_t len, uint64_t off)
 {
-	add_raw(img->fd, addr, len, off);
+	add_raw(img, img->fd, addr, len, off);
 }
 
 /* The pages of a region that earlier images hold (incremental). */
@@ -185,7 +225,7 @@ void reader_add_refs(const struct image *img, const struct loaded_vma *lv)
 		int fd = img->sources[r->source].fd;
 
 		if (!r->stored)
-			add_raw(fd, lv->v.start + r->offset, r->len, r->off);
+			add_raw(NULL, fd, lv->v.start + r->offset, r->len, r->off);
 		else
 			add_piece(&(struct piece){ .addr = lv->v.start + r->offset, .len = r->len,
 						   .off = r->off, .fd = fd, .ref = r,
@@ -309,6 +349,66 @@ static long read_piece(const struct piece *p, struct unpacker *u)
 	return read_at(p->fd, p->addr, p->len, p->off);
 }
 
+/* The file's bytes [from, to) of fd, hashed (record headers). */
+static long hash_gap(int fd, uint64_t from, uint64_t to, struct unpacker *u)
+{
+	while (from < to) {
+		uint64_t n = to - from < GAP_STEP ? to - from : GAP_STEP;
+		long err = read_at(fd, (uint64_t)u->gap, n, from);
+
+		if (err)
+			return err;
+		fast_xxh3_64_update(&u->block_hash, u->gap, n);
+		from += n;
+	}
+	return 0;
+}
+
+/* The pieces of one block, in file order, each step hashed once read,
+ * with the bytes between them; -EILSEQ if the block is not what the
+ * writer wrote. */
+static long read_block(const struct piece *p, unsigned count, struct unpacker *u)
+{
+	const uint64_t *want = p->block_sum;
+	uint64_t at = p->block_lo, end = p->block_hi;
+	int fd = p->fd;
+	long err = 0;
+
+	XXH3_64bits_reset(&u->block_hash);
+	for (; count-- && !err; p++) {
+		err = hash_gap(fd, at, p->off, u);
+		sys3(SYS_madvise, p->addr, p->len, MADV_POPULATE_WRITE);	/* batch the faults */
+		for (uint64_t done = 0; !err && done < p->len; done += HASH_STEP) {
+			uint64_t n = p->len - done < HASH_STEP ? p->len - done : HASH_STEP;
+
+			err = read_at(fd, p->addr + done, n, p->off + done);
+			if (!err)
+				fast_xxh3_64_update(&u->block_hash, (const void *)(p->addr + done), n);
+		}
+		at = p->off + p->len;
+	}
+	if (!err)
+		err = hash_gap(fd, at, end, u);
+	if (err)
+		return err;
+	return XXH3_64bits_digest(&u->block_hash) == *want ? 0 : -EILSEQ;
+}
+
+/* A piece alone, or the consecutive pieces of one checked block. */
+static void make_units(void)
+{
+	plan.nunits = 0;
+	for (unsigned i = 0; i < plan.npieces; i++) {
+		struct unit *last = plan.nunits ? &plan.units[plan.nunits - 1] : NULL;
+		const struct piece *p = &plan.pieces[i];
+
+		if (last && p->block_sum && plan.pieces[last->first].block_sum == p->block_sum)
+			last->count++;
+		else
+			plan.units[plan.nunits++] = (struct unit){ i, 1 };
+	}
+}
+
 static int read_pieces(void *unused)
 {
 	unsigned me = __atomic_fetch_add(&plan.joined, 1, __ATOMIC_RELAXED);
@@ -317,11 +417,14 @@ static int read_pieces(void *unused)
 	(void)unused;
 	for (;;) {
 		unsigned i = __atomic_fetch_add(&plan.next, 1, __ATOMIC_RELAXED);
+		const struct unit *unit = &plan.units[i];
+		const struct piece *p;
 		long err;
 
-		if (i >= plan.npieces || __atomic_load_n(&plan.error, __ATOMIC_RELAXED))
+		if (i >= plan.nunits || __atomic_load_n(&plan.error, __ATOMIC_RELAXED))
 			return 0;
-		err = read_piece(&plan.pieces[i], u);
+		p = &plan.pieces[unit->first];
+		err = p->block_sum ? read_block(p, unit->count, u) : read_piece(p, u);
 		if (err) {
 			__atomic_store_n(&plan.error, err, __ATOMIC_RELAXED);
 			return 0;
@@ -370,12 +473,15 @@ void read_region_at(struct image *img, const struct loaded_vma *lv, char *base)
 /* Read every piece added; the process is lost if one cannot be read. */
 void reader_run(void)
 {
+	make_units();
 	if (plan.bytes >= PARALLEL_FROM)
 		helpers_run(read_pieces, NULL);
 	else
 		read_pieces(NULL);
 	if (plan.error == -EBADMSG)
 		fatal("a compressed chunk of page data is corrupt", plan.error);
+	if (plan.error == -EILSEQ)
+		fatal("image checksum mismatch in its page data (corrupt image)", plan.error);
 	if (plan.error)
 		fatal("reading page data", plan.error);
 }

@@ -32,6 +32,7 @@ struct loaded_vma {
 	const struct ckpt_chunk *chunks;	/* compressed: v.data_size in chunks */
 	const struct ckpt_page_ref *refs;	/* pages of earlier images */
 	uint64_t nchunks;
+	uint64_t record_start, record_end;	/* the record in the image file */
 	int filled;			/* its pages were read in at restore */
 	char *aio_ring;			/* CKPT_VMA_AIO_RING: its saved pages, read
 					 * before the point of no return */
@@ -71,6 +72,13 @@ struct image {
 	struct loaded_fd *fds;
 	unsigned nfds;
 	struct loaded_fd *exe;		/* CKPT_REC_EXE: a deleted executable, or NULL */
+	/* <image>.sum, checked against the manifest: each block's checksum;
+	 * a deferred block (all page data the reader puts in place after the
+	 * point of no return) is checked as it is read, the others before */
+	const uint64_t *block_sums;
+	uint8_t *deferred;
+	uint64_t nblocks;
+	uint64_t size;			/* of the image file */
 	struct loaded_fd *named_mqueues;	/* CKPT_REC_MQUEUE: no fd holds them */
 	unsigned nnamed_mqueues;
 	struct sysv_object *sysv;
@@ -128,6 +136,9 @@ void helpers_init(void);
 void helpers_pick_pids(void);
 void helpers_run(int (*fn)(void *), void *arg);
 #define HELPERS_MAX_TASKS 8		/* fn runs on at most this many at once */
+
+/* memory.c */
+int region_read_by_pieces(const struct loaded_vma *lv);
 
 /* pages.c */
 void reader_prepare(struct image *img);

@@ -274,7 +274,8 @@ static int open_shm_object(const struct shared_shm *s)
 			if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
 				name[n - 10] = '\0';
 		}
-		fd = memfd_create(name, MFD_CLOEXEC);
+		/* its seals are the shim's to add, once it is mapped */
+		fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 		if (fd < 0 || ftruncate(fd, s->size))
 			die("cannot recreate shared memory: %s", strerror(errno));
 		return fd;

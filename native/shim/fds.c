@@ -318,7 +318,21 @@ static int at_a_root(const char *path)
 	return path[0] == '/' && !strchr(path + 1, '/');
 }
 
-/* A memfd's seals (F_GET_SEALS), given back at restart. */
+/*
+ * A memfd's seals (F_GET_SEALS), given back at restart.  ckpt-restart
+ * seals a memfd that only fds hold; one that is also mapped is made
+ * before the mappings and sealed after them, by the shim once the job
+ * resumes (a write seal would refuse the writable shared maps it had
+ * before it was sealed): the seals of each fd are kept here, in memory
+ * the image saves.
+ */
+#define MAX_SEALED 64
+
+static struct {
+	int fd, seals;
+} sealed[MAX_SEALED];
+static int nsealed;
+
 static uint64_t memfd_seals(int fd)
 {
 	int ours = app_getfd(fd), seals = -1;
@@ -327,7 +341,27 @@ static uint64_t memfd_seals(int fd)
 		seals = fcntl(ours, F_GET_SEALS);
 		close(ours);
 	}
+	if (seals > 0 && nsealed < MAX_SEALED)
+		sealed[nsealed++] = (typeof(sealed[0])){ fd, seals };
 	return seals > 0 ? (uint64_t)seals : 0;
+}
+
+/* After a restart, with every process's memory back: the seals a memfd
+ * does not have yet (F_SEAL_SEAL refuses even none). */
+static void seal_memfds_again(void)
+{
+	for (int i = 0; i < nsealed; i++) {
+		int ours = app_getfd(sealed[i].fd), now, missing;
+
+		if (ours < 0)
+			continue;
+		now = fcntl(ours, F_GET_SEALS);
+		missing = now < 0 ? 0 : sealed[i].seals & ~now;
+		if (missing && fcntl(ours, F_ADD_SEALS, missing))
+			ckpt_warn("fd %d (memfd): its seals %#x could not be given back: %s",
+				  sealed[i].fd, missing, shim_strerror(errno));
+		close(ours);
+	}
 }
 
 /*
@@ -594,6 +628,7 @@ struct fd_table *fds_collect(unsigned seq)
 	if (nfds < 0)
 		goto fail;
 	mqueues_collect_begin();
+	nsealed = 0;
 	t->n = 0;
 	for (int i = 0; i < nfds; i++) {
 		struct fd_info *fi = &t->fi[t->n];
@@ -870,6 +905,7 @@ static int fds_hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	case CKPT_PHASE_RESUME:
 		tcp_flush_give_back(ctx->restarted);
 		if (ctx->restarted) {
+			seal_memfds_again();
 			npipes = 0;	/* the buffers belonged to the old process */
 			backlog_restarted();
 			sockopt_buffers_renew();

@@ -2,11 +2,13 @@
  * Writing one image file: small records go through a buffer, page data is
  * written straight from the application's memory in large write()s.  Every
  * byte is fed to the block checksum (ckpt_image.h), which ends up in the
- * manifest.
+ * manifest; the blocks' own checksums go beside the image, in
+ * <image>.sum, so that a restart can check each block as it reads it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
@@ -27,14 +29,40 @@ struct image_writer {
 	uint64_t offset;		/* bytes handed to the file so far */
 	uint64_t written;		/* bytes write() took */
 	uint64_t writeback;		/* bytes whose writeback has been started */
+	uint64_t *sums;			/* each block's checksum, for <image>.sum */
+	size_t nsums, sums_cap;		/* in entries */
+	int dirfd;			/* the caller's: open until iw_finish */
+	char name[128];
 	size_t buflen;
 	char buf[BUF_SIZE];
 };
+
+/* One more block checksum kept; an error (no memory) is the writer's. */
+static void keep_sum(struct image_writer *w, uint64_t digest)
+{
+	if (w->nsums == w->sums_cap) {
+		size_t cap = w->sums_cap ? 2 * w->sums_cap : 512;
+		uint64_t *more = scratch_map(cap * sizeof(*more));
+
+		if (!more) {
+			w->error = w->error ? w->error : ENOMEM;
+			return;
+		}
+		if (w->sums) {
+			memcpy(more, w->sums, w->nsums * sizeof(*more));
+			scratch_unmap(w->sums, w->sums_cap * sizeof(*more));
+		}
+		w->sums = more;
+		w->sums_cap = cap;
+	}
+	w->sums[w->nsums++] = digest;
+}
 
 static void end_block(struct image_writer *w)
 {
 	uint64_t digest = XXH3_64bits_digest(&w->block_hash);	/* x86: little-endian */
 
+	keep_sum(w, digest);
 	fast_xxh3_64_update(&w->hash, &digest, sizeof(digest));
 	XXH3_64bits_reset(&w->block_hash);
 	w->block_fill = 0;
@@ -108,6 +136,8 @@ struct image_writer *iw_open(int dirfd, const char *name)
 
 	if (!w)
 		return NULL;
+	w->dirfd = dirfd;
+	snprintf(w->name, sizeof(w->name), "%s", name);
 	w->fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (w->fd < 0) {
 		int err = errno;
@@ -176,7 +206,43 @@ uint64_t iw_offset(const struct image_writer *w)
 	return w->offset;
 }
 
-/* Flush, fsync and close; the writer is freed either way. */
+static void free_writer(struct image_writer *w)
+{
+	if (w->sums)
+		scratch_unmap(w->sums, w->sums_cap * sizeof(*w->sums));
+	scratch_unmap(w, sizeof(*w));
+}
+
+/* <image>.sum: the blocks' checksums, the bytes whose XXH3 is the
+ * image's (ckpt-restart checks it against the manifest first). */
+static int write_sums(struct image_writer *w)
+{
+	char name[sizeof(w->name) + 8];
+	int fd, err = 0;
+
+	iw_sums_name(name, sizeof(name), w->name);
+	fd = openat(w->dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return errno;
+	for (size_t done = 0, len = w->nsums * sizeof(*w->sums); !err && done < len;) {
+		ssize_t n = write(fd, (const char *)w->sums + done, len - done);
+
+		if (n < 0 && errno != EINTR)
+			err = errno;
+		else if (n > 0)
+			done += n;
+	}
+	if (!err && fsync(fd))
+		err = errno;
+	if (close(fd) && !err)
+		err = errno;
+	if (err)
+		unlinkat(w->dirfd, name, 0);
+	return err;
+}
+
+/* Flush, fsync and close, and write <image>.sum; the writer is freed
+ * either way. */
 int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3)
 {
 	int err = flush(w);
@@ -189,7 +255,9 @@ int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3)
 	if (w->block_fill)
 		end_block(w);
 	*xxh3 = XXH3_64bits_digest(&w->hash);
-	scratch_unmap(w, sizeof(*w));
+	if (!err)
+		err = w->error ?: write_sums(w);
+	free_writer(w);
 	return err;
 }
 
@@ -198,7 +266,12 @@ void iw_abort(struct image_writer *w, int dirfd, const char *name)
 {
 	close(w->fd);
 	unlinkat(dirfd, name, 0);
-	scratch_unmap(w, sizeof(*w));
+	free_writer(w);
+}
+
+void iw_sums_name(char *out, size_t size, const char *image)
+{
+	snprintf(out, size, "%s.sum", image);
 }
 
 uint64_t shim_xxh3(const void *p, size_t len)

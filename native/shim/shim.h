@@ -254,6 +254,7 @@ SHIM_HIDDEN int iw_pad_to_page(struct image_writer *w);
 SHIM_HIDDEN uint64_t iw_offset(const struct image_writer *w);
 SHIM_HIDDEN int iw_finish(struct image_writer *w, uint64_t *size, uint64_t *xxh3);
 SHIM_HIDDEN void iw_abort(struct image_writer *w, int dirfd, const char *name);
+SHIM_HIDDEN void iw_sums_name(char *out, size_t size, const char *image);
 SHIM_HIDDEN int queued_signals_write(struct image_writer *w);
 SHIM_HIDDEN int aio_requests_write(struct image_writer *w);
 SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);

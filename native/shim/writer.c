@@ -143,8 +143,13 @@ static int write_file(const char *dir, const struct snapshot *snap, const char *
 			err = increments_finish(inc, dirfd, name, bytes, xxh, keys, sizeof(keys));
 			inc = NULL;	/* finished, or removed if it failed */
 		}
-		if (err)
+		if (err) {
+			char sums[140];
+
+			iw_sums_name(sums, sizeof(sums), name);
 			unlinkat(dirfd, name, 0);
+			unlinkat(dirfd, sums, 0);
+		}
 	}
 	increments_abort(inc, dirfd);
 	if (err)
@@ -283,6 +288,8 @@ static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t 
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/%s.pages", stage_dir, name);
 	unlink(path);
+	snprintf(path, sizeof(path), "%s/%s.sum", stage_dir, name);
+	unlink(path);
 	return 0;
 }
 
@@ -296,8 +303,8 @@ static int stage_prepare(const char *stage_dir, pid_t pid, char *detail, size_t 
 static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
 		      const char *keys, int report, int result, char *detail, size_t size)
 {
-	char name[128], pages[140];
-	const char *argv[] = { "ckpt-flush", mode->stage_dir, dir, keys, name,
+	char name[128], sums[140], pages[140];
+	const char *argv[] = { "ckpt-flush", mode->stage_dir, dir, keys, name, sums,
 			       mode->incremental ? pages : NULL, NULL };
 	const char *slurm_job = getenv("SLURM_JOB_ID");
 	char job_var[64];
@@ -307,6 +314,7 @@ static int flush_exec(const char *dir, const struct write_mode *mode, pid_t pid,
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 
 	image_name(name, sizeof(name), pid);
+	iw_sums_name(sums, sizeof(sums), name);
 	snprintf(pages, sizeof(pages), "%s.pages", name);
 	if (slurm_job)
 		snprintf(job_var, sizeof(job_var), "SLURM_JOB_ID=%s", slurm_job);
