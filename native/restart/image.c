@@ -78,8 +78,10 @@ static int hash_blocks(void *arg)
 
 		if (i >= h->nblocks)
 			return 0;
-		h->digests[i] = fast_xxh3_64(h->data + off, h->size - off < CKPT_CHECKSUM_BLOCK ?
-					     h->size - off : CKPT_CHECKSUM_BLOCK);
+		if (!h->skip || !h->skip[i])
+			h->digests[i] = fast_xxh3_64(h->data + off,
+						     h->size - off < CKPT_CHECKSUM_BLOCK ?
+						     h->size - off : CKPT_CHECKSUM_BLOCK);
 	}
 }
 
@@ -179,23 +181,6 @@ static void mark_deferred_blocks(struct image *img, uint64_t size)
 }
 
 /* Before the point of no return: every block the reader does not check. */
-static int hash_blocks_not_deferred(void *arg)
-{
-	struct block_hashing *h = arg;
-
-	for (;;) {
-		uint64_t i = __atomic_fetch_add(&h->next, 1, __ATOMIC_RELAXED);
-		uint64_t off = i * CKPT_CHECKSUM_BLOCK;
-
-		if (i >= h->nblocks)
-			return 0;
-		if (!h->skip[i])
-			h->digests[i] = fast_xxh3_64(h->data + off,
-						     h->size - off < CKPT_CHECKSUM_BLOCK ?
-						     h->size - off : CKPT_CHECKSUM_BLOCK);
-	}
-}
-
 static void check_blocks_not_deferred(struct image *img, uint64_t size)
 {
 	struct block_hashing h = { .size = size, .nblocks = img->nblocks, .skip = img->deferred };
@@ -205,7 +190,7 @@ static void check_blocks_not_deferred(struct image *img, uint64_t size)
 		die("%s: cannot map the image: %s", img->file, strerror(errno));
 	h.data = p;
 	h.digests = arena_alloc(h.nblocks * sizeof(*h.digests) + 1);
-	helpers_run(hash_blocks_not_deferred, &h);
+	helpers_run(hash_blocks, &h);
 	munmap(p, size);
 	for (uint64_t i = 0; i < h.nblocks; i++)
 		if (!img->deferred[i] && h.digests[i] != img->block_sums[i])
@@ -505,19 +490,28 @@ static void load_named_mqueue(struct image *img, uint64_t off, uint64_t size)
 	lf->sock_filter = NULL;
 }
 
-/* The executable no name reaches: a deleted file's record, fd -1. */
+/* The executable no name reaches: a deleted file's record, fd -1.  Its
+ * bytes stay in the image (exe_data_off), copied from there. */
 static void load_exe(struct image *img, uint64_t off, uint64_t size)
 {
 	struct loaded_fd *lf = arena_alloc(sizeof(*lf));
 
 	if (img->exe)
 		die("%s: corrupt image (two executables)", img->file);
-	parse_fd_record(img, off, size, lf);
-	if (lf->f.fd != -1 || lf->f.kind != CKPT_FD_DELETED_FILE || lf->f.dup_of != -1 ||
-	    lf->f.path_len >= CKPT_PATH_MAX || lf->f.sock_filter_len || !lf->f.object_id)
+	if (size < sizeof(lf->f))
 		die("%s: corrupt executable record", img->file);
+	read_exact_at(img, &lf->f, sizeof(lf->f), off);
+	if (lf->f.fd != -1 || lf->f.kind != CKPT_FD_DELETED_FILE || lf->f.dup_of != -1 ||
+	    lf->f.path_len >= CKPT_PATH_MAX || lf->f.sock_filter_len || !lf->f.object_id ||
+	    lf->f.path_len > size - sizeof(lf->f) ||
+	    lf->f.data_size != size - sizeof(lf->f) - lf->f.path_len)
+		die("%s: corrupt executable record", img->file);
+	lf->path = read_payload(img, lf->f.path_len, off + sizeof(lf->f));
+	((char *)lf->path)[lf->f.path_len] = '\0';
+	lf->data = NULL;
 	lf->sock_filter = NULL;
 	img->exe = lf;
+	img->exe_data_off = off + sizeof(lf->f) + lf->f.path_len;
 }
 
 static int has_nul(const char *s, size_t len)

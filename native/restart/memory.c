@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -177,9 +178,11 @@ static int deleted_file_object(const struct image *img, const struct loaded_vma 
 /* The deleted executable (a memfd run by fexecve, or a binary removed
  * while it ran) made again whole, for its regions to map and for
  * /proc/self/exe to name (the shim's restore_exe_link): a memfd. */
-static int exe_again(const struct loaded_fd *exe)
+static int exe_again(const struct image *img)
 {
+	const struct loaded_fd *exe = img->exe;
 	const char *p = exe->path;
+	off_t from = img->exe_data_off;
 	char name[240];
 	int fd, high;
 
@@ -188,7 +191,14 @@ static int exe_again(const struct loaded_fd *exe)
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0)
 		die("the executable %s: a memfd: %s", exe->path, strerror(errno));
-	write_all(fd, exe->data, exe->f.data_size, exe->path);
+	for (uint64_t left = exe->f.data_size; left;) {
+		ssize_t n = sendfile(fd, img->fd, &from, left < (1 << 30) ? left : (1 << 30));
+
+		if (n <= 0)
+			die("the executable %s: copying it from %s: %s", exe->path, img->file,
+			    n ? strerror(errno) : "the image ends first");
+		left -= n;
+	}
 	high = fcntl(fd, F_DUPFD_CLOEXEC, restart_fd_base());
 	if (high < 0)
 		die("the executable %s: %s", exe->path, strerror(errno));
@@ -267,7 +277,7 @@ static void check_files(struct image *img)
 		if (lv->v.kind == CKPT_VMA_DELETED_FILE && img->exe &&
 		    lv->v.shm_id == img->exe->f.object_id) {
 			same = exe_mapped_before(img, i, file_fds);
-			file_fds[i] = same >= 0 ? file_fds[same] : exe_again(img->exe);
+			file_fds[i] = same >= 0 ? file_fds[same] : exe_again(img);
 			file_fd_owned[i] = same < 0;
 			continue;
 		}
