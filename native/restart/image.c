@@ -152,11 +152,22 @@ static uint64_t *load_block_sums(const struct image *img, uint64_t want, uint64_
  * image once.  Their record headers are checked then too; before, they
  * only place and size the regions, which the loader checked for sense.
  * Such records follow each other: a run of them, [lo, hi), covers the
- * blocks wholly inside it.
+ * blocks wholly inside it, of which the reader checks those it reads
+ * page data of (a block of headers alone is checked here).
  */
 static void mark_deferred_blocks(struct image *img, uint64_t size)
 {
+	uint8_t *has_data = arena_alloc(img->nblocks + 1);
+
 	img->deferred = arena_alloc(img->nblocks + 1);
+	for (unsigned i = 0; i < img->nvmas; i++) {
+		const struct ckpt_vma *v = &img->vmas[i].v;
+
+		if (region_read_by_pieces(&img->vmas[i]) && v->data_size)
+			for (uint64_t b = v->data_offset / CKPT_CHECKSUM_BLOCK;
+			     b * CKPT_CHECKSUM_BLOCK < v->data_offset + v->data_size; b++)
+				has_data[b] = 1;
+	}
 	for (unsigned i = 0; i < img->nvmas;) {
 		uint64_t lo, hi;
 
@@ -175,7 +186,7 @@ static void mark_deferred_blocks(struct image *img, uint64_t size)
 
 			if ((end < size ? end : size) > hi)
 				break;
-			img->deferred[b] = 1;
+			img->deferred[b] = has_data[b];
 		}
 	}
 }
