@@ -115,7 +115,8 @@ static void make_readable(struct taken_events *q, int ours)
 	q->own_events = 0;
 	if (memfd < 0)
 		return;
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", memfd);
+	/* thread-self: the checkpoint thread's fd table is not the process's */
+	snprintf(path, sizeof(path), "/proc/thread-self/fd/%d", memfd);
 	wd = syscall(SYS_inotify_add_watch, ours, path, IN_ATTRIB | IN_ONESHOT);
 	if (wd > 0) {
 		q->own_wd = (int)wd;
