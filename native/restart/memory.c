@@ -112,6 +112,20 @@ static int in_zone(uint64_t start, uint64_t end)
 	return start >= CKPT_RESERVE_START && end <= CKPT_RESERVE_END;
 }
 
+/* The name a memfd standing in for the file at path gets: a memfd's own
+ * ("/memfd:NAME (deleted)"), else the file's base name. */
+void memfd_name_of(const char *path, char name[MEMFD_NAME_MAX])
+{
+	const char *p = path;
+	size_t n;
+
+	p = !strncmp(p, "/memfd:", 7) ? p + 7 : (strrchr(p, '/') ? strrchr(p, '/') + 1 : p);
+	snprintf(name, MEMFD_NAME_MAX, "%s", p);
+	n = strlen(name);
+	if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
+		name[n - 10] = '\0';
+}
+
 /*
  * The stand-in for an unlinked file mapped privately: a memfd as long as
  * the file was (to a page), named after it.  Its pages are zero; the
@@ -119,16 +133,10 @@ static int in_zone(uint64_t start, uint64_t end)
  */
 static int deleted_file_stand_in(const struct loaded_vma *lv)
 {
-	char name[CKPT_PATH_MAX];
-	const char *p = lv->path;
-	size_t n;
+	char name[MEMFD_NAME_MAX];
 	int fd, high;
 
-	p = !strncmp(p, "/memfd:", 7) ? p + 7 : (strrchr(p, '/') ? strrchr(p, '/') + 1 : p);
-	snprintf(name, sizeof(name) < 240 ? sizeof(name) : 240, "%s", p);
-	n = strlen(name);
-	if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
-		name[n - 10] = '\0';
+	memfd_name_of(lv->path, name);
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0 && errno == EACCES)	/* vm.memfd_noexec = 2 */
 		fd = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
@@ -181,13 +189,11 @@ static int deleted_file_object(const struct image *img, const struct loaded_vma 
 static int exe_again(const struct image *img)
 {
 	const struct loaded_fd *exe = img->exe;
-	const char *p = exe->path;
 	off_t from = img->exe_data_off;
-	char name[240];
+	char name[MEMFD_NAME_MAX];
 	int fd, high;
 
-	p = !strncmp(p, "/memfd:", 7) ? p + 7 : (strrchr(p, '/') ? strrchr(p, '/') + 1 : p);
-	snprintf(name, sizeof(name), "%s", p);
+	memfd_name_of(exe->path, name);
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0)
 		die("the executable %s: a memfd: %s", exe->path, strerror(errno));

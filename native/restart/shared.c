@@ -265,15 +265,10 @@ static int open_shm_object(const struct shared_shm *s)
 	int fd;
 
 	if (!s->file) {
-		char name[240] = "ckpt-shared";	/* MAP_SHARED | MAP_ANONYMOUS */
-		size_t n;
+		char name[MEMFD_NAME_MAX] = "ckpt-shared";	/* MAP_SHARED | MAP_ANONYMOUS */
 
-		if (s->name && !strncmp(s->name, "/memfd:", 7)) {
-			snprintf(name, sizeof(name), "%s", s->name + 7);
-			n = strlen(name);
-			if (n > 10 && !strcmp(name + n - 10, " (deleted)"))
-				name[n - 10] = '\0';
-		}
+		if (s->name && !strncmp(s->name, "/memfd:", 7))
+			memfd_name_of(s->name, name);
 		/* its seals are the shim's to add, once it is mapped */
 		fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 		if (fd < 0 || ftruncate(fd, s->size))
