@@ -19,6 +19,7 @@
 #include <termios.h>
 #include <unistd.h>
 #include "ckpt_image.h"
+#include "ckpt_io.h"
 
 static inline void ckpt_pty_settings_save(struct ckpt_pty *p, const struct termios *t,
 					  const struct winsize *w)
@@ -70,21 +71,6 @@ static inline struct termios ckpt_pty_transparent(const struct termios *t)
 	return raw;
 }
 
-static inline int ckpt_pty_write_all(int fd, const char *p, size_t len)
-{
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n ? errno : EIO;
-		p += n;
-		len -= n;
-	}
-	return 0;
-}
-
 /*
  * The queued bytes back where they were: input (for the slave to read)
  * written to the master, output (for the master to read) written to the
@@ -105,11 +91,11 @@ static inline int ckpt_pty_put_back(int master, int slave, const struct termios 
 	if ((input_len || output_len) && tcsetattr(slave, TCSANOW, &raw))
 		return errno;
 	if (input_len) {
-		err = ckpt_pty_write_all(master, input, input_len);
+		err = ckpt_write_all(master, input, input_len);
 		poll(&p, 1, 0);
 	}
 	if (!err && output_len)
-		err = ckpt_pty_write_all(slave, output, output_len);
+		err = ckpt_write_all(slave, output, output_len);
 	if (tcsetattr(slave, TCSANOW, t) && !err)
 		err = errno;
 	return err;

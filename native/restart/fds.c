@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "ckpt_io.h"
 #include "restart.h"
 #include "sys.h"
 
@@ -124,16 +125,10 @@ static void close_others(void)
 
 void write_all(int fd, const char *p, size_t len, const char *what)
 {
-	while (len) {
-		ssize_t n = write(fd, p, len);
+	int err = ckpt_write_all(fd, p, len);
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			die("cannot refill %s: %s", what, strerror(errno));
-		p += n;
-		len -= n;
-	}
+	if (err)
+		die("cannot refill %s: %s", what, strerror(err));
 }
 
 /* Pair of memfd_seals (native/shim/fds.c), for a memfd nothing maps (a

@@ -14,6 +14,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include "fast_hash.h"
+#include "ckpt_io.h"
 #include "shim.h"
 
 #define BUF_SIZE (1 << 20)
@@ -224,14 +225,7 @@ static int write_sums(struct image_writer *w)
 	fd = openat(w->dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return errno;
-	for (size_t done = 0, len = w->nsums * sizeof(*w->sums); !err && done < len;) {
-		ssize_t n = write(fd, (const char *)w->sums + done, len - done);
-
-		if (n < 0 && errno != EINTR)
-			err = errno;
-		else if (n > 0)
-			done += n;
-	}
+	err = ckpt_write_all(fd, w->sums, w->nsums * sizeof(*w->sums));
 	if (!err && fsync(fd))
 		err = errno;
 	if (close(fd) && !err)

@@ -22,6 +22,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include "fast_hash.h"
+#include "ckpt_io.h"
 #include "shim.h"
 
 #define MAX_SOURCES 64			/* bounds a chain: --full-every */
@@ -68,30 +69,13 @@ struct increments {
 
 static const char zero_page[CKPT_PAGE_SIZE];
 
-static int write_all(int fd, const void *p, size_t len)
-{
-	const char *c = p;
-
-	while (len) {
-		ssize_t n = write(fd, c, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? errno : EIO;
-		c += n;
-		len -= n;
-	}
-	return 0;
-}
-
 static int sidecar_put(struct increments *inc, const void *p, size_t len)
 {
 	if (inc->error)
 		return inc->error;
 	XXH3_64bits_update(&inc->body_hash, p, len);
 	if (inc->buflen + len > sizeof(inc->buf)) {
-		inc->error = write_all(inc->fd, inc->buf, inc->buflen);
+		inc->error = ckpt_write_all(inc->fd, inc->buf, inc->buflen);
 		inc->buflen = 0;
 		if (inc->error)
 			return inc->error;
@@ -206,7 +190,7 @@ struct increments *increments_begin(int dirfd, const char *image, const char *pa
 	{
 		struct ckpt_pages_header h = { 0 };
 
-		*err = write_all(inc->fd, &h, sizeof(h));
+		*err = ckpt_write_all(inc->fd, &h, sizeof(h));
 	}
 	if (*err) {
 		increments_abort(inc, dirfd);
@@ -432,7 +416,7 @@ int increments_finish(struct increments *inc, int dirfd, const char *image, uint
 	int err = sidecar_put(inc, inc->sources, inc->nsources * sizeof(*inc->sources));
 
 	if (!err)
-		err = write_all(inc->fd, inc->buf, inc->buflen);
+		err = ckpt_write_all(inc->fd, inc->buf, inc->buflen);
 	h.body_xxh3 = XXH3_64bits_digest(&inc->body_hash);
 	if (!err && pwrite(inc->fd, &h, sizeof(h), 0) != sizeof(h))
 		err = errno ? errno : EIO;
