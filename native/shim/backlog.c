@@ -24,7 +24,6 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -278,17 +277,16 @@ static void holder_key(char *key, size_t size, unsigned seq, int fd)
 
 int backlog_note_holders(unsigned seq, const int *socks, int n)
 {
-	char key[200], shared[210], value[16], owner[16];
+	char key[200], shared[210];
 
-	snprintf(value, sizeof(value), "%d", getpid());
 	for (int i = 0; i < n; i++) {
 		if (!is_stream_listener(socks[i]))
 			continue;
 		holder_key(key, sizeof(key), seq, socks[i]);
-		if (kv_claim(key, value, owner, sizeof(owner)) != EEXIST || atoi(owner) == getpid())
+		if (kv_claim_mine(key))
 			continue;
 		snprintf(shared, sizeof(shared), "%s:shared", key);
-		kv_claim(shared, value, owner, sizeof(owner));
+		kv_claim_mine(shared);
 	}
 	return 0;
 }
