@@ -75,24 +75,32 @@ static size_t read_input(int slave, const struct termios *t, char *buf, size_t m
 	return got;
 }
 
+/* A terminal's settings (also in t) and window size into p. */
+static int read_settings(int fd, struct ckpt_pty *p, struct termios *t)
+{
+	struct winsize w = { 0 };
+
+	if (tcgetattr(fd, t))
+		return errno;
+	ioctl(fd, TIOCGWINSZ, &w);
+	ckpt_pty_settings_save(p, t, &w);
+	return 0;
+}
+
 /* The slave's settings and both queues into q, the queues put back. */
 static int take_pty_state(int master, struct fd_payload *q)
 {
 	struct ckpt_pty p = { 0 };
 	struct termios t;
-	struct winsize w = { 0 };
-	int slave, packet = 0, off = 0, err = 0;
+	int slave, packet = 0, off = 0, err;
 	char *out, *in;
 
 	slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
 	if (slave < 0)
 		return errno;	/* still locked (no unlockpt): no slave to hold */
-	if (tcgetattr(slave, &t)) {
-		err = errno;
+	err = read_settings(slave, &p, &t);
+	if (err)
 		goto out;
-	}
-	ioctl(slave, TIOCGWINSZ, &w);
-	ckpt_pty_settings_save(&p, &t, &w);
 	q->cap = sizeof(p) + 2 * PTY_QUEUE_MAX;
 	q->data = scratch_map(q->cap);
 	if (!q->data) {
@@ -165,18 +173,14 @@ int tty_settings_describe(int fd, struct fd_payload *q)
 {
 	struct ckpt_pty p = { 0 };
 	struct termios t;
-	struct winsize w = { 0 };
-	int ours = app_getfd(fd), err = 0;
+	int ours = app_getfd(fd), err;
 
 	if (ours < 0)
 		return EBADF;
-	if (tcgetattr(ours, &t))
-		err = errno;
-	ioctl(ours, TIOCGWINSZ, &w);
+	err = read_settings(ours, &p, &t);
 	close(ours);
 	if (err)
 		return err;
-	ckpt_pty_settings_save(&p, &t, &w);
 	q->cap = sizeof(p);
 	q->data = scratch_map(q->cap);
 	if (!q->data)
