@@ -123,9 +123,9 @@ static void check_checksum(struct image *img, uint64_t want, uint64_t size)
  * is none (an older image) or it does not check out: then the whole
  * image is hashed now, as without it.
  */
-static uint64_t *load_block_sums(const struct image *img, uint64_t want, uint64_t size)
+static uint64_t *load_block_sums(const struct image *img, uint64_t want)
 {
-	uint64_t nblocks = (size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
+	uint64_t nblocks = img->nblocks;
 	char path[PATH_MAX];
 	uint64_t *sums;
 	struct stat st;
@@ -787,14 +787,13 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 	if ((uint64_t)st.st_size < CKPT_HEADER_SIZE)
 		die("%s: truncated image", path);
 	img->size = st.st_size;
+	img->nblocks = (st.st_size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
 	if (xxh3) {		/* damage first: it explains any odd header */
 		uint64_t want = strtoull(xxh3, NULL, 16);
 
 		if (staged_dir && use_staged_copy(img, staged_dir, want, st.st_size))
 			;	/* checked whole */
-		else if (!peer && (img->block_sums = load_block_sums(img, want, st.st_size)))
-			img->nblocks = (st.st_size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
-		else
+		else if (peer || !(img->block_sums = load_block_sums(img, want)))
 			check_checksum(img, want, st.st_size);
 	}
 	read_exact_at(img, &img->hdr, sizeof(img->hdr), 0);

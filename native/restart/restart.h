@@ -78,7 +78,7 @@ struct image {
 	 * point of no return) is checked as it is read, the others before */
 	const uint64_t *block_sums;
 	uint8_t *deferred;
-	uint64_t nblocks;
+	uint64_t nblocks;		/* of CKPT_CHECKSUM_BLOCK bytes, the last shorter */
 	uint64_t size;			/* of the image file */
 	struct loaded_fd *named_mqueues;	/* CKPT_REC_MQUEUE: no fd holds them */
 	unsigned nnamed_mqueues;
