@@ -74,8 +74,9 @@ struct image {
 	struct loaded_fd *exe;		/* CKPT_REC_EXE: a deleted executable, or NULL */
 	uint64_t exe_data_off;		/* where its bytes are in the image */
 	/* <image>.sum, checked against the manifest: each block's checksum;
-	 * a deferred block (all page data the reader puts in place after the
-	 * point of no return) is checked as it is read, the others before */
+	 * a deferred block (the records of private memory the reader fills
+	 * after the point of no return) is checked as it is read, the others
+	 * before */
 	const uint64_t *block_sums;
 	uint8_t *deferred;
 	uint64_t nblocks;		/* of CKPT_CHECKSUM_BLOCK bytes, the last shorter */
