@@ -8,6 +8,7 @@ the file equals the output of an uninterrupted run, byte for byte.
 """
 import ctypes
 import os
+import re
 import random
 import shutil
 import subprocess
@@ -176,7 +177,8 @@ class Job:
 
     def wait_ready(self, timeout=60):
         deadline = time.monotonic() + timeout
-        while "READY" not in self.output():
+        # a whole line: a program may write its READY line in pieces
+        while not re.search(r"READY[^\n]*\n", self.output()):
             if self.proc.poll() is not None:
                 raise AssertionError(f"job {self.id} ended before READY: "
                                      f"{self.proc.stderr.read()}")

@@ -474,6 +474,51 @@ def test_listeners_bound_again_while_time_wait_holds_a_port(session):
     assert f"listening on {plain} SO_REUSEADDR 0\n" in output, output
 
 
+SCRATCH_FILES = """
+import os, sys, time
+scratch = sys.argv[1]
+os.makedirs(scratch)
+empty = os.open(scratch + "/lock", os.O_RDWR | os.O_CREAT, 0o640)
+data = os.open(scratch + "/data", os.O_RDWR | os.O_CREAT, 0o600)
+os.write(data, b"kept" * 1000)
+print("READY", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+for name, fd in ("lock", empty), ("data", data):
+    st = os.fstat(fd)
+    named = os.stat(scratch + "/" + name)
+    print(name, "size", st.st_size, "links", st.st_nlink,
+          "named", (named.st_ino == st.st_ino), "offset", os.lseek(fd, 0, os.SEEK_CUR), flush=True)
+print("data", os.pread(data, 4000, 0) == b"kept" * 1000, flush=True)
+"""
+
+
+def test_scratch_files_gone_at_restart_are_made_again(session):
+    """A job's files under /tmp are gone when it is restarted later (the
+    job or the node cleaned up): the restart makes them again with their
+    contents, an empty one too, under their names, in their directory."""
+    scratch = Path(f"/tmp/ckpt-scratch-test-{os.getpid()}")
+    go = session.work / "go"
+    clean = lambda: subprocess.run(["rm", "-rf", str(scratch)], check=True)
+    clean()
+    try:
+        job = Job(session, "scratch", [sys.executable, "-c", SCRATCH_FILES], scratch, go)
+        job.wait_ready()
+        job.checkpoint()
+        job.kill()
+        clean()
+        restart = Restart(session, job.images[0])
+        go.touch()
+        assert restart.wait() == 0, restart.stderr
+        output = job.output()
+        assert "lock size 0 links 1 named True offset 0\n" in output, output
+        assert "data size 4000 links 1 named True offset 4000\n" in output, output
+        assert "data True\n" in output, output
+        assert oct(os.stat(scratch / "lock").st_mode & 0o777) == "0o640"
+    finally:
+        clean()
+
+
 def running_copies(app, cwd):
     """Processes of the test program app whose working directory is cwd."""
     found = []

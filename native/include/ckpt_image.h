@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 17
+#define CKPT_IMAGE_VERSION 18
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -557,6 +557,8 @@ struct ckpt_fd {
 	int32_t owner_pid;		/* 0: nobody */
 	int32_t async_signal;
 	uint32_t sock_filter_len;	/* SO_ATTACH_FILTER instructions; 0: none */
+	uint32_t contents_saved;	/* CKPT_FD_FILE: the data are the file's
+					 * contents (a scratch file; maybe none) */
 };
 
 struct ckpt_plugin_blob {

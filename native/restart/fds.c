@@ -215,6 +215,22 @@ static void recreate_scratch(const struct loaded_fd *lf)
 	close(wfd);
 }
 
+/*
+ * Every scratch file gone since the checkpoint, made again before any
+ * process restores its fds: an inotify watch on its directory, restored
+ * first, would see it created.  It existed when the job was stopped.
+ */
+void recreate_gone_scratch_files(const struct image *imgs, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++) {
+			const struct loaded_fd *lf = &imgs[i].fds[j];
+
+			if (lf->f.kind == CKPT_FD_FILE && lf->f.contents_saved)
+				recreate_scratch(lf);
+		}
+}
+
 /* A named pipe that is gone (with its directories) made again. */
 void make_fifo_again(const struct loaded_fd *lf)
 {
@@ -223,18 +239,14 @@ void make_fifo_again(const struct loaded_fd *lf)
 		die("cannot recreate fifo %s: %s", lf->path, strerror(errno));
 }
 
-/* A regular file opened again by its path, a gone scratch file made again. */
+/* A regular file opened again by its path (a gone scratch file was made
+ * again by recreate_gone_scratch_files). */
 int open_file_again(const struct loaded_fd *lf)
 {
 	/* a session leader opening a terminal would take it as its own */
 	int flags = (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_NOCTTY;
-	int fd = open(lf->path, flags | O_CLOEXEC);
 
-	if (fd < 0 && errno == ENOENT && lf->f.kind == CKPT_FD_FILE && lf->f.data_size) {
-		recreate_scratch(lf);
-		fd = open(lf->path, flags | O_CLOEXEC);
-	}
-	return fd;
+	return open(lf->path, flags | O_CLOEXEC);
 }
 
 /* A directory removed while open: one made and removed again, beside

@@ -131,6 +131,7 @@ void sockopts_finish(int s, const struct ckpt_fd *f);
 void make_parent_dirs(const char *path);
 struct loaded_fd;
 int open_file_again(const struct loaded_fd *lf);
+void recreate_gone_scratch_files(const struct image *imgs, unsigned n);
 void make_fifo_again(const struct loaded_fd *lf);
 
 /* helpers.c */

@@ -996,6 +996,7 @@ int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
 
 void shared_create(struct image *imgs, unsigned n, const char *coord)
 {
+	recreate_gone_scratch_files(imgs, n);
 	create_pipes(imgs, n);
 	create_fifos(imgs, n);
 	create_shms(imgs, n);

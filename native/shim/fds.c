@@ -709,8 +709,10 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 	int err;
 
 	fi->rec.path_len = strlen(fi->path);
-	if (fi->save_contents && fi->rec.dup_of < 0)
+	if (fi->save_contents && fi->rec.dup_of < 0) {
 		fi->rec.data_size = fi->file_size;
+		fi->rec.contents_saved = 1;
+	}
 	if (fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_FIFO) {
 		p = find_pipe(fi->rec.object_id);
 		/* one read end carries the bytes; dups of it carry none */
