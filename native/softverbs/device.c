@@ -215,12 +215,13 @@ static void init_device(int i)
 	d->ibdev.transport_type = IBV_TRANSPORT_IB;
 	snprintf(d->ibdev.name, sizeof(d->ibdev.name), "%s", sv_cfg.names[i]);
 	snprintf(d->ibdev.dev_name, sizeof(d->ibdev.dev_name), "uverbs%d", i);
-	/* A tiny sysfs look-alike so ibv_read_sysfs_file() users find the
-	 * usual attribute files. */
+	/* A tiny sysfs look-alike, laid out as /sys is (ibv_get_sysfs_path()
+	 * names its root), so ibv_read_sysfs_file() users find the usual
+	 * attribute files and Open MPI finds class/infiniband. */
 	snprintf(d->ibdev.ibdev_path, sizeof(d->ibdev.ibdev_path),
-		 "%.180s/sysfs/%.60s", sv_cfg.dir, sv_cfg.names[i]);
+		 "%.180s/sysfs/class/infiniband/%.40s", sv_cfg.dir, sv_cfg.names[i]);
 	snprintf(d->ibdev.dev_path, sizeof(d->ibdev.dev_path),
-		 "%.180s/sysfs/uverbs%d", sv_cfg.dir, i);
+		 "%.180s/sysfs/class/infiniband_verbs/uverbs%d", sv_cfg.dir, i);
 	mkdirs(d->ibdev.ibdev_path);
 	mkdirs(d->ibdev.dev_path);
 	write_attr_file(d->ibdev.ibdev_path, "node_type", "1: CA\n");
