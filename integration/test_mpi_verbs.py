@@ -9,8 +9,10 @@ over shared memory, and the traffic must have gone over verbs: UCX's own
 report of the lanes it chose (UCX_LOG_LEVEL=info, `ep_cfg` lines) names
 only the verbs transport and `self`, and softverbs' counters
 (SOFTVERBS_DEBUG=1, one line per rank at close) show every rank posting
-the program's messages on QPs of that type.  A run over shared memory under
-the same library fails that check.
+the program's messages on QPs of that type.  Open MPI's openib BTL (pml
+ob1) runs them over RC queue pairs, which its UD connection manager sets
+up; each rank's report of the BTL it chose for each peer names openib.  A
+run over shared memory under the same library fails these checks.
 """
 import os
 import re
@@ -58,12 +60,13 @@ def programs():
     subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
 
 
-def mpirun(stack, ranks, program, env, ucx=True, timeout=120):
+def mpirun(stack, ranks, program, env, transport=None, timeout=120):
     """Runs an MPI job in its own process group; kills the group if it
-    hangs.  Returns (stdout, stderr)."""
+    hangs.  transport: mpirun's arguments that choose it (default: UCX).
+    Returns (stdout, stderr)."""
     if shutil.which(MPIRUN[stack][0]) is None:
         pytest.skip(f"{stack} is not installed (./setup.sh)")
-    argv = MPIRUN[stack] + (UCX_ARGS[stack] if ucx else []) + \
+    argv = MPIRUN[stack] + (UCX_ARGS[stack] if transport is None else transport) + \
         ["-np", str(ranks), str(MPI_BIN / stack / program)] + ARGS
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -116,6 +119,12 @@ def check_verbs_carried(ucx_log, err, ranks, qp_type, transports, min_bytes):
                 assert dev.startswith("sv0"), f"not softverbs' device: {cfg}"
                 remote.add(tl)
     assert remote == transports, f"UCX lanes {remote}, wanted {transports}"
+    check_counters(err, ranks, qp_type, min_bytes)
+
+
+def check_counters(err, ranks, qp_type, min_bytes):
+    """Every rank posted the program's traffic on softverbs QPs of qp_type
+    (SOFTVERBS_DEBUG: one line of counters per process at close)."""
     counters = {int(m[0]): [int(x) for x in m[1:]] for m in COUNTERS.findall(err)}
     assert len(counters) == ranks, \
         f"softverbs counters of {len(counters)} processes, {ranks} ranks:\n{err[-3000:]}"
@@ -145,13 +154,43 @@ def test_openmpi_pml_ucx_over_verbs(tmp_path, tls, program):
 
 
 def run_over_verbs(tmp_path, stack, tls, ranks, program):
-    reference, _ = mpirun(stack, ranks, program, plain_env(), ucx=False)
+    reference, _ = mpirun(stack, ranks, program, plain_env(), transport=[])
     assert "PASS" in reference
     out, err = mpirun(stack, ranks, program, verbs_env(tmp_path, tls))
     assert out == reference
     qp_type, transports = TRANSPORTS[tls]
     check_verbs_carried(ucx_logs(tmp_path), err, ranks, qp_type, transports,
                         min_bytes(program))
+
+
+# Open MPI's openib BTL: RC queue pairs (per peer, and shared receive
+# queues) connected through its UD connection manager (udcm).  Each rank
+# reports the BTL it chose for every peer (btl_base_verbose).
+OPENIB_ARGS = ["--mca", "pml", "ob1", "--mca", "btl", "openib,self",
+               "--mca", "btl_openib_allow_ib", "1", "--mca", "btl_base_verbose", "100",
+               # softverbs is in no device table of openib's, as any HCA
+               # newer than Open MPI 4.1 would not be
+               "--mca", "btl_openib_warn_no_device_params_found", "0"]
+BTL_CHOSEN = re.compile(r"mca: bml: Using (\w+) btl for send to \[\[\d+,\d+\],(\d+)\]")
+
+
+def check_openib_carried(err, ranks, min_bytes):
+    """Every rank chose openib for every other rank, and its traffic went
+    over softverbs' RC queue pairs."""
+    chosen = BTL_CHOSEN.findall(err)
+    remote = [btl for btl, _ in chosen if btl != "self"]
+    assert remote and set(remote) == {"openib"}, f"BTLs chosen: {chosen}"
+    assert len(remote) == ranks * (ranks - 1), f"BTLs chosen: {chosen}"
+    check_counters(err, ranks, "rc", min_bytes)
+
+
+@pytest.mark.parametrize("program", ["ring", "allreduce", "jacobi", "bigmsg"])
+def test_openmpi_openib_btl_over_verbs(tmp_path, program):
+    reference, _ = mpirun("openmpi", 4, program, plain_env(), transport=[])
+    assert "PASS" in reference
+    out, err = mpirun("openmpi", 4, program, verbs_env(tmp_path, "rc"), transport=OPENIB_ARGS)
+    assert out == reference
+    check_openib_carried(err, 4, min_bytes(program))
 
 
 def test_shared_memory_run_fails_the_verbs_check(tmp_path):
@@ -164,50 +203,63 @@ def test_shared_memory_run_fails_the_verbs_check(tmp_path):
         with pytest.raises(AssertionError):
             check_verbs_carried(ucx_logs(tmp_path), err, 2, qp_type, transports,
                                 min_bytes("ring"))
+    # Open MPI with openib allowed but shared memory (vader) beside it
+    out, err = mpirun("openmpi", 2, "ring", env,
+                      transport=OPENIB_ARGS[:3] + ["--mca", "btl", "vader,openib,self"] +
+                      OPENIB_ARGS[6:])
+    assert "PASS" in out
+    with pytest.raises(AssertionError):
+        check_openib_carried(err, 2, min_bytes("ring"))
 
 
 REBUILT = re.compile(r"ckpt-ib\[(\d+)\]: rebuilt in")
 
 
-# Open MPI (pml ucx, ud_verbs) is not covered yet: after a restart (from the
-# first image too, 1 in 3 runs) one rank waits forever in MPI_Finalize for
-# its UD endpoints' close (opal_common_ucx_del_procs_nofence; its UCX async
-# thread resends every 100 ms, unanswered) while the others wait for it in
-# the PMIx fence.
-@pytest.mark.parametrize("stack,tls", [("mpich", "ud_verbs"), ("mpich", "rc_v")])
+# Open MPI (pml ucx) waits in MPI_Finalize for its UD endpoints' close,
+# which its peers answer from UCX's async thread, woken through an epoll
+# set that watches the verbs fds: that set must watch the rebuilt fds
+# (plugins/ib/epoll_watchers.c), or a restarted job hangs there.
+@pytest.mark.parametrize("stack,tls", [("mpich", "ud_verbs"), ("mpich", "rc_v"), ("openmpi", "ud_verbs")])
 def test_over_verbs_checkpoint_restart(session, stack, tls):
     """Under `ckpt launch` (the IB plugin): three checkpoints at random
     moments, kill, restart from the first and from the last image on a new
     adapter incarnation; the output equals an uninterrupted run's, and the
     restarted ranks went on over verbs (softverbs' counters of the contexts
     the plugin rebuilt, appended to a file at their close)."""
-    counters = session.root / "counters"
     session.extra_env.update(
-        LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(session.root / "fabric"),
-        SOFTVERBS_DEBUG=str(counters), CKPT_IB_DEBUG="1", UCX_TLS=f"{tls},self",
-        UCX_LOG_LEVEL="info", UCX_LOG_FILE=str(session.root / "ucx.%p.log"),
+        UCX_TLS=f"{tls},self", UCX_LOG_LEVEL="info",
+        UCX_LOG_FILE=str(session.root / "ucx.%p.log"),
         # UCX's UD endpoints give up on a peer silent for UCX_UD_TIMEOUT
         # (30 s) by the CPU's clock, which runs on while the job is down:
         # a restart from an image older than that failed ("unhandled
         # timeout error").  Set as a user restarting old images must.
         UCX_UD_TIMEOUT="10m")
+    qp_type, transports = TRANSPORTS[tls]
+    checkpoint_kill_restart_over_verbs(
+        session, stack, UCX_ARGS[stack],
+        lambda job, after_restart: check_verbs_carried(
+            ucx_logs(session.root), after_restart, 4, qp_type, transports, STEPS * 8))
+
+
+def checkpoint_kill_restart_over_verbs(session, stack, transport, check_carried):
+    counters = session.root / "counters"
+    session.extra_env.update(
+        LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(session.root / "fabric"),
+        SOFTVERBS_DEBUG=str(counters), CKPT_IB_DEBUG="1")
     if shutil.which(MPIRUN[stack][0]) is None:
         pytest.skip(f"{stack} is not installed (./setup.sh)")
-    app = MPIRUN[stack] + UCX_ARGS[stack] + ["-np", "4", str(MPI_BIN / stack / "ring")]
+    app = MPIRUN[stack] + transport + ["-np", "4", str(MPI_BIN / stack / "ring")]
     args = ["300", "10"]
     reference = session.reference(app, *args)
     assert "PASS" in reference
-    job = Job(session, f"{stack}-{tls}", app, *args, stderr_file=True)
+    job = Job(session, "over-verbs", app, *args, stderr_file=True)
     job.wait_ready()
     job.checkpoint_at_random_moments(3, 0.2, 0.6)
     job.kill()
-    qp_type, transports = TRANSPORTS[tls]
     for image in (job.images[0], job.images[-1]):
         start = counters.stat().st_size
         assert restart_and_finish(session, image, job) == reference, \
             f"restarted from {image.name}: {job.stderr_text()[-3000:]}"
         assert len(set(REBUILT.findall(job.stderr_text()))) >= 4, \
             f"not every rank rebuilt:\n{job.stderr_text()[-3000:]}"
-        after_restart = counters.read_text()[start:]
-        check_verbs_carried(ucx_logs(session.root), after_restart, 4, qp_type, transports,
-                            STEPS * 8)
+        check_carried(job, counters.read_text()[start:])

@@ -64,11 +64,30 @@ struct ib_waited_fd {
 	int rebuilt;		/* the release's rebuild is done */
 };
 
+/* The epoll sets watching an fd of ours when it was released
+ * (epoll_watchers.c). */
+#define IB_EPOLL_WATCHERS_MAX 4
+
+struct ib_epoll_watcher {
+	int epfd;
+	uint32_t events;
+	uint64_t data;
+};
+
+struct ib_epoll_watchers {
+	unsigned n;
+	struct ib_epoll_watcher e[IB_EPOLL_WATCHERS_MAX];
+};
+
+void ib_epoll_watchers_save(int fd, struct ib_epoll_watchers *w);
+void ib_epoll_watchers_restore(int fd, const struct ib_epoll_watchers *w);
+
 struct ib_channel {
 	struct ibv_comp_channel ibv;	/* fd: ours, a dup of the real one */
 	struct ibv_comp_channel *real;
 	struct ib_waited_fd waited;	/* the real fd, ibv_get_cq_event's */
 	int fd_flags;			/* ours while released (O_NONBLOCK) */
+	struct ib_epoll_watchers watchers;	/* of fd, while released */
 	struct ib_channel *next;
 };
 
@@ -146,6 +165,7 @@ struct ib_ctx {
 	struct ibv_context *real;
 	struct ib_waited_fd waited;	/* the real async fd, ibv_get_async_event's */
 	int async_fd_flags;		/* ours while released (O_NONBLOCK) */
+	struct ib_epoll_watchers async_watchers;	/* of async_fd, while released */
 	char dev_name[IBV_SYSFS_NAME_MAX];
 	uint8_t nports;
 	uint16_t vlid[IB_MAX_PORTS + 1];	/* port -> the LID the app knows */

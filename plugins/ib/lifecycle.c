@@ -310,6 +310,7 @@ static void release_ctx(struct ib_ctx *ctx)
 	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next) {
 		int real_fd = ch->real->fd;
 
+		ib_epoll_watchers_save(ch->ibv.fd, &ch->watchers);
 		ib_real.destroy_comp_channel(ch->real);
 		release_waited(&ch->waited, real_fd);
 		ch->fd_flags = hold_fd(ch->ibv.fd);
@@ -321,6 +322,7 @@ static void release_ctx(struct ib_ctx *ctx)
 	{
 		int async_fd = ctx->real->async_fd;
 
+		ib_epoll_watchers_save(ctx->ibv.async_fd, &ctx->async_watchers);
 		ib_real.close_device(ctx->real);
 		release_waited(&ctx->waited, async_fd);
 	}

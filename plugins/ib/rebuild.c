@@ -51,6 +51,7 @@ static int reopen(struct ib_ctx *ctx, struct ibv_device **list)
 	if (!ctx->real)
 		return errno ? errno : ENODEV;
 	rebind_fd(ctx->ibv.async_fd, ctx->real->async_fd, ctx->async_fd_flags);
+	ib_epoll_watchers_restore(ctx->ibv.async_fd, &ctx->async_watchers);
 	rebind_fd(ctx->ibv.cmd_fd, ctx->real->cmd_fd, -1);
 	/* the LIDs the application knows stay; the real ones are new */
 	for (uint8_t p = 1; p <= ctx->nports; p++) {
@@ -88,6 +89,7 @@ static int recreate_queues(struct ib_ctx *ctx)
 		if (!ch->real)
 			return errno ? errno : ENOMEM;
 		rebind_fd(ch->ibv.fd, ch->real->fd, ch->fd_flags);
+		ib_epoll_watchers_restore(ch->ibv.fd, &ch->watchers);
 	}
 	for (struct ib_cq *cq = ctx->cqs; cq; cq = cq->next) {
 		cq->real = ib_real.create_cq(ctx->real, cq->ibv.cqe, cq,

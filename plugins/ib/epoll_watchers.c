@@ -1,0 +1,111 @@
+/*
+ * The epoll sets that watch an fd the plugin replaces at a release (a
+ * completion channel's, the async fd).  A set's entry for a file goes when
+ * the file goes, and the rebuild's dup3 puts a new file under the same
+ * number: without this the application's event loop (Open MPI's progress
+ * thread waits on its UD connection manager's channel so) would never hear
+ * of the fd again.  The entries are read from the epoll fds' fdinfo
+ * before the release and added again for the new file after the rebuild,
+ * after a plain checkpoint and after a restart alike (this memory is in
+ * the image; the epoll fds keep their numbers).
+ *
+ * The application's threads may be parked holding malloc's lock: no
+ * allocation here, only system calls and buffers on the stack.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "ib.h"
+
+static int is_epoll(int fd)
+{
+	char link[64], target[32];
+	ssize_t n;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, target, sizeof(target) - 1);
+	if (n < 0)
+		return 0;
+	target[n] = '\0';
+	return !strcmp(target, "anon_inode:[eventpoll]");
+}
+
+/* Entries of epoll fd epfd for the file of fd (number and inode). */
+static void read_entries(int epfd, int fd, unsigned long ino, struct ib_epoll_watchers *w)
+{
+	char path[64], info[8192];
+	ssize_t len;
+	int in;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", epfd);
+	in = open(path, O_RDONLY | O_CLOEXEC);
+	if (in < 0)
+		return;
+	len = read(in, info, sizeof(info) - 1);
+	close(in);
+	if (len <= 0)
+		return;
+	info[len] = '\0';
+	for (char *line = info; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+		int tfd;
+		unsigned events;
+		unsigned long long data;
+		unsigned long tino;
+
+		if (sscanf(line, "tfd: %d events: %x data: %llx pos: %*u ino: %lx",
+			   &tfd, &events, &data, &tino) != 4 || tfd != fd || tino != ino)
+			continue;
+		if (w->n == IB_EPOLL_WATCHERS_MAX) {
+			ib_log("fd %d is watched by more than %d epoll sets: the others will not "
+			       "hear of it again", fd, IB_EPOLL_WATCHERS_MAX);
+			return;
+		}
+		w->e[w->n++] = (struct ib_epoll_watcher){ epfd, events, data };
+	}
+}
+
+void ib_epoll_watchers_save(int fd, struct ib_epoll_watchers *w)
+{
+	char buf[4096];
+	struct stat st;
+	long n;
+	int dir;
+
+	w->n = 0;
+	if (fd < 0 || fstat(fd, &st))
+		return;
+	dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dir < 0)
+		return;
+	while ((n = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0)
+		for (long off = 0; off < n;) {
+			struct dirent64 *d = (struct dirent64 *)(buf + off);
+			int epfd = atoi(d->d_name);
+
+			off += d->d_reclen;
+			if (d->d_name[0] != '.' && epfd != dir && is_epoll(epfd))
+				read_entries(epfd, fd, st.st_ino, w);
+		}
+	close(dir);
+}
+
+void ib_epoll_watchers_restore(int fd, const struct ib_epoll_watchers *w)
+{
+	if (w->n)
+		ib_debug("fd %d: watched again by %u epoll set(s), the first %d", fd, w->n,
+			 w->e[0].epfd);
+	for (unsigned i = 0; i < w->n; i++) {
+		struct epoll_event ev = { .events = w->e[i].events, .data.u64 = w->e[i].data };
+
+		if (epoll_ctl(w->e[i].epfd, EPOLL_CTL_ADD, fd, &ev) &&
+		    epoll_ctl(w->e[i].epfd, EPOLL_CTL_MOD, fd, &ev))
+			ib_log("epoll fd %d cannot watch fd %d again: %m", w->e[i].epfd, fd);
+	}
+}
