@@ -59,6 +59,7 @@ PROGRAMS = {
     "ptys": ["300", "10"],
     "memfd_exec": ["300", "10"],
     "proc_files": ["300", "10"],
+    "maps_reader": ["300", "10"],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),

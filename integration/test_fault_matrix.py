@@ -132,13 +132,19 @@ def _victim(held):
     return max(p["real_pid"] for p in held["processes"])
 
 
+def _running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone, maybe between two looks
+        return False
+
+
 def _wait_gone(pids, timeout=60):
     """Until none of pids is running (they are ours to reap once orphaned)."""
     deadline = time.monotonic() + timeout
     while True:
         reap_orphans()
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and
-                 psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [pid for pid in pids if _running(pid)]
         if not alive:
             return
         if time.monotonic() > deadline:

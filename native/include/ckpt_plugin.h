@@ -46,6 +46,19 @@ int ckpt_kv_get(const char *key, char *value, size_t size);	/* ENOENT if absent 
 __attribute__((visibility("default")))
 const char *ckpt_coordinator_path(void);
 
+/*
+ * A plugin that rebuilds the files behind application fds after RESUME,
+ * once the threads run (plugins/ib), holds the waits the checkpoint
+ * interrupted (poll, select, epoll_wait and their kin) until it is done:
+ * entered again on a placeholder they would wake at once, or sleep on a
+ * file about to be replaced and never hear of the new one.  Hold from the
+ * RESUME hook, before the threads run; release from any thread.
+ */
+__attribute__((visibility("default")))
+void ckpt_resume_waits_hold(void);
+__attribute__((visibility("default")))
+void ckpt_resume_waits_release(void);
+
 /* Report a one-line problem to the coordinator (printed to the user). */
 void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2), visibility("default")));
 

@@ -363,6 +363,7 @@ static int after_restart(void)
 	/* ckpt-restart's code is no longer used: reserve its range again */
 	shim_mmap((void *)CKPT_RESERVE_START, CKPT_RESERVE_SIZE, PROT_NONE,
 	     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+	fds_reseek_proc_files();	/* now that the maps are as they were */
 	exe_err = restore_exe_link();
 	err = drop_restart_capabilities(&self_rec);
 	if (err)

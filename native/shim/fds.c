@@ -9,6 +9,7 @@
  * /proc/<pid>/fd/N gives a new open file on the same file or pipe.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -614,6 +615,55 @@ static void collect_deleted_exe(struct fd_table *t)
 	fi->save_contents = 1;
 	fi->payload = (struct fd_payload){ 0 };
 	t->n++;
+}
+
+/*
+ * Pair of the restart's reopening of a /proc file of the process itself
+ * (/proc/<pid>/smaps, say) at its offset: ckpt-restart sought there before
+ * the process had its memory and its reserve back, and a /proc file's
+ * offset is a place in what the kernel listed at the seek.  Sought again
+ * from the start now, it is the same place in the same listing, and a
+ * program reading its maps across the checkpoint reads on where it was.
+ */
+static void reseek_proc_file(int fd, const char *own)
+{
+	char link[64], target[64];
+	ssize_t n;
+	off_t pos;
+	int ours;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, target, sizeof(target) - 1);
+	if (n <= 0)
+		return;
+	target[n] = '\0';
+	if (strncmp(target, own, strlen(own)) || (ours = app_getfd(fd)) < 0)
+		return;
+	pos = lseek(ours, 0, SEEK_CUR);
+	if (pos > 0 && lseek(ours, 0, SEEK_SET) == 0)
+		lseek(ours, pos, SEEK_SET);
+	close(ours);
+}
+
+/* No scratch map here: a mapping made now would be in the listings. */
+void fds_reseek_proc_files(void)
+{
+	char own[32], buf[4096];
+	long got;
+	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);	/* the app's */
+
+	if (dir < 0)
+		return;
+	snprintf(own, sizeof(own), "/proc/%d/", (int)getpid());
+	while ((got = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0)
+		for (long off = 0; off < got;) {
+			struct dirent64 *d = (struct dirent64 *)(buf + off);
+
+			off += d->d_reclen;
+			if (d->d_name[0] != '.')
+				reseek_proc_file(atoi(d->d_name), own);
+		}
+	close(dir);
 }
 
 struct fd_table *fds_collect(unsigned seq)

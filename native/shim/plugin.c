@@ -1,9 +1,13 @@
 /* The plugin hook table and the services plugins call. */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include "shim.h"
 
@@ -17,6 +21,29 @@ static int warn_fd = -1;		/* a forked writer sends warnings here */
 void warnings_to_fd(int fd)
 {
 	warn_fd = fd;
+}
+
+/* Plugins still rebuilding, whose fds the interrupted waits watch. */
+static _Atomic unsigned rebuilding;
+
+void ckpt_resume_waits_hold(void)
+{
+	atomic_fetch_add(&rebuilding, 1);
+}
+
+void ckpt_resume_waits_release(void)
+{
+	if (atomic_fetch_sub(&rebuilding, 1) == 1)
+		syscall(SYS_futex, &rebuilding, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Called in the parking handler: async-signal-safe. */
+void plugins_wait_rebuilt(void)
+{
+	unsigned n;
+
+	while ((n = atomic_load(&rebuilding)))
+		syscall(SYS_futex, &rebuilding, FUTEX_WAIT_PRIVATE, n, NULL, NULL, 0);
 }
 
 int ckpt_plugin_register(const struct ckpt_plugin *plugin)

@@ -348,6 +348,7 @@ SHIM_HIDDEN uint64_t shm_snapshot_bytes(const struct shm_snapshot *set);
 SHIM_HIDDEN void shm_snapshot_free(struct shm_snapshot *set);
 struct fd_table;
 SHIM_HIDDEN struct fd_table *fds_collect(unsigned seq);	/* while the process is stopped */
+SHIM_HIDDEN void fds_reseek_proc_files(void);	/* after a restart */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
 SHIM_HIDDEN int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino);
 SHIM_HIDDEN void fds_release(struct fd_table *t);
@@ -359,8 +360,10 @@ SHIM_HIDDEN void scratch_unmap(void *p, size_t len);
 SHIM_HIDDEN int scratch_at(uint64_t addr, uint64_t *until);
 SHIM_HIDDEN void scratch_forget(void);
 
-/* plugin.c: where warnings go (the coordinator, or a forked writer's pipe) */
+/* plugin.c: where warnings go (the coordinator, or a forked writer's pipe);
+ * an interrupted wait for fds waits for the plugins still rebuilding */
 SHIM_HIDDEN void warnings_to_fd(int fd);
+SHIM_HIDDEN void plugins_wait_rebuilt(void);
 
 /* writer.c: the image file, written in place or by a forked child */
 /* how WRITE asks for the image (its words: docs/PROTOCOL.md) */

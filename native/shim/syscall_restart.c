@@ -206,6 +206,24 @@ static int accept_from_backlog(greg_t *g, long nr)
 	return 1;
 }
 
+/* Calls that wait for fds to become ready: a plugin may still be putting
+ * new files behind some of them (plugins_wait_rebuilt). */
+static int waits_for_fds(long nr)
+{
+	switch (nr) {
+	case SYS_poll:
+	case SYS_ppoll:
+	case SYS_select:
+	case SYS_pselect6:
+	case SYS_epoll_wait:
+	case SYS_epoll_pwait:
+	case SYS_epoll_pwait2:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
 void syscall_restart_resume(void *ucv, int64_t parked_ns, int restored)
 {
 	ucontext_t *uc = ucv;
@@ -213,6 +231,8 @@ void syscall_restart_resume(void *ucv, int64_t parked_ns, int restored)
 	struct timed_call *tc = timed_call_current;
 	long nr = interrupted_call(uc);
 
+	if (waits_for_fds(nr) || (tc && waits_for_fds(tc->nr)))
+		plugins_wait_rebuilt();
 	if (accept_from_backlog(g, nr))
 		return;
 

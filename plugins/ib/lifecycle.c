@@ -52,6 +52,9 @@ static pthread_once_t agent_once = PTHREAD_ONCE_INIT;
 static int agent_started;
 
 static void (*hook_fail)(const char *fmt, ...);
+/* the shim's hold on the application's interrupted fd waits (poll,
+ * epoll_wait...) while the channel and async fds are being replaced */
+static void (*waits_hold)(void), (*waits_release)(void);
 static void (*warn)(const char *fmt, ...);
 
 void ib_log(const char *fmt, ...)
@@ -405,6 +408,8 @@ static void *agent_main(void *arg)
 				rebuild_failed(err);
 			atomic_store(&state, IB_RUNNING);
 			ib_gate_open();
+			if (waits_hold && waits_release)
+				waits_release();
 			pthread_mutex_unlock(&ib_control_lock);
 		} else if (req == REQ_OPEN) {	/* the checkpoint failed after STOP */
 			atomic_store(&state, IB_RUNNING);
@@ -501,6 +506,8 @@ static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 		/* the agent runs once the threads do: nothing waits for it here */
 		if (atomic_load(&state) == IB_RELEASED) {
 			resume_epoch = ctx->seq;
+			if (waits_hold && waits_release)
+				waits_hold();
 			ask_agent(REQ_REBUILD, 0);
 		} else if (atomic_load(&state) == IB_STOPPED) {
 			ask_agent(REQ_OPEN, 0);
@@ -532,6 +539,8 @@ __attribute__((constructor)) static void ib_plugin_init(void)
 
 	hook_fail = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_hook_fail");
 	warn = (void (*)(const char *, ...))dlsym(RTLD_DEFAULT, "ckpt_warn");
+	waits_hold = (void (*)(void))dlsym(RTLD_DEFAULT, "ckpt_resume_waits_hold");
+	waits_release = (void (*)(void))dlsym(RTLD_DEFAULT, "ckpt_resume_waits_release");
 	ib_kv_init();
 	if (reg)
 		reg(&plugin);

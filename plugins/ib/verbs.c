@@ -549,16 +549,21 @@ IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out
 	struct ib_channel *ch = ch_of(vch);
 
 	for (;;) {
-		struct ib_cq *cq = armed_with_pending(ch);
+		struct ib_cq *cq;
 		struct ibv_cq *real;
 		void *vcq;
 		unsigned gen;
 		int err;
 
-		if (cq)
-			return deliver(cq, out, context, 0);
 		ib_gate_wait();
 		gen = ib_wait_enter(&ch->waited);
+		/* after the wait too: a checkpoint meanwhile may have collected
+		 * the completions whose event the real channel will not raise */
+		cq = armed_with_pending(ch);
+		if (cq) {
+			ib_wait_leave(&ch->waited, gen);
+			return deliver(cq, out, context, 0);
+		}
 		err = ib_real.get_cq_event(ch->real, &real, &vcq);
 		ib_wait_leave(&ch->waited, gen);
 		if (!err)
