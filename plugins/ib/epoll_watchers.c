@@ -53,12 +53,15 @@ static void read_entries(int epfd, int fd, unsigned long ino, struct ib_epoll_wa
 	if (len <= 0)
 		return;
 	info[len] = '\0';
-	for (char *line = info; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+	for (char *line = info, *next; line; line = next) {
 		int tfd;
 		unsigned events;
 		unsigned long long data;
 		unsigned long tino;
 
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = '\0';
 		if (sscanf(line, "tfd: %d events: %x data: %llx pos: %*u ino: %lx",
 			   &tfd, &events, &data, &tino) != 4 || tfd != fd || tino != ino)
 			continue;
