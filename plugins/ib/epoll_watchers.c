@@ -40,7 +40,7 @@ static int is_epoll(int fd)
 /* Entries of epoll fd epfd for the file of fd (number and inode). */
 static void read_entries(int epfd, int fd, unsigned long ino, struct ib_epoll_watchers *w)
 {
-	char path[64], info[8192];
+	char path[64], info[65536];	/* about 800 entries */
 	ssize_t len;
 	int in;
 
