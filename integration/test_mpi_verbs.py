@@ -241,6 +241,18 @@ def test_over_verbs_checkpoint_restart(session, stack, tls):
             ucx_logs(session.root), after_restart, 4, qp_type, transports, STEPS * 8))
 
 
+def test_openib_btl_checkpoint_restart(session):
+    """The same with Open MPI's openib BTL: its RC queue pairs, shared
+    receive queues and UD connection manager rebuilt by the plugin.  The
+    connection manager's thread waits in ibv_get_cq_event across the
+    checkpoint: it must come back on the new channel, and its old fd
+    number must not be read in the meantime."""
+    checkpoint_kill_restart_over_verbs(
+        session, "openmpi", OPENIB_ARGS,
+        lambda job, after_restart: check_openib_carried(
+            job.stderr_text() + after_restart, 4, STEPS * 8))
+
+
 def checkpoint_kill_restart_over_verbs(session, stack, transport, check_carried):
     counters = session.root / "counters"
     session.extra_env.update(

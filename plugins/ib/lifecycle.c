@@ -227,8 +227,8 @@ static int hold_released(int fd)
 	if (fd < 0)
 		return -1;
 	null = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (null < 0)
-		return -1;
+	if (null < 0 || null == fd)	/* the lowest free number: often fd itself */
+		return null;
 	held = fcntl(null, F_DUPFD_CLOEXEC, fd);
 	close(null);
 	if (held != fd) {
