@@ -9,7 +9,6 @@
  * /proc/<pid>/fd/N gives a new open file on the same file or pipe.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -645,25 +644,16 @@ static void reseek_proc_file(int fd, const char *own)
 	close(ours);
 }
 
-/* No scratch map here: a mapping made now would be in the listings. */
+/* On the stack, not in a scratch map: a mapping made now would be in the
+ * listings (the checkpoint thread's stack is 1 MiB). */
 void fds_reseek_proc_files(void)
 {
-	char own[32], buf[4096];
-	long got;
-	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);	/* the app's */
+	int fds[MAX_FDS], nfds = app_list_fds(fds, MAX_FDS);
+	char own[32];
 
-	if (dir < 0)
-		return;
 	snprintf(own, sizeof(own), "/proc/%d/", (int)getpid());
-	while ((got = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0)
-		for (long off = 0; off < got;) {
-			struct dirent64 *d = (struct dirent64 *)(buf + off);
-
-			off += d->d_reclen;
-			if (d->d_name[0] != '.')
-				reseek_proc_file(atoi(d->d_name), own);
-		}
-	close(dir);
+	for (int i = 0; i < nfds; i++)
+		reseek_proc_file(fds[i], own);
 }
 
 struct fd_table *fds_collect(unsigned seq)
