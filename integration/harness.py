@@ -13,9 +13,12 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = REPO / "integration" / "apps" / "bin"
@@ -30,13 +33,16 @@ def become_subreaper():
 
 
 def reap_orphans():
-    while True:
+    """Reap ended children that nobody waits for, but not an uninterrupted
+    reference run still going beside a job (its status is waited for)."""
+    running = {proc.pid for proc, _ in REFERENCES_RUNNING.values()}
+    for child in psutil.Process().children():
+        if child.pid in running:
+            continue
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            os.waitpid(child.pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            pass
 
 
 @dataclass
@@ -115,17 +121,36 @@ class Session:
         """The output of an uninterrupted run, without ckpt.  The programs'
         output is the same on every run (they check that themselves), so
         each command runs once per test run: several tests compare with it."""
+        key = self.start_reference(app, *args)
+        if key in REFERENCES_RUNNING:
+            proc, out = REFERENCES_RUNNING[key]
+            rc = proc.wait(timeout=300)
+            del REFERENCES_RUNNING[key]
+            assert rc == 0, f"{app} failed without ckpt: {out.read_text()}"
+            REFERENCES[key] = out.read_text()
+        return REFERENCES[key]
+
+    def start_reference(self, app, *args):
+        """Start the uninterrupted run now, to run beside the test's job (the
+        test programs mostly sleep between steps), in a directory of its own
+        so that the files they make in "." do not meet the job's."""
         argv = self.user.wrap(command(app, *args))
         key = (tuple(argv), tuple(sorted(self.extra_env.items())))
-        if key not in REFERENCES:
-            proc = subprocess.run(argv, cwd=self.work, env=self.env(), capture_output=True,
-                                  text=True, timeout=300)
-            assert proc.returncode == 0, f"{app} failed without ckpt: {proc.stdout}"
-            REFERENCES[key] = proc.stdout
-        return REFERENCES[key]
+        if key in REFERENCES or key in REFERENCES_RUNNING:
+            return key
+        where = Path(tempfile.mkdtemp(prefix="reference-", dir=self.work))
+        if self.user.uid != os.getuid():
+            os.chown(where, self.user.uid, self.user.uid)
+        out = where / "stdout"
+        with open(out, "w") as stdout:
+            proc = subprocess.Popen(argv, cwd=where, env=self.env(), stdout=stdout,
+                                    stderr=subprocess.DEVNULL)
+        REFERENCES_RUNNING[key] = (proc, out)
+        return key
 
 
 REFERENCES = {}  # (command, extra environment) -> output
+REFERENCES_RUNNING = {}  # the same key -> (Popen, its stdout file), not yet waited for
 
 
 def command(app, *args):
