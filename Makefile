@@ -30,6 +30,7 @@ bench: all
 	python3 bench/compress_bench.py
 	python3 bench/softverbs_bench.py
 	python3 bench/mpi_bench.py
+	python3 bench/mpi_verbs_bench.py
 	python3 bench/multihost_bench.py
 	python3 bench/slurm_bench.py
 	python3 bench/ib_bench.py

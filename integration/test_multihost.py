@@ -33,7 +33,7 @@ FINALIZE_WAIT = {  # after PASS, every rank is in MPI_Finalize
 class Job:
     """`ckpt launch -- mpirun ...` started on hosts[0] of the cluster."""
 
-    def __init__(self, cluster, tmp_name, stack, hosts, program, args, np=4):
+    def __init__(self, cluster, tmp_name, stack, hosts, program, args, np=4, mpirun_extra=()):
         self.cluster = cluster
         self.stack = stack
         self.id = f"{tmp_name[-30:].strip('_-')}-{stack}".replace("[", "-").replace("]", "")
@@ -42,7 +42,7 @@ class Job:
         self.env = dict(os.environ, **cluster.mpi_env(stack),
                         CKPT_SHARED_STATE_DIR=str(cluster.shared_dir / "registry"))
         self.env.pop("XDG_RUNTIME_DIR", None)  # each host's own /tmp/ckpt-<uid>
-        self.command = cluster.mpirun_args(stack, hosts, np) + \
+        self.command = cluster.mpirun_args(stack, hosts, np) + list(mpirun_extra) + \
             [str(MPI_BIN / stack / program)] + [str(a) for a in args]
         self.launch_host = hosts[0]
         self.out = self.err = self.proc = None
@@ -441,6 +441,79 @@ def test_ud_mesh_over_softverbs_restarted_on_two_other_hosts(cluster, jobs, requ
         env=job.env, capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr
     assert mesh_results(moved) == mesh_results(reference.stdout) and len(mesh_results(moved)) == 4
+
+
+# MPI over verbs across hosts: each host's ranks on their own softverbs
+# adapter, the hosts' adapters linked by softverbs' UDP transport.
+# transport -> (environment, Open MPI's mpirun arguments, the QP type
+# that must carry the traffic)
+UCX_ON_VERBS = {"UCX_UD_TIMEOUT": "10m"}  # see test_mpi_verbs: old images
+VERBS_TRANSPORTS = {
+    "ud_verbs": ({"UCX_TLS": "ud_verbs,self", **UCX_ON_VERBS}, ["--mca", "pml", "ucx"], "ud"),
+    "rc_v": ({"UCX_TLS": "rc_v,self", **UCX_ON_VERBS}, ["--mca", "pml", "ucx"], "rc"),
+    "openib": ({}, ["--mca", "pml", "ob1", "--mca", "btl", "openib,self",
+                    "--mca", "btl_openib_allow_ib", "1",
+                    "--mca", "btl_openib_warn_no_device_params_found", "0"], "rc"),
+}
+SOFTVERBS_COUNTERS = re.compile(r"softverbs sv0 pid \d+: .*? rc_wrs (\d+) rc_bytes \d+ "
+                                r"uc_wrs (\d+) uc_bytes \d+ ud_wrs (\d+) ud_bytes \d+")
+
+
+def verbs_job(cluster, jobs, request, stack, transport, args):
+    """A 4-rank ring on h1, h2 over softverbs (MPICH's hydra passes its
+    environment to the remote ranks; Open MPI is told which with -x)."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "native" / "softverbs")], check=True)
+    env, openmpi_args, _ = VERBS_TRANSPORTS[transport]
+    directory = cluster.shared_dir / f"verbs-{stack}-{transport}"
+    env = dict(env, LD_LIBRARY_PATH=str(REPO / "native" / "softverbs"),
+               SOFTVERBS_DIR=str(directory / "fabric"),
+               SOFTVERBS_DEBUG=str(directory / "counters"), CKPT_IB_DEBUG="1")
+    extra = []
+    if stack == "openmpi":
+        extra = openmpi_args + [x for name in env for x in ("-x", name)]
+    job = jobs(request.node.name, stack, ["h1", "h2"], "ring", args, mpirun_extra=extra)
+    job.env.update(env)
+    job.counters = Path(env["SOFTVERBS_DEBUG"])
+    return job
+
+
+def restart_over_verbs(job, path, hosts, name, qp_type):
+    """Restarts path on hosts, to the job's end; returns its RESULT lines.
+    Every restarted rank must have gone on over QPs of qp_type of the
+    adapter the IB plugin rebuilt (softverbs' counters, one line per
+    process at its close: the old adapter's QPs are gone with the old
+    process)."""
+    counted = job.counters.stat().st_size
+    job.restart(path, hosts, name).finish()
+    columns = {"rc": 0, "uc": 1, "ud": 2}
+    after = [int(c[columns[qp_type]]) for c in
+             SOFTVERBS_COUNTERS.findall(job.counters.read_text()[counted:])]
+    assert len(after) == 4 and min(after) > 0, \
+        f"{qp_type} WRs of the ranks restarted on {hosts}: {after}"
+    return job.results()
+
+
+@pytest.mark.parametrize("stack,transport", [("mpich", "ud_verbs"), ("mpich", "rc_v"),
+                                             ("openmpi", "ud_verbs"), ("openmpi", "openib")])
+def test_mpi_over_verbs_restarted_on_two_other_hosts(cluster, jobs, request, rng, stack,
+                                                     transport):
+    """2 ranks on each of h1, h2, over verbs: three checkpoints at random
+    moments (the last with --kill); the first image restarts on h3, h4 (new
+    adapters, LIDs, QPNs and keys on new hosts, exchanged by the IB plugin
+    through the coordinator), the last on h2, h1; both go on to the result
+    of an uninterrupted run."""
+    args = (300, 20)
+    job = verbs_job(cluster, jobs, request, stack, transport, args).start()
+    first, _second, last = checkpoints_then_kill(job, rng)
+    qp_type = VERBS_TRANSPORTS[transport][2]
+    results = {"moved": restart_over_verbs(job, first, ["h3", "h4"], "moved", qp_type),
+               "swapped": restart_over_verbs(job, last, ["h2", "h1"], "swapped", qp_type)}
+    # the ranks' stderr: the launcher's file, where the restored ranks
+    # write on at their checkpointed offsets
+    said = (job.dir / "launch.err").read_text()
+    assert len(re.findall(r"QP 0x[0-9a-f]+ is now 0x[0-9a-f]+ on LID", said)) >= 4, said[-2000:]
+    expected = reference_result(cluster, stack, "ring", args, job.dir)
+    assert results == {name: expected for name in results}
 
 
 def host_processes(cluster, host, name):

@@ -1,5 +1,5 @@
 /* MPI ping-pong latency and an allreduce loop: prints the seconds each
- * took (rank 0), for the shim's overhead table. */
+ * took (rank 0), for the overhead tables.  mpiloops pingpong N [BYTES]. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,8 +9,9 @@ int main(int argc, char **argv)
 {
 	const char *kind = argc > 1 ? argv[1] : "pingpong";
 	long n = argc > 2 ? atol(argv[2]) : 100000;
+	int bytes = argc > 3 ? atoi(argv[3]) : 8;
 	int rank, size;
-	char buf[8] = { 0 };
+	char *buf = calloc(1, bytes);
 	double t, v = 1, out;
 
 	MPI_Init(&argc, &argv);
@@ -21,11 +22,11 @@ int main(int argc, char **argv)
 	for (long i = 0; i < n; i++) {
 		if (!strcmp(kind, "pingpong")) {
 			if (rank == 0) {
-				MPI_Send(buf, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
-				MPI_Recv(buf, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+				MPI_Send(buf, bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
+				MPI_Recv(buf, bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 			} else if (rank == 1) {
-				MPI_Recv(buf, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-				MPI_Send(buf, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
+				MPI_Recv(buf, bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+				MPI_Send(buf, bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
 			}
 		} else {
 			MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);

@@ -392,11 +392,14 @@ static void *agent_main(void *arg)
 			continue;
 		}
 		why[0] = '\0';
-		if (req == REQ_STOP)
-			err = do_stop();
-		else if (req == REQ_RELEASE)
-			err = do_release();
-		else if (req == REQ_REBUILD) {
+		if (req == REQ_STOP || req == REQ_RELEASE) {
+			int64_t t0 = now_ns();
+
+			err = req == REQ_STOP ? do_stop() : do_release();
+			if (!err)	/* the plugin's share of the stopped time */
+				ib_debug("%s in %.3f ms", req == REQ_STOP ? "stopped" : "released",
+					 (now_ns() - t0) / 1e6);
+		} else if (req == REQ_REBUILD) {
 			int64_t t0 = now_ns();
 			unsigned long k0 = ib_kv_requests();
 
