@@ -54,11 +54,12 @@ def test_compressed_checkpoints_restart(session, app, mode):
     """Checkpointed twice with --compress at launch, killed, restarted
     from the first and the last: the output of an uninterrupted run."""
     args = PROGRAMS[app]
-    reference = session.reference(app, *args)
+    session.start_reference(app, *args)
     job = Job(session, f"z{mode}-{app}", app, *args, launch_args=["--compress", mode])
     job.wait_ready()
     job.checkpoint_at_random_moments(2)
     job.kill()
+    reference = session.reference(app, *args)
     for image in (job.images[0], job.images[-1]):
         assert restart_and_finish(session, image, job) == reference, \
             f"{app} restarted from {image.name} ({mode}) differs from an uninterrupted run"

@@ -210,12 +210,12 @@ def test_unprivileged_user(unprivileged_session, app):
     """The whole cycle as a non-root user: restart needs no privilege."""
     s = unprivileged_session
     args = PROGRAMS[app]
-    reference = s.reference(app, *args)
+    s.start_reference(app, *args)
     job = Job(s, f"u-{app}", app, *args)
     job.wait_ready()
     job.checkpoint_at_random_moments(2)
     job.kill()
-    assert restart_and_finish(s, job.images[0], job) == reference
+    assert restart_and_finish(s, job.images[0], job) == s.reference(app, *args)
 
 
 def test_unlinked_private_map_is_named(session):
