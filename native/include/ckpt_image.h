@@ -19,7 +19,7 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 18
+#define CKPT_IMAGE_VERSION 19
 #define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
@@ -269,7 +269,7 @@ struct ckpt_thread {
 	uint64_t cap_ambient;
 	uint64_t cap_bounding;
 	uint32_t securebits;		/* PR_GET_SECUREBITS, if caps_read */
-	uint32_t pad;
+	int32_t ioprio;			/* ioprio_get(2), each thread's own; 0: none set */
 	char comm[16];			/* PR_GET_NAME: the thread's name */
 	/* group credentials, each thread's own: real, effective, saved and
 	 * filesystem group ids, and the supplementary groups (ngroups above
@@ -277,6 +277,8 @@ struct ckpt_thread {
 	uint32_t gids[4];
 	uint32_t ngroups;
 	uint32_t groups[CKPT_MAX_GROUPS];
+	uint32_t personality;		/* personality(2), each thread's own */
+	uint32_t pad2;
 	uint64_t pending;		/* signals pending for it alone (SigPnd) */
 	struct ckpt_regs regs;
 };

@@ -44,8 +44,6 @@ static void restore_rlimits(const struct ckpt_process *p)
 	for (int r = 0; r < CKPT_NRLIMITS && r < RLIM_NLIMITS; r++) {
 		struct rlimit rl = { p->rlimits[r].cur, p->rlimits[r].max };
 
-		if (!rl.rlim_cur && !rl.rlim_max)
-			continue;	/* not saved */
 		/* a hard limit above ours cannot be raised unprivileged: keep ours */
 		if (sys4(SYS_prlimit64, 0, r, &rl, NULL) < 0) {
 			struct rlimit now;

@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/ioprio.h>
 #include <linux/sched.h>
 #include <signal.h>
 #include <string.h>
@@ -24,9 +25,9 @@ static void become(const struct ckpt_thread *t) __attribute__((noreturn));
 
 /*
  * The thread's scheduling (saved by fill_scheduling, native/shim/quiesce.c)
- * as far as the kernel lets it here: a nice value or a real-time policy
- * ckpt-restart may not take unprivileged, or CPUs this host does not
- * have, leave the thread as ckpt-restart's.
+ * as far as the kernel lets it here: a nice value, a real-time policy or
+ * I/O class ckpt-restart may not take unprivileged, or CPUs this host does
+ * not have, leave the thread as ckpt-restart's.
  */
 static void restore_scheduling(const struct ckpt_thread *t)
 {
@@ -40,6 +41,9 @@ static void restore_scheduling(const struct ckpt_thread *t)
 	if (t->policy >= 0)
 		sys3(SYS_sched_setscheduler, 0, t->policy, &sched_priority);
 	sys3(SYS_setpriority, PRIO_PROCESS, 0, t->nice);
+	if (IOPRIO_PRIO_CLASS(t->ioprio) != IOPRIO_CLASS_NONE)	/* real-time: privileged */
+		sys3(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, t->ioprio);
+	sys5(SYS_personality, t->personality, 0, 0, 0, 0);
 	sys5(SYS_prctl, PR_SET_PDEATHSIG, t->pdeath_signal, 0, 0, 0);
 	if (t->no_new_privs)
 		sys5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/ioprio.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -58,7 +59,8 @@ static void slot_set_state(struct parked_thread *t, int state)
 	futex(&state_changes, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
 }
 
-/* The thread's own scheduling and no_new_privs: restored by restore_scheduling
+/* The thread's own scheduling, I/O priority, personality and no_new_privs:
+ * restored by restore_scheduling
  * (native/restart/threads.c).  Raw calls: this runs in a signal handler. */
 static void fill_scheduling(struct ckpt_thread *rec)
 {
@@ -75,6 +77,10 @@ static void fill_scheduling(struct ckpt_thread *rec)
 	rec->no_new_privs = syscall(SYS_prctl, PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
 	/* fails (all 0: not read) where the kernel has more than 1024 CPUs */
 	syscall(SYS_sched_getaffinity, 0, sizeof(rec->cpu_affinity), rec->cpu_affinity);
+	rec->personality = syscall(SYS_personality, 0xffffffff);	/* asks, changes nothing */
+	rec->ioprio = syscall(SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0);
+	if (rec->ioprio < 0)
+		rec->ioprio = IOPRIO_PRIO_VALUE(IOPRIO_CLASS_NONE, 0);
 }
 
 /* The thread's capability sets and securebits: restored by restore_capabilities

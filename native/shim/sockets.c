@@ -217,9 +217,43 @@ static int peek_without_offset(int s, int stream, struct fd_payload *q)
 	return 0;
 }
 
+/*
+ * recv(MSG_PEEK) of up to len bytes; *in_flight counts the file
+ * descriptors sent with them (SCM_RIGHTS on a Unix socket).  A peek
+ * installs copies of those in our table: closed at once.  They are not
+ * saved: the bytes come back at restart, the descriptors do not.
+ */
+static ssize_t peek_counting_fds(int s, void *buf, size_t len, int *in_flight)
+{
+	char control[CMSG_SPACE(64 * sizeof(int))];
+	struct iovec iov = { buf, len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+			    .msg_controllen = sizeof(control) };
+	ssize_t n = recvmsg(s, &m, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+	if (n < 0)
+		return n;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		int nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (int i = 0; i < nfds; i++) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+			close(fd);
+		}
+		*in_flight += nfds;
+	}
+	if (m.msg_flags & MSG_CTRUNC)	/* more than the room: at least one more */
+		(*in_flight)++;
+	return n;
+}
+
 /* Stream: the queued bytes.  Datagrams: each after its uint32_t length.
  * SO_PEEK_OFF walks the queue without consuming it. */
-static int peek_queue(int s, int type, struct fd_payload *q)
+static int peek_queue(int s, int type, struct fd_payload *q, int *in_flight)
 {
 	int stream = type == SOCK_STREAM;
 	int old_off = get_int(s, SOL_SOCKET, SO_PEEK_OFF);
@@ -241,8 +275,8 @@ static int peek_queue(int s, int type, struct fd_payload *q)
 			err = ENOBUFS;
 			break;
 		}
-		n = recv(s, q->data + q->len + (stream ? 0 : 4), stream ? room : DGRAM_MAX,
-			 MSG_PEEK | MSG_DONTWAIT);
+		n = peek_counting_fds(s, q->data + q->len + (stream ? 0 : 4),
+				      stream ? room : DGRAM_MAX, in_flight);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && errno != EAGAIN && !never_connected(stream, errno))
@@ -263,13 +297,13 @@ static int peek_queue(int s, int type, struct fd_payload *q)
 
 /* What is queued for the application: on a TCP connection inside the job,
  * what FLUSH read (the kernel's queue is empty then); else a peek. */
-static int queued_bytes(int s, uint64_t ino, int type, struct fd_payload *q)
+static int queued_bytes(int s, uint64_t ino, int type, struct fd_payload *q, int *in_flight)
 {
 	const char *flushed;
 	size_t len;
 
 	if (!tcp_flushed_queue(ino, &flushed, &len))
-		return peek_queue(s, type, q);
+		return peek_queue(s, type, q, in_flight);
 	*q = (struct fd_payload){ 0 };
 	if (!len)
 		return 0;
@@ -483,7 +517,7 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 		    char *path, size_t path_size)
 {
 	int s = app_getfd(fd);
-	int err = 0;
+	int err = 0, in_flight = 0;
 
 	if (s < 0)
 		return errno;
@@ -518,7 +552,10 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 	if (!queue_refillable(rec))
 		warn_dropped_queue(s, fd);
 	else if (!(rec->sock_flags & CKPT_SOCK_LISTENING))
-		err = queued_bytes(s, ino, rec->sock_type, q);
+		err = queued_bytes(s, ino, rec->sock_type, q, &in_flight);
+	if (in_flight)
+		ckpt_warn("fd %d: %d file descriptor(s) sent with its queued messages (SCM_RIGHTS) "
+			  "are not saved: after restart the messages come without them", fd, in_flight);
 	if (!err)
 		err = save_filter(s, rec, q);
 	if (err == EACCES) {
