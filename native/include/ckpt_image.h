@@ -540,7 +540,9 @@ struct ckpt_fd {
 	struct ckpt_sockaddr sock_peer;
 	uint64_t value[6];		/* eventfd, timerfd, signalfd state;
 					 * CKPT_FD_PIPE_READ: value[0] 1 when
-					 * no writer was left (EOF after the data);
+					 * no writer was left (EOF after the data),
+					 * value[1] 1 when the data are packets
+					 * (O_DIRECT), each after a uint32_t length;
 					 * CKPT_FD_FILE, CKPT_FD_DELETED_FILE: the
 					 * locks held through it (below) */
 	int32_t share_pid;		/* CKPT_FD_FILE: the same open file (one

@@ -115,6 +115,26 @@ static struct shared_pipe *find_pipe(uint64_t id)
 	return NULL;
 }
 
+/* Pair of copy_one (native/shim/fds.c) in packet mode: each packet in a
+ * write of its own, through an end in packet mode. */
+static void refill_packets(int end, const struct loaded_fd *lf)
+{
+	const char *p = lf->data, *stop = lf->data + lf->f.data_size;
+
+	if (fcntl(end, F_SETFL, O_DIRECT))
+		die("cannot put a pipe in packet mode: %s", strerror(errno));
+	while (stop - p >= 4) {
+		uint32_t len;
+
+		memcpy(&len, p, 4);
+		if (len > (uint64_t)(stop - p - 4))
+			die("a pipe's saved packets are damaged");
+		write_all(end, p + 4, len, "a pipe");
+		p += 4 + len;
+	}
+	fcntl(end, F_SETFL, 0);
+}
+
 /* The pipe's bytes, from the first reader that saved them. */
 static void refill_pipe(struct image *imgs, unsigned n, const struct shared_pipe *sp)
 {
@@ -122,11 +142,14 @@ static void refill_pipe(struct image *imgs, unsigned n, const struct shared_pipe
 		for (unsigned j = 0; j < imgs[i].nfds; j++) {
 			const struct loaded_fd *lf = &imgs[i].fds[j];
 
-			if (lf->f.kind == CKPT_FD_PIPE_READ && lf->f.object_id == sp->id &&
-			    lf->f.data_size) {
+			if (lf->f.kind != CKPT_FD_PIPE_READ || lf->f.object_id != sp->id ||
+			    !lf->f.data_size)
+				continue;
+			if (lf->f.value[1])
+				refill_packets(sp->end[1], lf);
+			else
 				write_all(sp->end[1], lf->data, lf->f.data_size, "a pipe");
-				return;
-			}
+			return;
 		}
 }
 

@@ -184,8 +184,10 @@ struct fd_table {
 struct pipe_copy {
 	uint64_t ino;
 	int read_fd;
+	int packets;		/* packet mode (O_DIRECT): data is packets, each
+				 * after its uint32_t length */
 	char *data;
-	size_t len, cap;
+	size_t len, cap, mapped;
 };
 
 static struct pipe_copy pipes[MAX_PIPES];
@@ -756,8 +758,10 @@ static int save_one_fd(struct image_writer *w, struct fd_info *fi)
 	if (fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_FIFO) {
 		p = find_pipe(fi->rec.object_id);
 		/* one read end carries the bytes; dups of it carry none */
-		if (p && p->read_fd == fi->rec.fd)
+		if (p && p->read_fd == fi->rec.fd) {
 			fi->rec.data_size = p->len;
+			fi->rec.value[1] = p->packets;
+		}
 	}
 	if (fi->payload.len)
 		fi->rec.data_size = fi->payload.len;
@@ -788,20 +792,25 @@ int save_fds(struct image_writer *w, struct fd_table *t)
 /* ---- the fds plugin: a copy of what is in each pipe ---- */
 
 /* tee(2) copies a pipe's bytes into our own pipe without consuming them:
- * the job's pipes are left exactly as they were. */
+ * the job's pipes are left exactly as they were.  The copy keeps each
+ * packet's flag (a pipe written in packet mode, O_DIRECT), and a read ends
+ * at a packet's end: each read is kept after its length, and a pipe that
+ * took more than one read is saved as packets. */
 static int copy_one(struct pipe_copy *p)
 {
 	int src = app_open(getpid(), p->read_fd, O_RDONLY | O_NONBLOCK);
-	int tmp[2] = { -1, -1 };
+	int tmp[2] = { -1, -1 }, reads = 0;
 	int err = 0;
-	ssize_t got;
+	ssize_t got, copied = 0;
 
 	if (src < 0)
 		return errno;
 	p->cap = fcntl(src, F_GETPIPE_SZ);
 	if ((int)p->cap <= 0)
 		p->cap = 1 << 16;
-	p->data = scratch_map(p->cap);
+	/* a packet takes a page of the pipe at least, and 4 bytes more here */
+	p->mapped = p->cap + 4 * (p->cap / 4096 + 1);
+	p->data = scratch_map(p->mapped);
 	if (!p->data || pipe2(tmp, O_CLOEXEC | O_NONBLOCK)) {
 		err = p->data ? errno : ENOMEM;
 		goto out;
@@ -815,14 +824,23 @@ static int copy_one(struct pipe_copy *p)
 		err = errno;
 		goto out;
 	}
-	while (got > 0 && p->len < (size_t)got) {
-		ssize_t n = read(tmp[0], p->data + p->len, got - p->len);
+	while (got > 0 && copied < got) {
+		ssize_t n = read(tmp[0], p->data + p->len + 4, got - copied);
+		uint32_t len32 = n;
 
 		if (n <= 0) {
 			err = n < 0 ? errno : EIO;
 			break;
 		}
-		p->len += n;
+		memcpy(p->data + p->len, &len32, 4);
+		p->len += 4 + n;
+		copied += n;
+		reads++;
+	}
+	p->packets = reads > 1;
+	if (reads == 1) {	/* plain bytes */
+		memmove(p->data, p->data + 4, copied);
+		p->len = copied;
 	}
 out:
 	if (tmp[0] >= 0) {
@@ -837,7 +855,7 @@ static void release_pipes(void)
 {
 	for (int i = 0; i < npipes; i++)
 		if (pipes[i].data)
-			scratch_unmap(pipes[i].data, pipes[i].cap);
+			scratch_unmap(pipes[i].data, pipes[i].mapped);
 	npipes = 0;
 }
 
