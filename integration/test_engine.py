@@ -62,6 +62,7 @@ PROGRAMS = {
     "maps_reader": ["300", "10"],
     "process_limits": ["300", "10"],
     "altstacks": ["300", "10"],
+    "future_locks": ["300", "10"],
     # gives up root's capabilities: only root has them to give up
     **({"capabilities": ["300", "10"]} if os.getuid() == 0 else {}),
     **({"securebits": ["300", "10"]} if os.getuid() == 0 else {}),

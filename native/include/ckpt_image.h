@@ -394,7 +394,8 @@ struct ckpt_process {
 	uint64_t arg_start, arg_end, env_start, env_end;
 	uint64_t auxv[CKPT_AUXV_WORDS];
 	uint32_t auxv_words;
-	uint32_t pad;
+	uint32_t future_locks;		/* mlockall(MCL_FUTURE): CKPT_ADVICE_LOCKED,
+					 * and LOCKONFAULT for MCL_ONFAULT */
 	uint64_t shared_pending;	/* process-wide pending signals (ShdPnd) */
 	struct ckpt_ksigaction sigactions[CKPT_NSIG];
 	struct ckpt_itimer itimers[3];

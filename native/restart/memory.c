@@ -539,22 +539,33 @@ static void advise_again(const struct ckpt_vma *v)
 }
 
 /* And what mlock() said: under the process's own RLIMIT_MEMLOCK, so once
- * its limits are back (process.c); a warning too. */
+ * its limits are back (process.c); a warning too.  Then mlockall(MCL_FUTURE)
+ * for the regions to come, if the process had asked for it. */
 void relock_memory(const struct image *img)
 {
+	uint32_t future = img->proc->future_locks;
+	long r;
+
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		const struct ckpt_vma *v = &img->vmas[i].v;
-		long r;
 
 		if (!(v->advice & CKPT_ADVICE_LOCKED))
 			continue;
 		r = sys3(SYS_mlock2, v->start, v->end - v->start,
 			 v->advice & CKPT_ADVICE_LOCKONFAULT ? MLOCK_ONFAULT : 0);
-		if (r < 0)
+		/* PROT_NONE (a thread stack's guard) is locked, but cannot be
+		 * faulted in, which mlock reports as ENOMEM */
+		if (r < 0 && !(r == -ENOMEM && v->prot == 0))
 			warn("%llx-%llx: cannot lock it in memory again (mlock): %s",
 			     (unsigned long long)v->start, (unsigned long long)v->end,
 			     strerror(-r));
 	}
+	if (!(future & CKPT_ADVICE_LOCKED))
+		return;
+	r = sys1(SYS_mlockall, MCL_FUTURE | (future & CKPT_ADVICE_LOCKONFAULT ? MCL_ONFAULT : 0));
+	if (r < 0)
+		warn("cannot lock the regions to come in memory again (mlockall): %s",
+		     strerror(-r));
 }
 
 void restore_memory(struct image *img)

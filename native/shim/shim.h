@@ -328,6 +328,7 @@ SHIM_HIDDEN int compress_flush(struct compressor *c, struct image_writer *w);
 /* mlock and madvise state of every region, from smaps (vma_advice.c) */
 SHIM_HIDDEN struct vma_advice_table *vma_advice_read(int *err);
 SHIM_HIDDEN uint32_t vma_advice_at(const struct vma_advice_table *t, uint64_t addr);
+SHIM_HIDDEN uint32_t vma_advice_future(const struct vma_advice_table *t);
 SHIM_HIDDEN int vma_advice_unforkable(const struct vma_advice_table *t);
 SHIM_HIDDEN void vma_advice_free(struct vma_advice_table *t);
 /* a forked writer's copies of the shared memory it saves (shm_snapshot.c) */

@@ -1,7 +1,9 @@
 /*
  * What mlock() and madvise() told the kernel about each region, read from
  * the VmFlags of /proc/self/smaps while the process is stopped, for the
- * image (struct ckpt_vma.advice); restart/memory.c gives it again.
+ * image (struct ckpt_vma.advice); restart/memory.c gives it again.  And
+ * whether mlockall(MCL_FUTURE) locks regions yet to come
+ * (ckpt_process.future_locks; restart/process.c).
  *
  * Read in the process itself, before a forked writer exists: a child
  * does not inherit mlock, and MADV_DONTFORK and MADV_WIPEONFORK memory
@@ -12,6 +14,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "shim.h"
 
@@ -27,6 +30,7 @@ struct vma_advice_table {
 	size_t n, cap;
 	size_t bytes;		/* of the scratch mapping that holds us */
 	int unforkable;
+	uint32_t future;	/* mlockall(MCL_FUTURE): what a new region gets */
 };
 
 static const struct {
@@ -148,22 +152,37 @@ static int read_smaps(int fd, struct vma_advice_table **t)
 struct vma_advice_table *vma_advice_read(int *err)
 {
 	struct vma_advice_table *t = scratch_map(sizeof(*t));
+	/* a new region shows what mlockall(MCL_FUTURE) left for new ones
+	 * (no file tells): PROT_NONE, so that nothing is faulted in */
+	void *probe = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	int fd;
 
 	*err = ENOMEM;
-	if (!t)
-		return NULL;
+	if (!t || probe == MAP_FAILED)
+		goto fail;
 	memset(t, 0, sizeof(*t));
 	t->bytes = sizeof(*t);
 	fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
 	*err = fd < 0 ? errno : read_smaps(fd, &t);
 	if (fd >= 0)
 		close(fd);
-	if (*err) {
-		vma_advice_free(t);
-		return NULL;
-	}
+	if (*err)
+		goto fail;
+	t->future = vma_advice_at(t, (uint64_t)probe) &
+		    (CKPT_ADVICE_LOCKED | CKPT_ADVICE_LOCKONFAULT);
+	munmap(probe, 4096);
 	return t;
+fail:
+	if (probe != MAP_FAILED)
+		munmap(probe, 4096);
+	if (t)
+		vma_advice_free(t);
+	return NULL;
+}
+
+uint32_t vma_advice_future(const struct vma_advice_table *t)
+{
+	return t->future;
 }
 
 uint32_t vma_advice_at(const struct vma_advice_table *t, uint64_t addr)

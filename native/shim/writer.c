@@ -185,6 +185,7 @@ static int take_snapshot(struct snapshot *snap, unsigned seq, const struct ckpt_
 		return ENOMEM;
 	}
 	err = collect_process(snap->proc, detail, size);	/* timers do not survive fork */
+	snap->proc->future_locks = vma_advice_future(snap->advice);
 	if (!err)
 		err = sysv_ipc_snapshot(seq, &snap->sysv, detail, size);
 	if (!err) {
