@@ -253,6 +253,30 @@ def test_descriptors_in_flight_are_named(session):
     assert "RECEIVED message []\n" in restart_and_finish(session, image, job)
 
 
+# A TCP connection inside the job with an urgent byte queued.
+URGENT_BYTE = r"""
+import socket, time
+listener = socket.create_server(("127.0.0.1", 0))
+client = socket.create_connection(listener.getsockname())
+server, _ = listener.accept()
+client.send(b"data")
+client.send(b"!", socket.MSG_OOB)
+time.sleep(0.2)
+print("READY", flush=True)
+time.sleep(30)
+"""
+
+
+def test_tcp_urgent_byte_is_named(session):
+    """TCP urgent data (MSG_OOB) is not saved: the checkpoint says so."""
+    job = Job(session, "urgent-byte", [sys.executable, "-c", URGENT_BYTE])
+    job.wait_ready()
+    checkpoint = session.ckpt("checkpoint", job.id)
+    said = [line for line in checkpoint.stderr.splitlines() if "MSG_OOB" in line]
+    assert len(said) == 1 and "urgent byte" in said[0], checkpoint.stderr
+    job.kill()
+
+
 def test_unlinked_private_map_is_named(session):
     """A private map of an unlinked file no fd holds: the file's bytes under
     the process's copies cannot be saved unprivileged, and the checkpoint

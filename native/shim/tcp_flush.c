@@ -165,6 +165,17 @@ static void done_key(uint64_t ino, char *key, size_t size)
 	snprintf(key, size, "sock:given-back:%s:%llu", shim_hostname(), (unsigned long long)ino);
 }
 
+/* An urgent byte (MSG_OOB) not yet read is not carried: the flush reads
+ * past its mark, and the bytes are written back as plain bytes. */
+static void warn_urgent_byte(const struct flushed_end *e)
+{
+	char c;
+
+	if (recv(e->s, &c, 1, MSG_OOB | MSG_PEEK | MSG_DONTWAIT) == 1)
+		ckpt_warn("fd %d: the TCP urgent byte (MSG_OOB) queued there is lost, and its "
+			  "mark with it: urgent data is not saved", e->fd);
+}
+
 /* 0, with the end chosen or left to its owner (a dup of one we have, or
  * another process's); else errno. */
 static int choose_end(int fd)
@@ -187,6 +198,7 @@ static int choose_end(int fd)
 		if (!err)
 			err = socket_end_ready(fd);
 		if (!err) {
+			warn_urgent_byte(e);
 			nends++;
 			return 0;
 		}
