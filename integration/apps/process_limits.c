@@ -1,10 +1,12 @@
 /*
  * Limits and modes a program sets for itself that no file or map shows:
  * its umask, resource limits (a core limit of 0/0, as `ulimit -c 0` sets
- * it; a lowered file limit; a CPU-time limit), and each thread's own
- * personality (ADDR_NO_RANDOMIZE) and I/O priority (ioprio_set: best-effort
- * level 6 in one thread, the idle class in another).  Checked at every
- * step, from each thread itself, and must be as they were after a restart.
+ * it; a lowered file limit; a CPU-time limit), memory-deny-write-execute
+ * (PR_SET_MDWE, where the kernel has it), and each thread's own
+ * personality (ADDR_NO_RANDOMIZE), I/O priority (ioprio_set: best-effort
+ * level 6 in one thread, the idle class in another) and timer slack.
+ * Checked at every step, from each thread itself, and must be as they
+ * were after a restart.
  *
  *   process_limits [steps] [ms-per-step]
  */
@@ -12,23 +14,31 @@
 #include <linux/ioprio.h>
 #include <pthread.h>
 #include <sys/personality.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "zdtm.h"
 
+#ifndef PR_SET_MDWE
+#define PR_SET_MDWE 65		/* Linux 6.3; Debian 12's headers are 6.1's */
+#define PR_GET_MDWE 66
+#endif
+
 struct thread_modes {
 	unsigned long personality;
 	int ioprio;
+	long timer_slack_ns;
 };
 
 static const struct thread_modes main_modes = {
-	PER_LINUX | ADDR_NO_RANDOMIZE, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, 6)
+	PER_LINUX | ADDR_NO_RANDOMIZE, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, 6), 123456
 };
 static const struct thread_modes other_modes = {
-	PER_LINUX, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0)
+	PER_LINUX, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0), 7000
 };
+static int mdwe;	/* 1 once set; 0 where the kernel has no MDWE */
 
 static const struct {
 	int resource;
@@ -46,6 +56,7 @@ static void set_modes(const struct thread_modes *m)
 {
 	zdtm_check(personality(m->personality) != -1, "personality");
 	zdtm_check(syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, m->ioprio) == 0, "ioprio_set");
+	zdtm_check(prctl(PR_SET_TIMERSLACK, m->timer_slack_ns) == 0, "PR_SET_TIMERSLACK");
 }
 
 static void check_modes(const struct thread_modes *m, const char *who)
@@ -55,6 +66,9 @@ static void check_modes(const struct thread_modes *m, const char *who)
 	zdtm_check((unsigned long)personality(0xffffffff) == m->personality,
 		   "%s: personality is %#x, was %#lx", who, personality(0xffffffff), m->personality);
 	zdtm_check(got == m->ioprio, "%s: I/O priority is %#lx, was %#x", who, got, m->ioprio);
+	got = prctl(PR_GET_TIMERSLACK);
+	zdtm_check(got == m->timer_slack_ns, "%s: timer slack is %ld ns, was %ld", who, got,
+		   m->timer_slack_ns);
 }
 
 static void check_process(void)
@@ -63,6 +77,8 @@ static void check_process(void)
 
 	umask(mask);
 	zdtm_check(mask == 027, "umask is %03o, was 027", (unsigned)mask);
+	zdtm_check(prctl(PR_GET_MDWE, 0, 0, 0, 0) == (mdwe ? 1 : 0) || !mdwe,
+		   "memory-deny-write-execute is %d, was %d", prctl(PR_GET_MDWE, 0, 0, 0, 0), mdwe);
 	for (unsigned i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
 		struct rlimit got;
 
@@ -97,6 +113,7 @@ int main(int argc, char **argv)
 	for (unsigned i = 0; i < sizeof(limits) / sizeof(limits[0]); i++)
 		zdtm_check(setrlimit(limits[i].resource, &limits[i].limit) == 0, "setrlimit %s",
 			   limits[i].name);
+	mdwe = prctl(PR_SET_MDWE, 1, 0, 0, 0) == 0;	/* PR_MDWE_REFUSE_EXEC_GAIN */
 	set_modes(&main_modes);
 	zdtm_check(pthread_create(&other, NULL, other_thread, NULL) == 0, "pthread_create");
 	printf("READY\n");

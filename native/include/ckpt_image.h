@@ -278,7 +278,7 @@ struct ckpt_thread {
 	uint32_t ngroups;
 	uint32_t groups[CKPT_MAX_GROUPS];
 	uint32_t personality;		/* personality(2), each thread's own */
-	uint32_t pad2;
+	uint32_t timer_slack_ns;	/* PR_GET_TIMERSLACK, each thread's own */
 	uint64_t pending;		/* signals pending for it alone (SigPnd) */
 	struct ckpt_regs regs;
 };
@@ -411,6 +411,8 @@ struct ckpt_process {
 	uint32_t ctty_pty;		/* the controlling terminal: the pty's
 					 * number + 1; 0: none, or not a pty */
 	int32_t ctty_foreground;	/* its foreground process group */
+	uint32_t mdwe;			/* PR_GET_MDWE: memory-deny-write-execute */
+	uint32_t pad;
 	struct ckpt_zombie zombies[CKPT_MAX_ZOMBIES];
 	struct ckpt_posix_timer timers[CKPT_MAX_TIMERS];
 };

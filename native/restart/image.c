@@ -18,6 +18,7 @@
 #include <zstd.h>
 #include "fast_hash.h"
 #include "restart.h"
+#include "linux_compat.h"
 
 void read_exact_at(struct image *img, void *buf, size_t len, uint64_t off)
 {
@@ -247,10 +248,6 @@ static void *read_payload(struct image *img, size_t len, uint64_t off)
 	p[len] = '\0';
 	return p;
 }
-
-#ifndef MADV_GUARD_INSTALL
-#define MADV_GUARD_INSTALL 102
-#endif
 
 /* Whether this kernel installs guard pages: asked once, on a page of our own. */
 static int guards_supported(void)

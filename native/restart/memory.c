@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include "restart.h"
 #include "sys.h"
+#include "linux_compat.h"
 
 #ifndef MFD_NOEXEC_SEAL
 #define MFD_NOEXEC_SEAL 0x0008U
@@ -484,10 +485,6 @@ static void protect_filled(struct image *img)
 			fatal("protecting a saved region", r);
 	}
 }
-
-#ifndef MADV_GUARD_INSTALL
-#define MADV_GUARD_INSTALL 102
-#endif
 
 /* Guard pages again, once the pages around them are in. */
 static void install_guards(struct image *img)

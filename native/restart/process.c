@@ -14,10 +14,7 @@
 #include <linux/membarrier.h>
 #include "restart.h"
 #include "sys.h"
-
-#ifndef PR_TIMER_CREATE_RESTORE_IDS
-#define PR_TIMER_CREATE_RESTORE_IDS 77	/* Linux 6.17 */
-#endif
+#include "linux_compat.h"
 
 /* Before the point of no return: these may fail cleanly. */
 void restore_process_early(struct image *img)
@@ -279,6 +276,10 @@ static void restore_prctl_attributes(const struct ckpt_process *p)
 	sys5(SYS_prctl, PR_SET_CHILD_SUBREAPER, p->child_subreaper, 0, 0, 0);
 	if (p->dumpable == 0 || p->dumpable == 1)
 		sys5(SYS_prctl, PR_SET_DUMPABLE, p->dumpable, 0, 0, 0);
+	/* memory-deny-write-execute: the code is mapped by now, and it cannot
+	 * be taken back once set */
+	if (p->mdwe && sys5(SYS_prctl, PR_SET_MDWE, p->mdwe, 0, 0, 0) < 0)
+		warn("memory-deny-write-execute could not be set again");
 }
 
 /* Pair of read_membarrier (native/shim/save_process.c). */

@@ -44,6 +44,8 @@ static void restore_scheduling(const struct ckpt_thread *t)
 	if (IOPRIO_PRIO_CLASS(t->ioprio) != IOPRIO_CLASS_NONE)	/* real-time: privileged */
 		sys3(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, t->ioprio);
 	sys5(SYS_personality, t->personality, 0, 0, 0, 0);
+	if (t->timer_slack_ns)	/* 0 would mean the default */
+		sys5(SYS_prctl, PR_SET_TIMERSLACK, t->timer_slack_ns, 0, 0, 0);
 	sys5(SYS_prctl, PR_SET_PDEATHSIG, t->pdeath_signal, 0, 0, 0);
 	if (t->no_new_privs)
 		sys5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);

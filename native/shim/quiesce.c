@@ -59,13 +59,15 @@ static void slot_set_state(struct parked_thread *t, int state)
 	futex(&state_changes, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
 }
 
-/* The thread's own scheduling, I/O priority, personality and no_new_privs:
+/* The thread's own scheduling, I/O priority, personality, timer slack and
+ * no_new_privs:
  * restored by restore_scheduling
  * (native/restart/threads.c).  Raw calls: this runs in a signal handler. */
 static void fill_scheduling(struct ckpt_thread *rec)
 {
 	struct sched_param sp = { 0 };
 	long prio = syscall(SYS_getpriority, PRIO_PROCESS, 0);	/* 20 - nice */
+	long slack;
 	int sig = 0;
 
 	rec->nice = prio > 0 ? 20 - (int)prio : 0;
@@ -78,6 +80,8 @@ static void fill_scheduling(struct ckpt_thread *rec)
 	/* fails (all 0: not read) where the kernel has more than 1024 CPUs */
 	syscall(SYS_sched_getaffinity, 0, sizeof(rec->cpu_affinity), rec->cpu_affinity);
 	rec->personality = syscall(SYS_personality, 0xffffffff);	/* asks, changes nothing */
+	slack = syscall(SYS_prctl, PR_GET_TIMERSLACK, 0, 0, 0, 0);
+	rec->timer_slack_ns = slack > 0 && slack <= UINT32_MAX ? slack : 0;
 	rec->ioprio = syscall(SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0);
 	if (rec->ioprio < 0)
 		rec->ioprio = IOPRIO_PRIO_VALUE(IOPRIO_CLASS_NONE, 0);

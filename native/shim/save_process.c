@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <linux/prctl.h>
 #include <linux/membarrier.h>
+#include "linux_compat.h"
 #include "shim.h"
 
 /* The mm fields of /proc/self/stat (fields 26-28 and 45-51, see proc(5)). */
@@ -165,6 +166,9 @@ static void read_prctl_attributes(struct ckpt_process *p)
 	if (syscall(SYS_prctl, PR_GET_CHILD_SUBREAPER, &subreaper, 0, 0, 0) == 0)
 		p->child_subreaper = subreaper != 0;
 	p->thp_disable = syscall(SYS_prctl, PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1;
+	p->mdwe = syscall(SYS_prctl, PR_GET_MDWE, 0, 0, 0, 0);	/* < 0: not offered */
+	if ((int32_t)p->mdwe < 0)
+		p->mdwe = 0;
 }
 
 /* Which private expedited membarrier() commands the process registered
