@@ -16,7 +16,7 @@ The MPI libraries are Debian's, over UCX's `ud_verbs` on softverbs' device
   - the rebuild against the number of ranks (each rank has an address
     handle per peer; bench/ib_bench.py takes one process to 1024 of them).
 
-    python3 bench/mpi_verbs_bench.py [--reps 7] [--mib 512]
+    python3 bench/mpi_verbs_bench.py [--reps 7] [--mib 512] [--only-pingpong]
 """
 import argparse
 import os
@@ -213,6 +213,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /var/tmp)")
+    ap.add_argument("--only-pingpong", action="store_true")
     args = ap.parse_args()
     if not UCT_IB.exists() or not shutil.which("mpirun.mpich"):
         print("mpi_verbs_bench: MPICH and UCX's verbs transports are needed (./setup.sh)")
@@ -226,8 +227,9 @@ def main():
         env = verbs_env(work)
         print(f"ckpt: MPI over verbs (softverbs, UCX ud_verbs), work dir {work}")
         bench_pingpong(env, args.reps)
-        bench_checkpoint(env, work, args.ranks, args.mib, args.ckpt_reps)
-        bench_rebuild_by_ranks(env, work, args.ckpt_reps)
+        if not args.only_pingpong:
+            bench_checkpoint(env, work, args.ranks, args.mib, args.ckpt_reps)
+            bench_rebuild_by_ranks(env, work, args.ckpt_reps)
 
 
 if __name__ == "__main__":
