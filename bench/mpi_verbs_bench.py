@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from engine_bench import REPO, baseline, ckpt, table, wait_for
+from mpi_bench import restart_time
 
 MPI_BIN = REPO / "bench" / "mpi" / "bin"
 SOFTVERBS = REPO / "native" / "softverbs"
@@ -129,19 +130,6 @@ class VerbsJob:
         ckpt(self.env, "kill", self.name)
         self.proc.wait()
         time.sleep(1)       # let the killed ranks' memory go back
-
-
-def restart_time(env, image_dir, out):
-    """Seconds from `ckpt restart` until rank 0 writes again."""
-    before = out.stat().st_size
-    t = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "ckpt", "restart", image_dir], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while out.stat().st_size <= before:
-        if proc.poll() is not None:
-            raise RuntimeError("restart failed")
-        time.sleep(0.002)
-    return time.monotonic() - t, proc
 
 
 def bench_checkpoint(env, work, ranks, mib, reps):
