@@ -60,9 +60,8 @@ static void slot_set_state(struct parked_thread *t, int state)
 }
 
 /* The thread's own scheduling, I/O priority, personality, timer slack and
- * no_new_privs:
- * restored by restore_scheduling
- * (native/restart/threads.c).  Raw calls: this runs in a signal handler. */
+ * no_new_privs: restored by restore_scheduling (native/restart/threads.c).
+ * Raw calls: this runs in a signal handler. */
 static void fill_scheduling(struct ckpt_thread *rec)
 {
 	struct sched_param sp = { 0 };

@@ -3,7 +3,7 @@
  * the VmFlags of /proc/self/smaps while the process is stopped, for the
  * image (struct ckpt_vma.advice); restart/memory.c gives it again.  And
  * whether mlockall(MCL_FUTURE) locks regions yet to come
- * (ckpt_process.future_locks; restart/process.c).
+ * (ckpt_process.future_locks; restart/memory.c, relock_memory).
  *
  * Read in the process itself, before a forked writer exists: a child
  * does not inherit mlock, and MADV_DONTFORK and MADV_WIPEONFORK memory
@@ -154,7 +154,7 @@ struct vma_advice_table *vma_advice_read(int *err)
 	struct vma_advice_table *t = scratch_map(sizeof(*t));
 	/* a new region shows what mlockall(MCL_FUTURE) left for new ones
 	 * (no file tells): PROT_NONE, so that nothing is faulted in */
-	void *probe = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *probe = shim_mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	int fd;
 
 	*err = ENOMEM;
@@ -170,11 +170,11 @@ struct vma_advice_table *vma_advice_read(int *err)
 		goto fail;
 	t->future = vma_advice_at(t, (uint64_t)probe) &
 		    (CKPT_ADVICE_LOCKED | CKPT_ADVICE_LOCKONFAULT);
-	munmap(probe, 4096);
+	shim_munmap(probe, 4096);
 	return t;
 fail:
 	if (probe != MAP_FAILED)
-		munmap(probe, 4096);
+		shim_munmap(probe, 4096);
 	if (t)
 		vma_advice_free(t);
 	return NULL;
