@@ -25,11 +25,12 @@ def test_blocking_calls_checkpointed_every_100ms_then_restarted(session):
     100 ms for 7 s, it must end as an uninterrupted run, and so must a
     restart from the middle checkpoint."""
     args = ["350", "20", "restartable"]
-    reference = session.reference("blocking_calls", *args)
+    session.start_reference("blocking_calls", *args)
     job = Job(session, "calls", "blocking_calls", *args)
     job.wait_ready()
     images = checkpoint_until_the_end(job, 0.1)
     assert job.wait() == 0, job.output()[-300:]
+    reference = session.reference("blocking_calls", *args)
     assert job.output() == reference
     assert len(images) >= 10, f"only {len(images)} checkpoints in 7 s"
     middle = images[len(images) // 2]
@@ -40,11 +41,12 @@ def test_system_v_and_aio_waits_checkpointed_every_100ms(session):
     """semop, semtimedop, msgrcv and io_getevents too (their kernel objects
     are not restored yet, so no restart here)."""
     args = ["300", "20", "all"]
-    reference = session.reference("blocking_calls", *args)
+    session.start_reference("blocking_calls", *args)
     job = Job(session, "sysv-calls", "blocking_calls", *args)
     job.wait_ready()
     images = checkpoint_until_the_end(job, 0.1)
     assert job.wait() == 0, job.output()[-300:]
+    reference = session.reference("blocking_calls", *args)
     assert job.output() == reference
     assert len(images) >= 5
 
@@ -53,11 +55,12 @@ def test_every_realtime_signal_is_the_applications(session):
     """Handlers for SIGRTMIN..SIGRTMAX, queued signals in order, a full mask
     that reads back whole, sigwaitinfo and signalfd on the last two."""
     args = ["300", "10"]
-    reference = session.reference("rtsignals", *args)
+    session.start_reference("rtsignals", *args)
     job = Job(session, "rtsig", "rtsignals", *args)
     job.wait_ready()
     job.checkpoint_at_random_moments(3)
     job.kill()
+    reference = session.reference("rtsignals", *args)
     for image in (job.images[0], job.images[-1]):
         assert restart_and_finish(session, image, job) == reference
 
