@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, Job, restart_and_finish
+from harness import REPO, Job, Restart, restart_and_finish
 
 SOFTVERBS = REPO / "native" / "softverbs"
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
@@ -219,13 +219,27 @@ REBUILT = re.compile(r"ckpt-ib\[(\d+)\]: rebuilt in")
 # which its peers answer from UCX's async thread, woken through an epoll
 # set that watches the verbs fds: that set must watch the rebuilt fds
 # (plugins/ib/epoll_watchers.c), or a restarted job hangs there.
-@pytest.mark.parametrize("stack,tls", [("mpich", "ud_verbs"), ("mpich", "rc_v"), ("openmpi", "ud_verbs")])
-def test_over_verbs_checkpoint_restart(session, stack, tls):
+# every program over UD (the paper's case); the ring over the others
+@pytest.mark.parametrize("stack,tls,program", [
+    *(("mpich", "ud_verbs", program) for program in ("ring", "allreduce", "jacobi", "bigmsg")),
+    ("mpich", "rc_v", "ring"), ("openmpi", "ud_verbs", "ring")])
+def test_over_verbs_checkpoint_restart(session, stack, tls, program):
     """Under `ckpt launch` (the IB plugin): three checkpoints at random
     moments, kill, restart from the first and from the last image on a new
     adapter incarnation; the output equals an uninterrupted run's, and the
     restarted ranks went on over verbs (softverbs' counters of the contexts
     the plugin rebuilt, appended to a file at their close)."""
+    checkpoint_kill_restart_over_ucx(session, stack, tls, program)
+
+
+@pytest.mark.parametrize("stack", ["mpich", "openmpi"])
+def test_over_verbs_restart_chain(session, stack):
+    """A restarted job over ud_verbs checkpointed again, killed, and that
+    image restarted: it ends as an uninterrupted run, over verbs."""
+    checkpoint_kill_restart_over_ucx(session, stack, "ud_verbs", "ring", chain=True)
+
+
+def checkpoint_kill_restart_over_ucx(session, stack, tls, program, chain=False):
     session.extra_env.update(
         UCX_TLS=f"{tls},self", UCX_LOG_LEVEL="info",
         UCX_LOG_FILE=str(session.root / "ucx.%p.log"),
@@ -238,7 +252,8 @@ def test_over_verbs_checkpoint_restart(session, stack, tls):
     checkpoint_kill_restart_over_verbs(
         session, stack, UCX_ARGS[stack],
         lambda job, after_restart: check_verbs_carried(
-            ucx_logs(session.root), after_restart, 4, qp_type, transports, STEPS * 8))
+            ucx_logs(session.root), after_restart, 4, qp_type, transports, STEPS * 8),
+        program, chain)
 
 
 def test_openib_btl_checkpoint_restart(session):
@@ -253,22 +268,38 @@ def test_openib_btl_checkpoint_restart(session):
             job.stderr_text() + after_restart, 4, STEPS * 8))
 
 
-def checkpoint_kill_restart_over_verbs(session, stack, transport, check_carried):
+# steps, ms per step of the checkpointed runs: a few seconds each (bigmsg
+# moves 1 MiB a step, MPICH's allreduce polls hard)
+CHECKPOINTED_ARGS = {"bigmsg": ["80", "10"], "allreduce": ["150", "10"]}
+
+
+def checkpoint_kill_restart_over_verbs(session, stack, transport, check_carried,
+                                       program="ring", chain=False):
+    """Three checkpoints, kill, restart from the first and the last image
+    (chain: restart the last, checkpoint it again, kill, restart that)."""
     counters = session.root / "counters"
     session.extra_env.update(
         LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(session.root / "fabric"),
         SOFTVERBS_DEBUG=str(counters), CKPT_IB_DEBUG="1")
     if shutil.which(MPIRUN[stack][0]) is None:
         pytest.skip(f"{stack} is not installed (./setup.sh)")
-    app = MPIRUN[stack] + transport + ["-np", "4", str(MPI_BIN / stack / "ring")]
-    args = ["300", "10"]
+    app = MPIRUN[stack] + transport + ["-np", "4", str(MPI_BIN / stack / program)]
+    args = CHECKPOINTED_ARGS.get(program, ["300", "10"])
     reference = session.reference(app, *args)
     assert "PASS" in reference
     job = Job(session, "over-verbs", app, *args, stderr_file=True)
     job.wait_ready()
     job.checkpoint_at_random_moments(3, 0.2, 0.6)
     job.kill()
-    for image in (job.images[0], job.images[-1]):
+    images = [job.images[0], job.images[-1]]
+    if chain:
+        restarted = Restart(session, job.images[-1])
+        restarted.wait_registered(job.id)
+        job.checkpoint_at_random_moments(1, 0.2, 0.6)
+        session.ckpt("kill", job.id)
+        restarted.wait()
+        images = [job.images[-1]]
+    for image in images:
         start = counters.stat().st_size
         assert restart_and_finish(session, image, job) == reference, \
             f"restarted from {image.name}: {job.stderr_text()[-3000:]}"
