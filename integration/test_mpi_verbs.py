@@ -268,9 +268,10 @@ def test_openib_btl_checkpoint_restart(session):
             job.stderr_text() + after_restart, 4, STEPS * 8))
 
 
-# steps, ms per step of the checkpointed runs: a few seconds each (bigmsg
-# moves 1 MiB a step, MPICH's allreduce polls hard)
-CHECKPOINTED_ARGS = {"bigmsg": ["80", "10"], "allreduce": ["150", "10"]}
+# steps, ms per step of the checkpointed runs: at least 2 s of pacing, so
+# that three checkpoints fit in, and not much more (bigmsg moves 1 MiB a
+# step, MPICH's allreduce polls hard)
+CHECKPOINTED_ARGS = {"bigmsg": ["150", "15"], "allreduce": ["150", "20"]}
 
 
 def checkpoint_kill_restart_over_verbs(session, stack, transport, check_carried,
