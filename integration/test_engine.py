@@ -222,7 +222,7 @@ def test_unprivileged_user(unprivileged_session, app):
 
 
 # A descriptor sent over a Unix socket and not yet received, then the
-# message taken after a pause: what came with it.
+# message taken once the file "go" exists: what came with it.
 FDS_IN_FLIGHT = r"""
 import os, socket, time
 a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -231,7 +231,8 @@ os.write(w, b"carried")
 socket.send_fds(a, [b"message"], [r])
 os.close(r)
 print("READY", flush=True)
-time.sleep(2)
+while not os.path.exists("go"):
+    time.sleep(0.01)
 data, fds, _flags, _addr = socket.recv_fds(b, 100, 4)
 print("RECEIVED", data.decode(), [os.read(fd, 100).decode() for fd in fds], flush=True)
 """
@@ -247,6 +248,7 @@ def test_descriptors_in_flight_are_named(session):
     checkpoint = session.ckpt("checkpoint", job.id)
     said = [line for line in checkpoint.stderr.splitlines() if "SCM_RIGHTS" in line]
     assert len(said) == 1 and "1 file descriptor(s)" in said[0], checkpoint.stderr
+    (session.work / "go").touch()
     assert job.wait() == 0
     assert "RECEIVED message ['carried']" in job.output(), job.output()
     image = Path(checkpoint.stdout.strip().splitlines()[-1])
