@@ -74,8 +74,8 @@ def _keep(value, source):
         number = int(value)
     except (TypeError, ValueError):
         raise CkptError(f"{source}: keep must be a whole number or 'all', not {value!r}")
-    if number < 0:
-        raise CkptError(f"{source}: keep must not be negative")
+    if number < 1:  # "keep 0" reads as keeping none, which no checkpointing job wants
+        raise CkptError(f"{source}: keep must be at least 1, or 'all'")
     return number
 
 

@@ -90,13 +90,19 @@ def test_keep_all(config_file):
     assert load_config().keep == 0
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_keep_of_less_than_one_is_refused(config_file, value):
+    with pytest.raises(CkptError, match="keep must"):
+        load_config(keep=value)
+
+
 @pytest.mark.parametrize("text, words", [
     ("interval: [1, 2\n", "line"),
     ("- a\n- b\n", "mapping"),
     ("colour: blue\n", "unknown setting"),
     ("barrier_timeout: 0\n", "positive"),
     ("interval: soon\n", "number"),
-    ("keep: -1\n", "negative"),
+    ("keep: -1\n", "at least 1"),
     ("full_every: 0\n", "between 1 and 64"),
     ("full_every: 65\n", "between 1 and 64"),
     ("incremental: maybe\n", "yes or no"),
