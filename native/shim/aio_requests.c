@@ -71,15 +71,17 @@ static void forget_context(uint64_t ctx)
 }
 
 /* After the program's own syscall(nr, args...) returned result. */
-void aio_note_call(long nr, const long *args, long result)
+static int is_aio_call(long nr)
+{
+	return nr == SYS_io_submit || nr == SYS_io_getevents || nr == SYS_io_pgetevents ||
+	       nr == SYS_io_cancel || nr == SYS_io_destroy;
+}
+
+/* Called locked, or with every application thread parked. */
+static void note_call(long nr, const long *args, long result)
 {
 	uint64_t ctx = (uint64_t)args[0];
 
-	if (result < 0 || (nr != SYS_io_submit && nr != SYS_io_getevents &&
-			   nr != SYS_io_pgetevents && nr != SYS_io_cancel &&
-			   nr != SYS_io_destroy))
-		return;
-	lock();
 	if (nr == SYS_io_submit) {
 		struct iocb **cbs = (struct iocb **)args[2];
 
@@ -95,7 +97,30 @@ void aio_note_call(long nr, const long *args, long result)
 	} else {
 		forget_context(ctx);
 	}
+}
+
+void aio_note_call(long nr, const long *args, long result)
+{
+	if (result < 0 || !is_aio_call(nr))
+		return;
+	lock();
+	note_call(nr, args, result);
 	unlock();
+}
+
+/* A thread parked right after an AIO call returned, before its wrapper
+ * noted it: the note is made here (again by the wrapper later, which
+ * changes nothing), or the image would list a request already reaped (the
+ * restart would submit it again) or miss one just submitted.  Not locked:
+ * the lock's holder may be parked. */
+static void note_parked_threads_calls(void)
+{
+	for (unsigned i = 0; i < quiesce_count(); i++) {
+		const struct parked_thread *t = quiesce_thread(i);
+
+		if (t && t->returned_call[7] >= 0 && is_aio_call(t->returned_call[0]))
+			note_call(t->returned_call[0], t->returned_call + 1, t->returned_call[7]);
+	}
 }
 
 /* At SUSPEND: whether every request in flight could be noted. */
@@ -111,6 +136,7 @@ int aio_requests_unsupported(char *why, size_t why_size)
 /* The requests not reaped, as one record when there are any. */
 int aio_requests_write(struct image_writer *w)
 {
+	note_parked_threads_calls();
 	if (!nrequests)
 		return 0;
 	return iw_record(w, CKPT_REC_AIO_REQUESTS, requests,

@@ -261,6 +261,7 @@ void quiesce_handler(int sig, siginfo_t *si, void *uc)
 	gen = t->gen;
 	parked_ns = shim_now_ns();
 	thread_fill_record(&t->rec);
+	syscall_just_returned(uc, t->returned_call);
 	if (t->rec.pending)
 		queued_signals_take_thread(idx, t->rec.pending);
 	restored = ckpt_save_context(&t->rec.regs) != 0;

@@ -126,12 +126,16 @@ SHIM_HIDDEN void timed_call_end(struct timed_call *tc);
 SHIM_HIDDEN int64_t timed_call_left_ns(const struct timed_call *tc);
 /* the shim's syscall(): RIP after its `syscall` instruction, number in R12 */
 SHIM_HIDDEN extern const char shim_raw_syscall_return[];
+SHIM_HIDDEN void syscall_just_returned(const void *uc, long call[8]);
 
 /* quiesce.c: park every thread but the checkpointer */
 struct parked_thread {
 	struct ckpt_thread rec;
 	_Atomic int state;		/* enum park_state */
 	unsigned gen;			/* resume generation it waits on */
+	/* a call of the shim's syscall() it was parked right after, before
+	 * its wrapper ran: number (0: none), six arguments, result */
+	long returned_call[8];
 };
 SHIM_HIDDEN int quiesce_suspend(int timeout_ms);
 SHIM_HIDDEN void quiesce_resume(void);

@@ -120,6 +120,27 @@ static int read_code(uint64_t addr, void *buf, size_t len)
 	       (long)len ? 0 : -1;
 }
 
+/* A context right after the shim's syscall() returned (the arguments are
+ * still in their registers: the `syscall` instruction keeps them), whose
+ * wrapper has not yet looked at the result: call = number, arguments,
+ * result; number 0 otherwise. */
+void syscall_just_returned(const void *ucv, long call[8])
+{
+	const greg_t *g = ((const ucontext_t *)ucv)->uc_mcontext.gregs;
+
+	call[0] = 0;
+	if (g[REG_RIP] != (greg_t)shim_raw_syscall_return)
+		return;
+	call[0] = g[REG_R12];
+	call[1] = g[REG_RDI];
+	call[2] = g[REG_RSI];
+	call[3] = g[REG_RDX];
+	call[4] = g[REG_R10];
+	call[5] = g[REG_R8];
+	call[6] = g[REG_R9];
+	call[7] = g[REG_RAX];
+}
+
 /* The system call the context returned from with EINTR, or -1. */
 static long interrupted_call(const ucontext_t *uc)
 {
