@@ -70,7 +70,6 @@ static void forget_context(uint64_t ctx)
 			forget_at(i);
 }
 
-/* After the program's own syscall(nr, args...) returned result. */
 static int is_aio_call(long nr)
 {
 	return nr == SYS_io_submit || nr == SYS_io_getevents || nr == SYS_io_pgetevents ||
@@ -99,6 +98,7 @@ static void note_call(long nr, const long *args, long result)
 	}
 }
 
+/* After the program's own syscall(nr, args...) returned result. */
 void aio_note_call(long nr, const long *args, long result)
 {
 	if (result < 0 || !is_aio_call(nr))
