@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from engine_bench import REPO, baseline, ckpt, table, wait_for
+from engine_bench import REPO, baseline, checkpoint, ckpt, table, wait_for
 from mpi_bench import restart_time
 
 MPI_BIN = REPO / "bench" / "mpi" / "bin"
@@ -112,9 +112,7 @@ class VerbsJob:
 
     def checkpoint(self):
         """(image dir, wall seconds, slowest rank's stopped seconds)."""
-        t = time.monotonic()
-        path = Path(ckpt(self.env, "checkpoint", self.name).stdout.strip().splitlines()[-1])
-        wall = time.monotonic() - t
+        path, wall, _first = checkpoint(self.env, self.name)
         procs = yaml.safe_load((path / "manifest.yaml").read_text())["processes"]
         return path, wall, max(p["stopped_ns"] for p in procs) / 1e9
 

@@ -46,6 +46,8 @@ TRANSPORTS = {
 }
 COUNTERS = re.compile(r"softverbs sv0 pid (\d+): .*? rc_wrs (\d+) rc_bytes (\d+) "
                       r"uc_wrs (\d+) uc_bytes (\d+) ud_wrs (\d+) ud_bytes (\d+)")
+# QP type -> its WR count among COUNTERS' groups after the pid (bytes next)
+COUNTER_COLUMN = {"rc": 0, "uc": 2, "ud": 4}
 EP_CFG = re.compile(r"ep_cfg\[\d+\]: (.*)")
 LANE = re.compile(r"(\w+)/([\w:]+)")
 
@@ -128,7 +130,7 @@ def check_counters(err, ranks, qp_type, min_bytes):
     counters = {int(m[0]): [int(x) for x in m[1:]] for m in COUNTERS.findall(err)}
     assert len(counters) == ranks, \
         f"softverbs counters of {len(counters)} processes, {ranks} ranks:\n{err[-3000:]}"
-    column = {"rc": 0, "uc": 2, "ud": 4}[qp_type]
+    column = COUNTER_COLUMN[qp_type]
     for pid, c in counters.items():
         wrs, nbytes = c[column], c[column + 1]
         assert wrs >= STEPS and nbytes >= min_bytes, \

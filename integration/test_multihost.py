@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from harness import REPO
+from test_mpi_verbs import COUNTER_COLUMN, COUNTERS
 
 pytestmark = pytest.mark.multihost
 CKPT = str(REPO / "bin" / "ckpt")
@@ -455,8 +456,6 @@ VERBS_TRANSPORTS = {
                     "--mca", "btl_openib_allow_ib", "1",
                     "--mca", "btl_openib_warn_no_device_params_found", "0"], "rc"),
 }
-SOFTVERBS_COUNTERS = re.compile(r"softverbs sv0 pid \d+: .*? rc_wrs (\d+) rc_bytes \d+ "
-                                r"uc_wrs (\d+) uc_bytes \d+ ud_wrs (\d+) ud_bytes \d+")
 
 
 def verbs_job(cluster, jobs, request, stack, transport, args):
@@ -485,9 +484,9 @@ def restart_over_verbs(job, path, hosts, name, qp_type):
     process)."""
     counted = job.counters.stat().st_size
     job.restart(path, hosts, name).finish()
-    columns = {"rc": 0, "uc": 1, "ud": 2}
-    after = [int(c[columns[qp_type]]) for c in
-             SOFTVERBS_COUNTERS.findall(job.counters.read_text()[counted:])]
+    # pids repeat across hosts: one line per process, not one per pid
+    after = [int(c[1 + COUNTER_COLUMN[qp_type]]) for c in
+             COUNTERS.findall(job.counters.read_text()[counted:])]
     assert len(after) == 4 and min(after) > 0, \
         f"{qp_type} WRs of the ranks restarted on {hosts}: {after}"
     return job.results()

@@ -77,8 +77,8 @@ static void check_process(void)
 
 	umask(mask);
 	zdtm_check(mask == 027, "umask is %03o, was 027", (unsigned)mask);
-	zdtm_check(prctl(PR_GET_MDWE, 0, 0, 0, 0) == (mdwe ? 1 : 0) || !mdwe,
-		   "memory-deny-write-execute is %d, was %d", prctl(PR_GET_MDWE, 0, 0, 0, 0), mdwe);
+	zdtm_check(!mdwe || prctl(PR_GET_MDWE, 0, 0, 0, 0) == 1,
+		   "memory-deny-write-execute is %d, was 1", prctl(PR_GET_MDWE, 0, 0, 0, 0));
 	for (unsigned i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
 		struct rlimit got;
 
