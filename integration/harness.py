@@ -226,6 +226,14 @@ class Job:
             time.sleep(self.s.rng.uniform(low, high))
             self.checkpoint(*extra)
 
+    def restart_held(self, image):
+        """A restart of one of this job's images that holds at its end, as
+        the launched job did, until kill(): a chain checkpoints it again."""
+        self.hold.touch()
+        restarted = Restart(self.s, image)
+        restarted.wait_registered(self.id)
+        return restarted
+
     def kill(self):
         self.s.ckpt("kill", self.id)
         rc = self.proc.wait(timeout=60)

@@ -163,9 +163,9 @@ def test_restart_twice_in_a_chain(session, app):
     job.checkpoint_at_random_moments(1)
     job.kill()
 
-    restarted = Restart(session, job.images[0])
+    restarted = job.restart_held(job.images[0])
     job.checkpoint_at_random_moments(1, low=0.3, high=0.6)
-    session.ckpt("kill", job.id)
+    job.kill()
     restarted.wait()
     assert job.images[1] != job.images[0]
     assert restart_and_finish(session, job.images[1], job) == reference

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import Job, Restart, restart_and_finish
+from harness import Job, restart_and_finish
 from test_engine import PROGRAMS
 
 DIRTY = ["dirty_pages", "200", "15", "32"]  # 32 MiB, a few pages changed per step
@@ -82,10 +82,9 @@ def test_a_restarted_job_goes_on_incrementally(session):
     job.wait_ready()
     job.checkpoint_at_random_moments(2, 0.1, 0.3)
     job.kill()
-    restarted = Restart(session, job.images[-1])
-    restarted.wait_registered(job.id)
+    restarted = job.restart_held(job.images[-1])
     job.checkpoint_at_random_moments(2, 0.1, 0.3)
-    session.ckpt("kill", job.id)
+    job.kill()
     restarted.wait()
     assert [manifest(p)["chain"] for p in job.images] == [0, 1, 2, 3]
     assert manifest(job.images[-1])["restarted_from"] == 2

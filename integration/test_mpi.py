@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, Job, Restart, checkpoint_kill_restart, restart_and_finish
+from harness import REPO, Job, checkpoint_kill_restart, restart_and_finish
 
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
 MPIRUN = {
@@ -79,9 +79,9 @@ def test_mpi_restart_twice_in_a_chain(session, stack):
     job.wait_ready()
     job.checkpoint_at_random_moments(1, 0.2, 0.5)
     job.kill()
-    restarted = Restart(session, job.images[0])
+    restarted = job.restart_held(job.images[0])
     job.checkpoint_at_random_moments(1, 0.5, 0.9)
-    session.ckpt("kill", job.id)
+    job.kill()
     restarted.wait()
     assert restart_and_finish(session, job.images[1], job) == reference
 

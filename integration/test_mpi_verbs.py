@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, Job, Restart, restart_and_finish
+from harness import REPO, Job, restart_and_finish
 
 SOFTVERBS = REPO / "native" / "softverbs"
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
@@ -296,10 +296,9 @@ def checkpoint_kill_restart_over_verbs(session, stack, transport, check_carried,
     job.kill()
     images = [job.images[0], job.images[-1]]
     if chain:
-        restarted = Restart(session, job.images[-1])
-        restarted.wait_registered(job.id)
+        restarted = job.restart_held(job.images[-1])
         job.checkpoint_at_random_moments(1, 0.2, 0.6)
-        session.ckpt("kill", job.id)
+        job.kill()
         restarted.wait()
         images = [job.images[-1]]
     for image in images:
