@@ -170,8 +170,8 @@ class Job:
         self.id = job_id
         self.out = session.work / f"{job_id}.out"
         self.err = session.work / f"{job_id}.err"
-        # a program that calls zdtm_hold() waits after its steps until
-        # kill() removes this, so checkpoints never outrun it
+        # a test program waits after its steps (zdtm_hold()) until kill()
+        # or wait() removes this, so that checkpoints never outrun it
         self.hold = session.work / f"{job_id}.hold"
         self.hold.touch()
         self.images = []
@@ -289,6 +289,7 @@ class Restart:
 
 def restart_and_finish(session, image_dir, job):
     """Restart from image_dir, let it run to its end, return the job's output."""
+    job.hold.unlink(missing_ok=True)
     r = Restart(session, image_dir)
     rc = r.wait()
     # the program's own FAIL lines say what went wrong

@@ -10,6 +10,7 @@ from harness import Job, command, restart_and_finish
 
 def checkpoint_until_the_end(job, interval):
     """Checkpoint every `interval` seconds until the job ends; the images."""
+    job.hold.unlink()   # it ends on its own
     while job.proc.poll() is None:
         proc = job.s.ckpt("checkpoint", job.id, check=False)
         if proc.returncode == 0:

@@ -41,8 +41,8 @@ static inline void zdtm_pace(long ms)
 }
 
 /* Wait while the file named by $ZDTM_HOLD exists: the harness holds a
- * program whose checkpoints may take longer than its steps (a big memory
- * on a slow disk), so that it is still running when they are done. */
+ * program at its end until the test's checkpoints are done (on a loaded
+ * machine they may take longer than the program's steps). */
 static inline void zdtm_hold(void)
 {
 	const char *path = getenv("ZDTM_HOLD");
@@ -90,10 +90,13 @@ static inline void zdtm_args(int argc, char **argv, long *steps, long *pace_ms)
 		*pace_ms = atol(argv[2]);
 }
 
+/* The result, once the program checked itself; held first, so that a
+ * test's checkpoints never outrun the program. */
 static inline void zdtm_pass(const char *fmt, ...)
 {
 	va_list ap;
 
+	zdtm_hold();
 	printf("RESULT ");
 	va_start(ap, fmt);
 	vprintf(fmt, ap);
