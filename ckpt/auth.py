@@ -3,7 +3,6 @@ connection (docs/PROTOCOL.md, "Authentication"). The secret never crosses the wi
 each side proves it with HMAC-SHA256 over both nonces, labelled by direction so a
 proof cannot be reflected back."""
 
-import asyncio
 import hashlib
 import hmac
 import os
@@ -119,6 +118,10 @@ def client_handshake(stream, secret):
 
 
 async def _readline(reader, timeout):
+    # imported here: the command line's synchronous handshake should not
+    # pay for loading asyncio (20 ms of every `ckpt` command's start-up)
+    import asyncio
+
     line = await asyncio.wait_for(reader.readline(), timeout)
     if len(line) > 256:
         raise AuthError("handshake line too long")
@@ -132,7 +135,7 @@ async def server_handshake_async(reader, writer, secret, timeout=HANDSHAKE_TIMEO
     await writer.drain()
     try:
         reply = _check_client(secret, server_nonce, await _readline(reader, timeout))
-    except asyncio.TimeoutError:
+    except TimeoutError:    # asyncio's, since Python 3.11
         raise AuthError("no answer to the challenge within %g s" % timeout)
     except AuthError:
         writer.write(b"AUTH-FAIL\n")
@@ -149,5 +152,5 @@ async def client_handshake_async(reader, writer, secret, timeout=HANDSHAKE_TIMEO
         writer.write(line)
         await writer.drain()
         _check_server(secret, client_nonce, server_nonce, await _readline(reader, timeout))
-    except asyncio.TimeoutError:
+    except TimeoutError:    # asyncio's, since Python 3.11
         raise AuthError("the coordinator did not finish the handshake within %g s" % timeout)
