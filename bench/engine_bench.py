@@ -197,20 +197,24 @@ def dirty_and_wait(pid, out, round_):
 
 
 def bench_incremental(env, work, mib, reps):
-    """Two processes of the same memory side by side: one checkpointed in
-    full each round, the other --incremental after it rewrote 5% of its
-    pages: bytes and time of each, ratios within the round."""
+    """Two processes of the same memory, one after the other (beside a
+    second one, a process's memory is read up to twice as slowly here:
+    this machine runs DAMON's pageout over physical memory): one
+    checkpointed in full, then one --incremental after each time it
+    rewrote 5% of its pages: bytes and time of each."""
     full_proc, _ = launch(env, work, "full", BIN / "bigproc", mib)
-    inc_proc, inc_out = launch(env, work, "inc", BIN / "bigproc", mib, mib, "dirty",
-                               options=["--incremental", "--full-every", "64"])
-    _, first_wall, first = checkpoint(env, "inc")   # full, every page hashed
-    full_walls, full_sizes, inc_walls, inc_sizes, inc_stops = [], [], [], [], []
-    full_writes, inc_writes = [], []
-    for round_ in range(1, reps + 1):
+    full_walls, full_sizes, full_writes = [], [], []
+    for _ in range(reps):
         _, wall, info = checkpoint(env, "full")
         full_walls.append(wall)
         full_sizes.append(info["size"])
         full_writes.append(info["write_ns"] / 1e9)
+    kill(env, "full", full_proc)
+    inc_proc, inc_out = launch(env, work, "inc", BIN / "bigproc", mib, mib, "dirty",
+                               options=["--incremental", "--full-every", "64"])
+    _, first_wall, first = checkpoint(env, "inc")   # full, every page hashed
+    inc_walls, inc_sizes, inc_stops, inc_writes = [], [], [], []
+    for round_ in range(1, reps + 1):
         dirty_and_wait(first["pid"], inc_out, round_)
         image_dir, wall, info = checkpoint(env, "inc")
         inc_walls.append(wall)
@@ -218,16 +222,15 @@ def bench_incremental(env, work, mib, reps):
         inc_sizes.append(info["size"] + (image_dir / (info["image"] + ".pages")).stat().st_size)
         inc_stops.append(info["stopped_ns"] / 1e9)
         inc_writes.append(info["write_ns"] / 1e9)
-    kill(env, "full", full_proc)
     kill(env, "inc", inc_proc)
     seconds, rproc = restart_time(env, image_dir, inc_out)
     ckpt(env, "kill", "inc")
     rproc.wait()
     med = statistics.median
-    size_ratio = med([i / f for i, f in zip(inc_sizes, full_sizes)])
-    time_ratio = med([i / f for i, f in zip(inc_walls, full_walls)])
+    size_ratio = med(inc_sizes) / med(full_sizes)
+    time_ratio = med(inc_walls) / med(full_walls)
     table(f"Incremental checkpoints of a {mib} MiB incompressible process that rewrites "
-          f"5% of its pages between them (median of {reps}, ratios within a round)",
+          f"5% of its pages between them (median of {reps})",
           ["checkpoint", "app stopped s", "image written s", "published s", "image MiB",
            "bytes / full (<=0.07)", "time / full (<=0.15)"],
           [["full (no --incremental)", "", f"{med(full_writes):.2f}", f"{med(full_walls):.2f}",
