@@ -83,6 +83,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_pass("%016llx", (unsigned long long)hash);
 	return 0;
 }

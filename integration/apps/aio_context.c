@@ -143,6 +143,7 @@ int main(int argc, char **argv)
 		submit_poll(step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	hash = take_poll(steps, hash);
 	for (long step = steps - KEEP + 1; step <= steps; step++)
 		hash = take_step(step, hash);

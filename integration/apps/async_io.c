@@ -92,6 +92,7 @@ int main(int argc, char **argv)
 		zdtm_check(read(p[0], &c, 1) == 1 && read(sv[0], &c, 1) == 1, "read");
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	done = 1;
 	pthread_join(th, NULL);
 	zdtm_pass("signal-driven I/O kept");

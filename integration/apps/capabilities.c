@@ -102,6 +102,7 @@ int main(int argc, char **argv)
 		check_caps(&main_caps, "main thread", s);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	done = 1;
 	pthread_join(th, NULL);
 	zdtm_pass("capabilities kept");

@@ -41,6 +41,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	hash = zdtm_steps_hash(0, steps, pace);
+	zdtm_hold();
 	is_device(vt, 4, 5, "the virtual console's fd");
 	is_device(console, 5, 1, "the console's fd");
 	zdtm_check(tcgetattr(vt, &got) == 0 && got.c_lflag == set.c_lflag,

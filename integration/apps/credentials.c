@@ -62,6 +62,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	hash = zdtm_steps_hash(0, steps, pace);
+	zdtm_hold();
 	pthread_join(t, NULL);
 	credentials_are_back("main thread");
 	snprintf(path, sizeof(path), "/tmp/credentials-%d", getpid());

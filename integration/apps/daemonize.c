@@ -110,6 +110,8 @@ int main(int argc, char **argv)
 			   (unsigned long long)msg[0]);
 		got[msg[0]] = msg[1];
 	}
+	/* the children's work is done; the helper waits to be reaped */
+	zdtm_hold();
 	zdtm_check(got[HELPER] == expected(HELPER), "helper sent %llx",
 		   (unsigned long long)got[HELPER]);
 	zdtm_check(got[DAEMON] == expected(DAEMON), "daemon sent %llx",

@@ -164,6 +164,7 @@ int main(int argc, char **argv)
 		memset(heap[b], (int)(s & 0x7f) + b, 3000);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	want = malloc(WINDOW_PAGES * PAGE);
 	zdtm_check(want != NULL, "malloc");
 	for (size_t p = 0; p < npages; p++) {

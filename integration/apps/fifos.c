@@ -67,6 +67,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, answer);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	close(down);
 	zdtm_check(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && !WEXITSTATUS(status),
 		   "child status %#x", status);

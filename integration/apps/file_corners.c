@@ -64,6 +64,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 
 	zdtm_check(fcntl(memfd, F_GET_SEALS) == SEALS, "memfd seals %#x, not %#x",
 		   fcntl(memfd, F_GET_SEALS), SEALS);

@@ -90,6 +90,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_check(write(go[1], "x", 1) == 1 && read(done[0], &byte, 1) == 1, "the child checked");
 	zdtm_check(flock(c, LOCK_UN) == 0 && write(go[1], "x", 1) == 1, "unlock");
 	{

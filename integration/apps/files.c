@@ -54,6 +54,7 @@ int main(int argc, char **argv)
 		}
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_check(lseek(data, 0, SEEK_CUR) == steps * REC, "data offset %ld",
 		   (long)lseek(data, 0, SEEK_CUR));
 	zdtm_check(lseek(tmp, 0, SEEK_CUR) == steps * REC, "deleted file offset");

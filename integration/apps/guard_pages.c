@@ -131,6 +131,7 @@ int main(int argc, char **argv)
 		check("anon", anon, ANON_PAGES, anon_guards, nag, step, 1);
 		check("file", file, FILE_PAGES, file_guards, file_guarded ? nfg : 0, step, 2);
 	}
+	zdtm_hold();
 	for (int i = 0; i < nag; i++)
 		zdtm_check(faults_on_read(anon + anon_guards[i] * PS),
 			   "anon guard page %d does not fault", anon_guards[i]);

@@ -129,6 +129,8 @@ int main(int argc, char **argv)
 		}
 		zdtm_pace(pace);
 	}
+	/* with the last steps' events still queued */
+	zdtm_hold();
 	hash = take_until(&polled, steps + 1, hash);
 	hash = take_until(&direct, steps + 1, hash);
 	no_more(&polled, steps);

@@ -117,6 +117,10 @@ int main(int argc, char **argv)
 		expect(&two, wd_b, IN_MODIFY, modify_b, "b.txt", s);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
+	/* once more: a restart during the hold must have kept the watches */
+	expect(&one, wd_a, IN_MODIFY, modify_a, "a.txt", steps + 1);
+	expect(&two, wd_b, IN_MODIFY, modify_b, "b.txt", steps + 1);
 	zdtm_pass("watches %d %d %d kept", wd_a, wd_d, wd_b);
 	return 0;
 }

@@ -27,6 +27,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	zdtm_check(pthread_join(th, &ret) == 0, "pthread_join");
+	zdtm_hold();	/* after the join: the join itself must block across checkpoints */
 	for (long s = 0; s < steps; s++)
 		want = zdtm_mix(want, s);
 	zdtm_check((uint64_t)ret == want, "thread result %llx", (unsigned long long)(uint64_t)ret);

@@ -83,6 +83,7 @@ int main(int argc, char **argv)
 		check_leases(rd, wr, s);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	break_read_lease(rd);
 	zdtm_pass("leases kept");
 	return 0;

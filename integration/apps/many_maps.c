@@ -73,6 +73,7 @@ int main(int argc, char **argv)
 		write_step(fd, s);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	for (long i = 0; i < NANON; i += 2)
 		zdtm_check(anon[i][PAGE - 1] == (char)i, "read-only region %ld changed", i);
 	zdtm_pass("%d regions, contents %016llx", NFILE + NANON,

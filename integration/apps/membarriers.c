@@ -61,6 +61,9 @@ int main(int argc, char **argv)
 				   "step %ld: sync-core barrier: %s", s, strerror(errno));
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
+	zdtm_check(membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0,
+		   "after the hold: private expedited barrier: %s", strerror(errno));
 	done = 1;
 	pthread_join(th, NULL);
 	zdtm_pass("barriers kept working (sync-core %s)", sync_core ? "too" : "not offered");

@@ -67,6 +67,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	hash = zdtm_steps_hash(0, steps, pace);
+	zdtm_hold();
 	exe_is_the_memfd("at the end");
 	exe_holds_an_elf();
 	zdtm_pass("%016llx", (unsigned long long)hash);

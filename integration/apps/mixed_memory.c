@@ -78,6 +78,7 @@ int main(int argc, char **argv)
 		mem[(step * 7919) % len] ^= 0;	/* touched mid-work */
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	want = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	zdtm_check(want != MAP_FAILED, "mmap %ld MiB", mib);
 	fill(want, len, random);

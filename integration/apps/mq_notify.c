@@ -75,6 +75,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 
 	fires_once(empty, 0, 1111, "the empty queue");
 	/* the other fires once emptied and sent to */

@@ -115,6 +115,8 @@ int main(int argc, char **argv)
 		visit_mailbox(mailbox, s);
 		zdtm_pace(pace);
 	}
+	/* the child goes on sending until the private queue is full, then blocks */
+	zdtm_hold();
 	zdtm_check(mq_getattr(q, &now) == 0 && now.mq_maxmsg == 8 && now.mq_msgsize == SIZE &&
 		   now.mq_curmsgs == WINDOW && !(now.mq_flags & O_NONBLOCK), "attributes changed");
 	zdtm_check(mq_getattr(q_wo, &now) == 0 && (now.mq_flags & O_NONBLOCK), "O_NONBLOCK lost");

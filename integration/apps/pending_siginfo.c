@@ -142,6 +142,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();	/* before finished: the worker takes its queue after a restart too */
 	finished = 1;
 	pthread_join(t, NULL);
 	take_the_process_queue();

@@ -82,6 +82,7 @@ int main(int argc, char **argv)
 		zdtm_check(waitid(P_PIDFD, child_nb, &si, WEXITED) < 0 && errno == EAGAIN,
 			   "a non-blocking wait did not say EAGAIN");
 	}
+	zdtm_hold();
 	zdtm_check(syscall(SYS_pidfd_send_signal, child, SIGTERM, NULL, 0) == 0, "pidfd_send_signal");
 	zdtm_check(waitid(P_PIDFD, child, &si, WEXITED) == 0 && si.si_pid == living &&
 		   si.si_code == CLD_KILLED && si.si_status == SIGTERM, "waitid on the pidfd");

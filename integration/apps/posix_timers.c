@@ -171,6 +171,7 @@ int main(int argc, char **argv)
 		zdtm_check(timer_gettime(deleted, &(struct itimerspec){ 0 }) != 0,
 			   "the deleted timer's id names a timer");
 	}
+	zdtm_hold();
 	/* a restored timer takes new settings */
 	arm(idle, 1, 0);
 	zdtm_pace(20);

@@ -471,6 +471,7 @@ int main(int argc, char **argv)
 		zdtm_pace(pace);
 		step_check(&m, step);
 	}
+	zdtm_hold();
 	final_check(&m, steps);
 	zdtm_pass("steps=%ld", steps);
 	return 0;

@@ -108,6 +108,7 @@ int main(int argc, char **argv)
 		check_process();
 		zdtm_pace(pace);
 	}
+	zdtm_hold();	/* before done: the worker checks its attributes once more */
 	done = 1;
 	pthread_join(th, NULL);
 	zdtm_pass("attributes kept");

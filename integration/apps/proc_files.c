@@ -83,6 +83,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	hash = zdtm_steps_hash(0, steps, pace);
+	zdtm_hold();
 	zdtm_check(status_pid(status_fd) == child, "the child's status says pid %ld, not %d",
 		   status_pid(status_fd), child);
 	comm_fd = openat(dir_fd, "status", O_RDONLY);

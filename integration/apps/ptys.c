@@ -117,6 +117,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	hash = zdtm_steps_hash(0, steps, pace);
+	zdtm_hold();
 	zdtm_check(waitpid(child, &status, 0) == child && WIFEXITED(status),
 		   "the session leader did not end normally");
 	zdtm_check(WEXITSTATUS(status) == 0, "the session leader's terminal: check %d failed",

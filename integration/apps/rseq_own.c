@@ -90,6 +90,8 @@ int main(int argc, char **argv)
 		check_area("main thread");
 		zdtm_pace(pace);
 	}
+	/* the worker goes on checking its area meanwhile */
+	zdtm_hold();
 	done = 1;
 	pthread_join(th, NULL);
 	zdtm_pass("own rseq areas kept");

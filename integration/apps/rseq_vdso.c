@@ -40,6 +40,13 @@ int main(int argc, char **argv)
 		}
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
+	/* once more: a restart during the hold must have registered it too */
+	zdtm_check(rseq_cpu() >= 0 && rseq_cpu() < ncpu && sched_getcpu() >= 0,
+		   "after the hold: rseq area not registered (cpu_id %d)", rseq_cpu());
+	zdtm_check(clock_gettime(CLOCK_MONOTONIC, &now) == 0 &&
+		   (now.tv_sec > last.tv_sec || (now.tv_sec == last.tv_sec && now.tv_nsec >= last.tv_nsec)),
+		   "after the hold: CLOCK_MONOTONIC went back");
 	zdtm_pass("%ld", calls);
 	return 0;
 }

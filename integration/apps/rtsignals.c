@@ -161,6 +161,8 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	/* before the thread takes the two signals pending for it */
+	zdtm_hold();
 	finished = 1;
 	pthread_join(other, NULL);
 	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++) {

@@ -88,6 +88,7 @@ int main(int argc, char **argv)
 		h = zdtm_mix(h, s);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_pass("%016llx %s", (unsigned long long)h, strict ? "strict" : "filter");
 	return 0;
 }

@@ -58,6 +58,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	done = 1;
 	pthread_join(t, NULL);
 	check_bits(MAIN_BITS, "main thread", steps);

@@ -94,6 +94,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 
 	accept_one(listener, talker, "sent before the accept", 1, "the first TCP connection");
 	accept_one(listener, silent, "", 1, "the second TCP connection");

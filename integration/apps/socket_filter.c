@@ -89,6 +89,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 
 	send_all(udp_out, after);
 	send_all(pair[0], after);

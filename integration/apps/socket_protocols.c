@@ -232,6 +232,9 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
+	check_kinds(&k, steps);	/* once more: a restart during the hold too */
+	ping_step(&k, (uint16_t)steps);
 	zdtm_pass("%016llx", (unsigned long long)hash);
 	return 0;
 }

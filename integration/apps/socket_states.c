@@ -198,6 +198,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 
 	is_socket(tcp_fresh, AF_INET, SOCK_STREAM, 0, "unbound tcp");
 	zdtm_check(port_of(tcp_fresh, 0) == 0, "unbound tcp has port %u", port_of(tcp_fresh, 0));

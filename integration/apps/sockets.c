@@ -203,6 +203,7 @@ int main(int argc, char **argv)
 		}
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	for (int c = 0; c < CHANNELS; c++)
 		shutdown(parent[c], SHUT_RDWR);
 	zdtm_check(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) > 0,

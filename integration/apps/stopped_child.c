@@ -107,6 +107,8 @@ int main(int argc, char **argv)
 		}
 		zdtm_pace(pace);
 	}
+	/* before the wait: the child counts on and exits (a zombie) meanwhile */
+	zdtm_hold();
 	zdtm_check(waitpid(child, &status, 0) == child && WIFEXITED(status) &&
 		   WEXITSTATUS(status) == 0, "child status %x", status);
 	zdtm_check(*counter == 2 * steps, "child counted %ld", *counter);

@@ -87,6 +87,7 @@ int main(int argc, char **argv)
 			   "step %ld took \"%s\" (type %ld), not \"%s\"", s, m.text, m.type, want);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 	zdtm_check(msgget(key, 0) == q, "the queue's key no longer finds it");
 	zdtm_check(msgctl(q, IPC_STAT, &qs) == 0 && qs.msg_qnum == WINDOW &&
 		   (qs.msg_perm.mode & 0777) == 0620, "the queue's state or permissions changed");

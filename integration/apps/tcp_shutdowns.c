@@ -92,6 +92,7 @@ int main(int argc, char **argv)
 		hash = zdtm_mix(hash, step);
 		zdtm_pace(pace);
 	}
+	zdtm_hold();
 
 	bytes_then_eof(half_b, "half closed", "half, the reading end");
 	zdtm_check(write(half_b, "reply", 5) == 5 && recv(half_a, buf, sizeof(buf), 0) == 5 &&

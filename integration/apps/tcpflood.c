@@ -116,6 +116,7 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	hash = flood(s, 0, steps, pace);
+	zdtm_hold();
 	zdtm_check(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) > 0,
 		   "child status %x", status);
 	close(s);

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
 		zdtm_check(pthread_join(th[i], &ret) == 0, "pthread_join %ld", i);
 		zdtm_check(ret == NULL, "thread %ld: __thread state lost", i);
 	}
+	zdtm_hold();	/* after the joins: they must block across checkpoints */
 	zdtm_check(shared_total == steps * NTHREADS, "shared total %ld", shared_total);
 	zdtm_pass("%ld %016llx", shared_total, (unsigned long long)shared_hash);
 	return 0;

@@ -204,6 +204,7 @@ int main(int argc, char **argv)
 			 * while the QP lives: stay until the peer is done */
 			while (!t[1 - i].done)
 				zdtm_pace(1);
+			zdtm_hold();	/* with the connection up */
 			exit(0);
 		}
 	}

@@ -206,6 +206,7 @@ static void run_rank(int me, int n, long rounds, long pace, struct peer_info *t)
 		if (pace)
 			zdtm_pace(pace);
 	}
+	zdtm_hold();
 	for (int p = 0; p < n; p++)
 		zdtm_check(p == me || r.next_round[p] == rounds, "rank %d: %u rounds from %d",
 			   me, r.next_round[p], p);
