@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
 CKPT = str(REPO / "bin" / "ckpt")
 MPI_BIN = REPO / "integration" / "mpi" / "bin"
 STACKS = ("openmpi", "mpich")
+EXAMPLE = REPO / "examples" / "slurm" / "ckpt-job.sh"
 STAGE = "/dev/shm/ckpt-stage"   # node-local on each namespace host
 FINALIZE_WAIT = 15   # MPICH over UCX may hang in MPI_Finalize (openucx/ucx#8738)
 
@@ -42,7 +43,10 @@ class BatchJob:
     them end."""
 
     def __init__(self, slurm, directory, stack, args, ckpt_options=(), sbatch_options=(),
-                 command=None):
+                 command=None, example=False):
+        """example: submit examples/slurm/ckpt-job.sh with the command as
+        its arguments, as a user would (its settings in the environment),
+        instead of a script of the test's own."""
         self.slurm, self.dir, self.stack, self.args = slurm, directory, stack, args
         directory.mkdir(parents=True, exist_ok=True)
         self.out = directory / "job.out"
@@ -52,10 +56,17 @@ class BatchJob:
         if command is None:
             command = mpirun(slurm, stack) + [str(MPI_BIN / stack / "ring")] + \
                 [str(a) for a in args]
+        registry = slurm.cluster.shared_dir / "registry"
+        if example:
+            assert not ckpt_options
+            self.sbatch = [f"--export=ALL,CKPT_DIR={self.img},CKPT_SHARED_STATE_DIR={registry},"
+                           f"ZDTM_HOLD={self.hold},PATH={REPO / 'bin'}:{os.environ['PATH']}",
+                           "-o", str(self.out), *sbatch_options, str(EXAMPLE), *command]
+            return
         script = directory / "job.sh"
         script.write_text(
             "#!/bin/sh\n"
-            f"export CKPT_SHARED_STATE_DIR={slurm.cluster.shared_dir / 'registry'}\n"
+            f"export CKPT_SHARED_STATE_DIR={registry}\n"
             f"export ZDTM_HOLD={self.hold}\n"
             f"exec {CKPT} slurm run --ckpt-dir {self.img} {' '.join(ckpt_options)} -- "
             + " ".join(command) + "\n")
@@ -249,11 +260,13 @@ def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs
 
 
 def test_time_limit_signal_requeues_and_the_job_finishes(slurm, jobs):
-    """--time=1 with --signal=B:USR1@50: Slurm signals the batch shell
+    """The example batch script, its time limit and warning made short:
+    --time=1 with --signal=B:USR1@50: Slurm signals the batch shell
     10-40 s into each 1-minute run; the ring needs about 48 s, so at
     least one run ends in a checkpoint and a requeue."""
     args = (2400, 20)
-    job = jobs("openmpi", args, sbatch_options=["--time=1", "--signal=B:USR1@50"]).submit()
+    job = jobs("openmpi", args, sbatch_options=["--time=1", "--signal=B:USR1@50"],
+               example=True).submit()
     state = job.finish(timeout=600)
     text = job.text()
     restarts = int(slurm.job(job.id)["Restarts"])
