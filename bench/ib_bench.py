@@ -43,9 +43,7 @@ PLUGIN = os.path.join(ROOT, "plugins", "ib", "libckpt_ib.so")
 REBUILT = re.compile(r"rebuilt in ([\d.]+) ms with (\d+) name-service requests")
 
 
-def build(tmp):
-    subprocess.run(["make", "-s", "-C", ROOT, "native", "plugins", "softverbs"], check=True)
-    svb.build(tmp)
+def build_plugin_path(tmp):
     plugin_src = os.path.join(ROOT, "plugins", "ib")
     subprocess.run(["gcc", "-O2", "-Wall", f"-I{plugin_src}",
                     f"-I{os.path.join(ROOT, 'native', 'include')}", "-o",
@@ -53,6 +51,25 @@ def build(tmp):
                     os.path.join(ROOT, "bench", "ib", "plugin_path.c")] +
                    sorted(os.path.join(plugin_src, f) for f in os.listdir(plugin_src)
                           if f.endswith(".c")) + ["-ldl", "-lpthread", "-lm"], check=True)
+
+
+def plugin_path_costs(tmp, reps):
+    """{case: (plain ns, plugin ns)}, each the best of reps runs."""
+    path = {}
+    for _ in range(reps):
+        out = subprocess.run([os.path.join(tmp, "plugin_path")], capture_output=True,
+                             text=True, check=True, timeout=300).stdout
+        for line in out.splitlines():
+            case, plain, plugin = line.split()
+            best = path.get(case, (1e30, 1e30))
+            path[case] = (min(best[0], float(plain)), min(best[1], float(plugin)))
+    return path
+
+
+def build(tmp):
+    subprocess.run(["make", "-s", "-C", ROOT, "native", "plugins", "softverbs"], check=True)
+    svb.build(tmp)
+    build_plugin_path(tmp)
     for name in ("verbs_ops", "ah_scale"):
         subprocess.run(["gcc", "-O2", "-Wall", "-o", os.path.join(tmp, name),
                         os.path.join(ROOT, "bench", "ib", name + ".c"), "-libverbs", "-lm"],
@@ -167,15 +184,7 @@ def main():
               f"{opts.reps} alternating runs each, best of them (the plugin's cost is "
               "fixed, the machine's noise is not)")
         print(f"{'operation':<34} {'plain':>10} {'plugin':>10} {'added':>9}  target")
-        path = {}
-        for _ in range(opts.reps):
-            out = subprocess.run([os.path.join(tmp, "plugin_path")], capture_output=True,
-                                 text=True, check=True, timeout=300).stdout
-            for line in out.splitlines():
-                case, plain, plugin = line.split()
-                best = path.get(case, (1e30, 1e30))
-                path[case] = (min(best[0], float(plain)), min(best[1], float(plugin)))
-        for case, (plain, plugin) in path.items():
+        for case, (plain, plugin) in plugin_path_costs(tmp, opts.reps).items():
             good = plugin - plain < 100
             ok &= good
             name = case.replace("_", " ", 1).replace("_", " ") + " (ns)"

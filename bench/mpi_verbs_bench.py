@@ -7,6 +7,9 @@ The MPI libraries are Debian's, over UCX's `ud_verbs` on softverbs' device
     round trip at 8 B and 64 KiB, plain (softverbs alone) and under `ckpt
     launch` (the shim and the IB plugin, which translates every id on the
     data path), runs interleaved: the overhead per message;
+  - the same overhead counted rather than timed (this machine's run-to-run
+    spread is larger than 1%): the plugin's calls per round trip (uprobes,
+    with perf) times what each call adds (bench/ib/plugin_path.c);
   - checkpoint and restart of a 4-rank MPICH job over ud_verbs with 512 MiB
     per rank, as ratios to a raw write+fsync and read of the same bytes in
     the same run, and the IB plugin's share of it: its STOP (every signaled
@@ -75,8 +78,9 @@ def pingpong(env, stack, size, under_ckpt):
 
 def bench_pingpong(env, reps):
     """Busy-polling ranks share 2 cores with everything else: the best of
-    the interleaved runs is the loop's own cost, the median its spread."""
-    rows = []
+    the interleaved runs is the loop's own cost, the median its spread.
+    Returns {(stack, size): plain us per round trip (best)}."""
+    rows, plain_best = [], {}
     for stack in MPIRUN:
         for size in PINGPONG:
             plain, plugin = [], []
@@ -84,6 +88,7 @@ def bench_pingpong(env, reps):
                 plain.append(pingpong(env, stack, size, False))
                 plugin.append(pingpong(env, stack, size, True))
             p, q = min(plain), min(plugin)
+            plain_best[stack, size] = p
             rows.append([stack, f"{size} B", f"{p:.2f}", f"{q:.2f}",
                          f"{(q / p - 1) * 100:+.2f}%",
                          f"{(statistics.median(plugin) / statistics.median(plain) - 1) * 100:+.2f}%"])
@@ -91,6 +96,80 @@ def bench_pingpong(env, reps):
           "of each (us per round trip)",
           ["stack", "message", "plain (best)", "under ckpt (best)",
            "overhead of best (target < 1%)", "overhead of medians"], rows)
+    return plain_best
+
+
+# the plugin's data-path functions, counted by uprobes (perf probe): how
+# many calls a round trip makes does not depend on the machine's noise
+PLUGIN_LIB = REPO / "plugins" / "ib" / "libckpt_ib.so"
+PROBES = {"post_send": "ib_post_send", "post_recv": "ib_post_recv",
+          "post_srq_recv": "ib_post_srq_recv", "poll_cq": "ib_poll_cq",
+          "completion": "ib_poll_real:5"}    # the line taking one completion in
+COST_ROUND_TRIPS = {8: 20_000, 65536: 2_000}
+
+
+def probe_counts(env, stack, size):
+    """{probe: calls per round trip, both ranks together} of a ping-pong
+    under ckpt (each call traps to the kernel: slow, so fewer round trips).
+    Counted machine-wide (-a): counted per task, perf misses a rank that
+    hydra's proxy starts."""
+    n = COST_ROUND_TRIPS[size]
+    events = ",".join(f"probe_libckpt_ib:ckpt_{name}" for name in PROBES)
+    argv = ["perf", "stat", "-a", "-x", ",", "-e", events, "--",
+            sys.executable, "-m", "ckpt", "launch", "--"] + MPIRUN[stack] + BIND[stack] + \
+        ["-np", "2", str(PROGRAM[stack] / "mpiloops"), "pingpong", str(n), str(size)]
+    err = subprocess.run(argv, env=env, capture_output=True, text=True, check=True,
+                         timeout=600).stderr
+    counts = {}
+    for line in err.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2].startswith("probe_libckpt_ib:ckpt_"):
+            counts[fields[2].split(":ckpt_")[1]] = int(fields[0]) / n
+    return counts
+
+
+def bench_plugin_cost(env, work, plain_best, reps):
+    """The plugin's time per round trip without timing the round trip:
+    its calls per round trip (counted) times what each call adds (timed in
+    a loop over a stub device, bench/ib/plugin_path.c), against the plain
+    round trip.  An empty poll's added time delays noticing a message by
+    half of it on average: one such half per message, two a round trip."""
+    import ib_bench
+    if not shutil.which("perf") or os.geteuid() != 0:
+        print("\nThe plugin's cost per round trip: needs perf (apt-get install linux-perf) "
+              "and root for its uprobes; skipped")
+        return
+    ib_bench.build_plugin_path(str(work))
+    costs = ib_bench.plugin_path_costs(str(work), reps)
+
+    def added(case):        # ns; after a checkpoint every id is translated: the dearer
+        return max(costs[f"{case}_{when}"][1] - costs[f"{case}_{when}"][0]
+                   for when in ("before_any_checkpoint", "after_a_checkpoint"))
+    per_call = {"post_send": added("post_send"), "post_recv": added("post_recv"),
+                "post_srq_recv": added("post_recv"), "completion": added("poll_cq"),
+                "empty poll": costs["empty_poll_cq"][1] - costs["empty_poll_cq"][0]}
+    subprocess.run(["perf", "probe", "-q", "-d", "probe_libckpt_ib:*"], capture_output=True)
+    for name, where in PROBES.items():
+        subprocess.run(["perf", "probe", "-q", "-x", str(PLUGIN_LIB), "-a",
+                        f"ckpt_{name}={where}"], check=True)
+    rows = []
+    try:
+        for (stack, size), plain_us in plain_best.items():
+            calls = probe_counts(env, stack, size)
+            ns = sum(calls[name] * per_call[name]
+                     for name in ("post_send", "post_recv", "post_srq_recv", "completion"))
+            ns += per_call["empty poll"]        # 2 messages x half an empty poll's
+            rows.append([stack, f"{size} B", f"{calls['post_send']:.2f}",
+                         f"{calls['post_recv'] + calls['post_srq_recv']:.2f}",
+                         f"{calls['completion']:.2f}", f"{ns:.0f}", f"{plain_us:.2f}",
+                         f"{ns / (plain_us * 1000) * 100:.2f}%"])
+    finally:
+        subprocess.run(["perf", "probe", "-q", "-d", "probe_libckpt_ib:*"], capture_output=True)
+    table("The IB plugin's cost per round trip, counted: its calls per round trip (both "
+          "ranks, uprobes) x what each call adds (ns: " +
+          ", ".join(f"{k} {v:.1f}" for k, v in per_call.items()) + "; bench/ib/plugin_path.c)",
+          ["stack", "message", "post_send", "post_recv", "completions", "plugin ns",
+           "plain us (best)", "share (target < 1%)"], rows)
 
 
 class VerbsJob:
@@ -217,7 +296,8 @@ def main():
         work = Path(tmp)
         env = verbs_env(work)
         print(f"ckpt: MPI over verbs (softverbs, UCX ud_verbs), work dir {work}")
-        bench_pingpong(env, args.reps)
+        plain_best = bench_pingpong(env, args.reps)
+        bench_plugin_cost(env, work, plain_best, args.reps)
         if not args.only_pingpong:
             bench_checkpoint(env, work, args.ranks, args.mib, args.ckpt_reps)
             bench_rebuild_by_ranks(env, work, args.ckpt_reps)

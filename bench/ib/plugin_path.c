@@ -1,7 +1,7 @@
 /*
  * The IB plugin's own cost on the data path, without a device's noise:
- * the plugin's post_send and poll_cq run over a stub "device" whose calls
- * do nothing (post) or hand back one completion or none (poll), and are compared
+ * the plugin's post_send, post_recv and poll_cq run over a stub "device" whose
+ * calls do nothing (post) or hand back one completion or none (poll), and are compared
  * with calling the stub directly.  Before any checkpoint ids are not
  * translated; after one (remap) every lkey, remote QPN and completion is,
  * through the caches.  Built with the plugin's sources (bench/ib_bench.py).
@@ -23,6 +23,12 @@ static struct ibv_cq real_cq = { .context = &real_ctx };
 static struct ibv_ah real_ah = { .context = &real_ctx };
 
 static int stub_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	__asm__ volatile("" : : "r"(wr) : "memory");
+	return 0;
+}
+
+static int stub_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	__asm__ volatile("" : : "r"(wr) : "memory");
 	return 0;
@@ -91,6 +97,24 @@ static void plugin_send(void *arg)
 	vqp->ibv.context->ops.post_send(&vqp->ibv, &wr, &bad);
 }
 
+static struct ibv_recv_wr recv_wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1 };
+
+static void plain_recv(void *arg)
+{
+	struct ibv_recv_wr *bad;
+
+	real_ctx.ops.post_recv(&real_qp, &recv_wr, &bad);
+}
+
+/* with its completion's part (taking it off the log): the log must not fill */
+static void plugin_recv(void *arg)
+{
+	struct ibv_recv_wr *bad;
+
+	vqp->ibv.context->ops.post_recv(&vqp->ibv, &recv_wr, &bad);
+	ib_recv_log_pop_front(&vqp->posted);
+}
+
 static void plain_poll(void *arg)
 {
 	struct ibv_wc wc;
@@ -117,6 +141,7 @@ int main(void)
 
 	real_ctx.ops.post_send = stub_post_send;
 	real_ctx.ops.poll_cq = stub_poll_cq;
+	real_ctx.ops.post_recv = stub_post_recv;
 	ib_ctx_init_ops(&ctx);
 	vqp = calloc(1, sizeof(*vqp));
 	vcq = calloc(1, sizeof(*vcq));
@@ -148,6 +173,8 @@ int main(void)
 		}
 		printf("post_send_%s %.1f %.1f\n", when, best_ns(plain_send, NULL),
 		       best_ns(plugin_send, NULL));
+		printf("post_recv_%s %.1f %.1f\n", when, best_ns(plain_recv, NULL),
+		       best_ns(plugin_recv, NULL));
 		printf("poll_cq_%s %.1f %.1f\n", when, best_ns(plain_poll, NULL),
 		       best_ns(plugin_poll, NULL));
 	}
