@@ -35,6 +35,7 @@ MPIRUN = {
 UCX_ARGS = {"mpich": [], "openmpi": ["--mca", "pml", "ucx"]}
 UCT_IB = Path("/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0")
 # steps, ms per step: short runs, every step exchanges messages between ranks
+PROGRAMS = ("ring", "allreduce", "jacobi", "bigmsg")
 ARGS = ["40", "1"]
 STEPS = int(ARGS[0])
 MIB = 1 << 20
@@ -142,14 +143,14 @@ def min_bytes(program):
     return STEPS * MIB if program == "bigmsg" else STEPS * 8
 
 
-@pytest.mark.parametrize("program", ["ring", "allreduce", "jacobi", "bigmsg"])
+@pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("tls", list(TRANSPORTS))
 def test_mpich_over_verbs(tmp_path, tls, ranks, program):
     run_over_verbs(tmp_path, "mpich", tls, ranks, program)
 
 
-@pytest.mark.parametrize("program", ["ring", "allreduce", "jacobi", "bigmsg"])
+@pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("tls", list(TRANSPORTS))
 def test_openmpi_pml_ucx_over_verbs(tmp_path, tls, program):
     run_over_verbs(tmp_path, "openmpi", tls, 4, program)
@@ -186,7 +187,7 @@ def check_openib_carried(err, ranks, min_bytes):
     check_counters(err, ranks, "rc", min_bytes)
 
 
-@pytest.mark.parametrize("program", ["ring", "allreduce", "jacobi", "bigmsg"])
+@pytest.mark.parametrize("program", PROGRAMS)
 def test_openmpi_openib_btl_over_verbs(tmp_path, program):
     reference, _ = mpirun("openmpi", 4, program, plain_env(), transport=[])
     assert "PASS" in reference
@@ -221,10 +222,9 @@ REBUILT = re.compile(r"ckpt-ib\[(\d+)\]: rebuilt in")
 # which its peers answer from UCX's async thread, woken through an epoll
 # set that watches the verbs fds: that set must watch the rebuilt fds
 # (plugins/ib/epoll_watchers.c), or a restarted job hangs there.
-# every program over UD (the paper's case); the ring over the others
-@pytest.mark.parametrize("stack,tls,program", [
-    *(("mpich", "ud_verbs", program) for program in ("ring", "allreduce", "jacobi", "bigmsg")),
-    ("mpich", "rc_v", "ring"), ("openmpi", "ud_verbs", "ring")])
+@pytest.mark.parametrize("program", PROGRAMS)
+@pytest.mark.parametrize("stack,tls", [("mpich", "ud_verbs"), ("mpich", "rc_v"),
+                                       ("openmpi", "ud_verbs")])
 def test_over_verbs_checkpoint_restart(session, stack, tls, program):
     """Under `ckpt launch` (the IB plugin): three checkpoints at random
     moments, kill, restart from the first and from the last image on a new
@@ -258,7 +258,11 @@ def checkpoint_kill_restart_over_ucx(session, stack, tls, program, chain=False):
         program, chain)
 
 
-def test_openib_btl_checkpoint_restart(session):
+# allreduce and jacobi hang here after a restart from their first image:
+# MPI_Finalize waits for the connection manager's thread, which waits in
+# ibv_get_cq_event for an event that never comes (issue 13, open)
+@pytest.mark.parametrize("program", ["ring", "bigmsg"])
+def test_openib_btl_checkpoint_restart(session, program):
     """The same with Open MPI's openib BTL: its RC queue pairs, shared
     receive queues and UD connection manager rebuilt by the plugin.  The
     connection manager's thread waits in ibv_get_cq_event across the
@@ -267,7 +271,7 @@ def test_openib_btl_checkpoint_restart(session):
     checkpoint_kill_restart_over_verbs(
         session, "openmpi", OPENIB_ARGS,
         lambda job, after_restart: check_openib_carried(
-            job.stderr_text() + after_restart, 4, STEPS * 8))
+            job.stderr_text() + after_restart, 4, STEPS * 8), program)
 
 
 # steps, ms per step of the checkpointed runs: at least 2 s of pacing, so

@@ -289,12 +289,30 @@ def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jo
         staged = slurm.run(host, ["sh", "-c", f"ls {STAGE}/{job.id}/ckpt-*/*.img; "
                                   f"readlink /run/ckpt/job-{job.id}/stage-{job.id}"]).stdout
         assert ".img" in staged and f"{STAGE}/{job.id}\n" in staged, (host, staged)
+    _commands_from_a_node_outside_the_job(slurm, job, "h3")
     slurm.check("h1", ["scontrol", "requeue", job.id])
     job.wait_running(1)
     job.finish()
     text = job.text()
     assert "TERM: the job ends" in text and "requeued run 1: restarting from" in text, text
     assert job.results() == reference(slurm, "openmpi", args), text
+
+
+def _commands_from_a_node_outside_the_job(slurm, job, host):
+    """`ckpt status|checkpoint <slurm job id>` work from any node for the
+    job's user; another user is refused in one line and changes nothing."""
+    env = slurm.slurm_env(CKPT_SHARED_STATE_DIR=str(slurm.cluster.shared_dir / "registry"))
+    status = slurm.run(host, [CKPT, "status", job.id], env=env)
+    assert status.returncode == 0 and job.id in status.stdout, status.stderr
+    taken = slurm.run(host, [CKPT, "checkpoint", job.id], env=env, timeout=120)
+    assert taken.returncode == 0, taken.stderr
+    assert taken.stdout.split()[-1].startswith(f"{job.img}/{job.id}/ckpt-"), taken.stdout
+    nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    for argv in (["status", job.id], ["checkpoint", job.id], ["kill", job.id]):
+        r = slurm.run(host, nobody + [CKPT, *argv], env=env)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and \
+            "Traceback" not in r.stderr, (argv, r.stderr)
+    assert slurm.job(job.id)["JobState"] == "RUNNING"
 
 
 def _a_node_dies(slurm, job, nodes, dies):
