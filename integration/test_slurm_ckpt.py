@@ -26,6 +26,15 @@ STAGE = "/dev/shm/ckpt-stage"   # node-local on each namespace host
 FINALIZE_WAIT = 15   # MPICH over UCX may hang in MPI_Finalize (openucx/ucx#8738)
 
 
+def registry(slurm):
+    """The jobs' shared registry: ckpt's commands find a job there from any node."""
+    return slurm.cluster.shared_dir / "registry"
+
+
+def ckpt_env(slurm):
+    return slurm.slurm_env(CKPT_SHARED_STATE_DIR=str(registry(slurm)))
+
+
 def mpirun(slurm, stack):
     """mpirun inside an allocation: it launches through srun (no ssh)."""
     if stack == "mpich":
@@ -56,17 +65,17 @@ class BatchJob:
         if command is None:
             command = mpirun(slurm, stack) + [str(MPI_BIN / stack / "ring")] + \
                 [str(a) for a in args]
-        registry = slurm.cluster.shared_dir / "registry"
         if example:
             assert not ckpt_options
-            self.sbatch = [f"--export=ALL,CKPT_DIR={self.img},CKPT_SHARED_STATE_DIR={registry},"
-                           f"ZDTM_HOLD={self.hold},PATH={REPO / 'bin'}:{os.environ['PATH']}",
+            self.sbatch = [f"--export=ALL,CKPT_DIR={self.img},"
+                           f"CKPT_SHARED_STATE_DIR={registry(slurm)},ZDTM_HOLD={self.hold},"
+                           f"PATH={REPO / 'bin'}:{os.environ['PATH']}",
                            "-o", str(self.out), *sbatch_options, str(EXAMPLE), *command]
             return
         script = directory / "job.sh"
         script.write_text(
             "#!/bin/sh\n"
-            f"export CKPT_SHARED_STATE_DIR={registry}\n"
+            f"export CKPT_SHARED_STATE_DIR={registry(slurm)}\n"
             f"export ZDTM_HOLD={self.hold}\n"
             f"exec {CKPT} slurm run --ckpt-dir {self.img} {' '.join(ckpt_options)} -- "
             + " ".join(command) + "\n")
@@ -149,10 +158,7 @@ class BatchJob:
                                        timeout=FINALIZE_WAIT)["JobState"]
         except Exception:
             assert self.stack == "mpich", f"Open MPI job did not end: {self.text()}"
-            r = self.slurm.run("h2", [CKPT, "kill", self.id],
-                               env=self.slurm.slurm_env(
-                                   CKPT_SHARED_STATE_DIR=str(self.slurm.cluster.shared_dir /
-                                                             "registry")))
+            r = self.slurm.run("h2", [CKPT, "kill", self.id], env=ckpt_env(self.slurm))
             assert r.returncode == 0, r.stderr
             return self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))["JobState"]
 
@@ -301,7 +307,7 @@ def test_requeue_by_slurm_restarts_from_the_latest_periodic_checkpoint(slurm, jo
 def _commands_from_a_node_outside_the_job(slurm, job, host):
     """`ckpt status|checkpoint <slurm job id>` work from any node for the
     job's user; another user is refused in one line and changes nothing."""
-    env = slurm.slurm_env(CKPT_SHARED_STATE_DIR=str(slurm.cluster.shared_dir / "registry"))
+    env = ckpt_env(slurm)
     status = slurm.run(host, [CKPT, "status", job.id], env=env)
     assert status.returncode == 0 and job.id in status.stdout, status.stderr
     taken = slurm.run(host, [CKPT, "checkpoint", job.id], env=env, timeout=120)
