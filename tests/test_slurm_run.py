@@ -1,5 +1,8 @@
 """ckpt slurm run outside a job, and its reading of Slurm's variables."""
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -32,3 +35,10 @@ def test_latest_checkpoint_of_a_job_without_one(tmp_path):
     assert slurm.latest_checkpoint(tmp_path / "missing") is None
     (tmp_path / "42").mkdir()
     assert slurm.latest_checkpoint(tmp_path / "42") is None
+
+
+def test_the_example_batch_script_without_a_command_says_how_to_use_it():
+    script = Path(__file__).resolve().parent.parent / "examples" / "slurm" / "ckpt-job.sh"
+    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"usage: sbatch {script} COMMAND [ARGS...]"]
