@@ -164,3 +164,21 @@ def test_async_events_held_unacked_across_checkpoints(verbs_session):
     job.kill()
     for image in (job.images[0], job.images[-1]):
         assert restart_and_finish(s, image, job) == reference
+
+
+def test_completion_channels_ready_exactly_when_an_event_waits(verbs_session):
+    """A completion channel's fd, as event loops poll it, across checkpoints
+    and restarts: one with an event nobody read stays readable (poll and
+    epoll) and then hands out that event and its message; an idle one is
+    never ready, also while a checkpoint runs; both raise new events
+    after the restart through the fd numbers the program has."""
+    s = verbs_session
+    args = ["200", "10"]
+    reference = s.reference([IB_APPS / "comp_events"], *args)
+    assert "PASS" in reference
+    job = Job(s, "comp-events", [IB_APPS / "comp_events"], *args)
+    job.wait_ready()
+    job.checkpoint_at_random_moments(3, 0.2, 0.5)
+    job.kill()
+    for image in (job.images[0], job.images[-1]):
+        assert restart_and_finish(s, image, job) == reference

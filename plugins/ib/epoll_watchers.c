@@ -5,9 +5,11 @@
  * number: without this the application's event loop (Open MPI's progress
  * thread waits on its UD connection manager's channel so) would never hear
  * of the fd again.  The entries are read from the epoll fds' fdinfo
- * before the release and added again for the new file after the rebuild,
- * after a plain checkpoint and after a restart alike (this memory is in
- * the image; the epoll fds keep their numbers).
+ * before the number is moved and added again for its new file: the async
+ * fd's before the release and after the rebuild, a channel's each time
+ * app_fds.c moves it (to a placeholder and back).  A restart is no
+ * different (this memory is in the image; the epoll fds keep their
+ * numbers).
  *
  * The application's threads may be parked holding malloc's lock: no
  * allocation here, only system calls and buffers on the stack.

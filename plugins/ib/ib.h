@@ -82,12 +82,20 @@ struct ib_epoll_watchers {
 void ib_epoll_watchers_save(int fd, struct ib_epoll_watchers *w);
 void ib_epoll_watchers_restore(int fd, const struct ib_epoll_watchers *w);
 
+/* What the application's number for a channel's fd names (app_fds.c). */
+enum ib_fd_state {
+	IB_FD_BOUND,	/* the real channel (a dup of its fd) */
+	IB_FD_HELD,	/* a placeholder: the device is released */
+	IB_FD_OWED,	/* a ready placeholder: rebuilt, owing an event */
+};
+
 struct ib_channel {
 	struct ibv_comp_channel ibv;	/* fd: ours, a dup of the real one */
 	struct ibv_comp_channel *real;
 	struct ib_waited_fd waited;	/* the real fd, ibv_get_cq_event's */
+	enum ib_fd_state fd_state;
 	int fd_flags;			/* ours while released (O_NONBLOCK) */
-	struct ib_epoll_watchers watchers;	/* of fd, while released */
+	struct ib_epoll_watchers watchers;	/* of fd, as it is moved */
 	struct ib_channel *next;
 };
 
@@ -97,8 +105,9 @@ struct ib_cq {
 	struct ib_channel *channel;
 	int comp_vector;
 	int armed, solicited_only;
+	int event_owed;			/* raised, unread, lost with a released channel */
 	unsigned events_unacked;	/* handed to the application, not acked */
-	unsigned made_unacked;		/* of those, made by us (armed_with_pending) */
+	unsigned made_unacked;		/* of those, made by us (owed, app_fds.c) */
 	uint32_t async_handed;		/* async events handed out (ibv.mutex) */
 	/* completions collected at a checkpoint, returned before new ones */
 	struct ibv_wc *pending;
@@ -341,6 +350,12 @@ int ib_stop(void);
 int ib_release(void);
 int ib_rebuild(long members);
 void ib_waited_init(struct ib_waited_fd *w);
+/* The application's fd numbers across a release (app_fds.c). */
+int ib_fd_hold(int fd, int ready);
+void ib_fd_bind(int app_fd, int real_fd, int flags);
+void ib_channel_hold_fd(struct ib_ctx *ctx, struct ib_channel *ch);
+void ib_channel_bind_fd(struct ib_ctx *ctx, struct ib_channel *ch);
+void ib_channel_settle_fd(struct ib_ctx *ctx, struct ib_channel *ch);
 unsigned ib_wait_enter(struct ib_waited_fd *w);
 void ib_wait_leave(struct ib_waited_fd *w, unsigned gen);
 void ib_waited_rebuilt(struct ib_waited_fd *w);

@@ -195,24 +195,6 @@ static int do_stop(void)
 	return 0;
 }
 
-/* The application's fd numbers stay taken, by /dev/null, until rebuilt.
- * Returns the file status flags the application had set (UCX makes its
- * async fd non-blocking): the rebuilt file gets them back. */
-static int hold_fd(int fd)
-{
-	int null, flags;
-
-	if (fd < 0)
-		return -1;
-	flags = fcntl(fd, F_GETFL);
-	null = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (null >= 0 && null != fd) {
-		dup3(null, fd, O_CLOEXEC);
-		close(null);
-	}
-	return flags;
-}
-
 /*
  * A thread blocked in the real ibv_get_cq_event (or get_async_event)
  * reads the real fd: the checkpoint's signal makes it read that number
@@ -296,6 +278,8 @@ void ib_wait_leave(struct ib_waited_fd *w, unsigned gen)
 
 static void release_ctx(struct ib_ctx *ctx)
 {
+	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next)
+		ib_channel_hold_fd(ctx, ch);	/* first: it reads the real CQs' events */
 	for (struct ib_ah *ah = ctx->ahs; ah; ah = ah->next)
 		if (ib_real.destroy_ah(ah->real))
 			ib_log("releasing an address handle: %s", strerror(errno));
@@ -313,10 +297,8 @@ static void release_ctx(struct ib_ctx *ctx)
 	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next) {
 		int real_fd = ch->real->fd;
 
-		ib_epoll_watchers_save(ch->ibv.fd, &ch->watchers);
 		ib_real.destroy_comp_channel(ch->real);
 		release_waited(&ch->waited, real_fd);
-		ch->fd_flags = hold_fd(ch->ibv.fd);
 	}
 	for (struct ib_mr *mr = ctx->mrs; mr; mr = mr->next)
 		ib_real.dereg_mr(mr->real);
@@ -330,8 +312,8 @@ static void release_ctx(struct ib_ctx *ctx)
 		release_waited(&ctx->waited, async_fd);
 	}
 	ctx->real = NULL;
-	ctx->async_fd_flags = hold_fd(ctx->ibv.async_fd);
-	hold_fd(ctx->ibv.cmd_fd);
+	ctx->async_fd_flags = ib_fd_hold(ctx->ibv.async_fd, 0);
+	ib_fd_hold(ctx->ibv.cmd_fd, 0);
 }
 
 static int do_release(void)

@@ -26,17 +26,6 @@ static struct ibv_device *find_device(struct ibv_device **list, const char *name
 	return list ? list[0] : NULL;
 }
 
-/* The application's fd number now names the new real file, with the
- * status flags the application had given the old one. */
-static void rebind_fd(int app_fd, int real_fd, int flags)
-{
-	if (app_fd < 0 || real_fd < 0)
-		return;
-	dup3(real_fd, app_fd, O_CLOEXEC);
-	if (flags >= 0)
-		fcntl(app_fd, F_SETFL, flags);
-}
-
 static int reopen(struct ib_ctx *ctx, struct ibv_device **list)
 {
 	struct ibv_device *dev = find_device(list, ctx->dev_name);
@@ -50,9 +39,9 @@ static int reopen(struct ib_ctx *ctx, struct ibv_device **list)
 	ctx->real = ib_real.open_device(dev);
 	if (!ctx->real)
 		return errno ? errno : ENODEV;
-	rebind_fd(ctx->ibv.async_fd, ctx->real->async_fd, ctx->async_fd_flags);
+	ib_fd_bind(ctx->ibv.async_fd, ctx->real->async_fd, ctx->async_fd_flags);
 	ib_epoll_watchers_restore(ctx->ibv.async_fd, &ctx->async_watchers);
-	rebind_fd(ctx->ibv.cmd_fd, ctx->real->cmd_fd, -1);
+	ib_fd_bind(ctx->ibv.cmd_fd, ctx->real->cmd_fd, -1);
 	/* the LIDs the application knows stay; the real ones are new */
 	for (uint8_t p = 1; p <= ctx->nports; p++) {
 		struct ibv_port_attr attr;
@@ -88,8 +77,6 @@ static int recreate_queues(struct ib_ctx *ctx)
 		ch->real = ib_real.create_comp_channel(ctx->real);
 		if (!ch->real)
 			return errno ? errno : ENOMEM;
-		rebind_fd(ch->ibv.fd, ch->real->fd, ch->fd_flags);
-		ib_epoll_watchers_restore(ch->ibv.fd, &ch->watchers);
 	}
 	for (struct ib_cq *cq = ctx->cqs; cq; cq = cq->next) {
 		cq->real = ib_real.create_cq(ctx->real, cq->ibv.cqe, cq,
@@ -99,6 +86,8 @@ static int recreate_queues(struct ib_ctx *ctx)
 		if (cq->armed)
 			cq->real->context->ops.req_notify_cq(cq->real, cq->solicited_only);
 	}
+	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next)
+		ib_channel_bind_fd(ctx, ch);
 	for (struct ib_srq *srq = ctx->srqs; srq; srq = srq->next) {
 		struct ibv_srq_init_attr attr = srq->attr;
 

@@ -487,6 +487,8 @@ static int destroy_real_cq(struct ibv_cq *vcq)
 		return err;
 	pthread_mutex_lock(&ib_objects_lock);
 	UNLINK(struct ib_cq, ctx_from(vcq)->cqs, cq);
+	if (cq->channel)	/* an event it owed is owed no more */
+		ib_channel_settle_fd(ctx_from(vcq), cq->channel);
 	pthread_mutex_unlock(&ib_objects_lock);
 	return 0;
 }
@@ -509,18 +511,21 @@ IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 	return 0;
 }
 
-/* A CQ of this channel that was armed when the checkpoint collected its
- * completions: the device will raise no event for those, so we do. */
-static struct ib_cq *armed_with_pending(struct ib_channel *ch)
+/* A CQ of this channel owed an event the release took from the device
+ * (app_fds.c): the caller hands it out.  Once none is owed, the channel's
+ * number names the real channel again. */
+static struct ib_cq *take_owed_event(struct ib_channel *ch)
 {
+	struct ib_ctx *ctx = ctx_from(&ch->ibv);
 	struct ib_cq *found = NULL;
 
 	pthread_mutex_lock(&ib_objects_lock);
-	for (struct ib_cq *cq = ctx_from(&ch->ibv)->cqs; cq && !found; cq = cq->next)
-		if (cq->channel == ch && cq->armed && cq->pending_head != cq->pending_tail)
+	for (struct ib_cq *cq = ctx->cqs; cq && !found; cq = cq->next)
+		if (cq->channel == ch && cq->event_owed)
 			found = cq;
 	if (found)
-		found->armed = 0;
+		found->event_owed = 0;
+	ib_channel_settle_fd(ctx, ch);
 	pthread_mutex_unlock(&ib_objects_lock);
 	return found;
 }
@@ -539,9 +544,9 @@ static int deliver(struct ib_cq *cq, struct ibv_cq **out, void **context, int re
 
 /*
  * Blocks in the real library, so it does not hold the gate.  A checkpoint
- * releases the real channel under a thread waiting here: the application's
- * fd then reads end-of-file (its number is held by /dev/null until the
- * rebuild), the real call fails, and the thread waits for the rebuild and
+ * releases the real channel under a thread waiting here: the real fd then
+ * reads end-of-file (its number is held by /dev/null until the rebuild),
+ * the real call fails, and the thread waits for the rebuild and
  * tries again on the new channel.
  */
 IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out, void **context)
@@ -557,9 +562,9 @@ IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out
 
 		ib_gate_wait();
 		gen = ib_wait_enter(&ch->waited);
-		/* after the wait too: a checkpoint meanwhile may have collected
-		 * the completions whose event the real channel will not raise */
-		cq = armed_with_pending(ch);
+		/* after the wait too: a release meanwhile may have taken an
+		 * event from the device */
+		cq = take_owed_event(ch);
 		if (cq) {
 			ib_wait_leave(&ch->waited, gen);
 			return deliver(cq, out, context, 0);
