@@ -235,6 +235,10 @@ class Job:
         return restarted
 
     def kill(self):
+        if self.proc.poll() is not None:  # its own FAIL line says why
+            raise AssertionError(f"job {self.id} ended before it was killed "
+                                 f"({self.proc.returncode}): output ends "
+                                 f"{self.output()[-500:]!r}")
         self.s.ckpt("kill", self.id)
         rc = self.proc.wait(timeout=60)
         reap_orphans()
