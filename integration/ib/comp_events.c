@@ -12,10 +12,12 @@
  *  - idle: its CQ is armed and nothing arrives: a thread polls its fd every
  *    millisecond and must never see it ready, also while a checkpoint runs
  *    (a placeholder that polled ready sent the thread into
- *    ibv_get_cq_event for good); a message at the end makes it ready.
+ *    ibv_get_cq_event for good).  It is non-blocking, as UCX makes its
+ *    channels, and stays so; a message at the end makes it ready.
  *
  *   comp_events [steps] [ms-per-step]
  */
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -181,6 +183,7 @@ static void setup(void)
 		post_recv(r);
 		zdtm_check(!ibv_req_notify_cq(r->cq, 0), "req_notify_cq");
 	}
+	zdtm_check(!fcntl(rx[IDLE].channel->fd, F_SETFL, O_NONBLOCK), "O_NONBLOCK: %m");
 	sender = ud_qp(send_cq, send_cq);
 	self_ah = ibv_create_ah(pd, &ah);
 	zdtm_check(self_ah != NULL, "create_ah: %m");
@@ -227,6 +230,14 @@ int main(int argc, char **argv)
 	zdtm_check(atomic_load(&idle_ready) == 0, "the idle channel polled ready %ld times of %ld",
 		   atomic_load(&idle_ready), atomic_load(&idle_polls));
 	zdtm_check(atomic_load(&idle_polls) > 0, "the idle channel was never polled");
+	/* non-blocking, as UCX makes its channels: still, and with no event */
+	struct ibv_cq *none;
+	void *context;
+
+	zdtm_check(fcntl(rx[IDLE].channel->fd, F_GETFL) & O_NONBLOCK,
+		   "the idle channel's fd lost O_NONBLOCK");
+	zdtm_check(ibv_get_cq_event(rx[IDLE].channel, &none, &context) && errno == EAGAIN,
+		   "get_cq_event on the idle channel did not fail with EAGAIN: %m");
 	send_to(IDLE, 0);
 	zdtm_check(readable(rx[IDLE].channel->fd, 5000), "no event on the idle channel");
 	zdtm_check(epoll_ready(ep, 5000) == 1 << IDLE, "epoll misses the idle channel's event");

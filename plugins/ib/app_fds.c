@@ -22,15 +22,15 @@
 #include "ib.h"
 
 /* Puts a placeholder under fd: an eventfd with nothing to read (an idle
- * channel) or with a count nobody reads (a channel with an event unread).
- * Returns the file status flags the application had set (UCX makes its
- * async fd non-blocking): the placeholder and the rebuilt file get them. */
-int ib_fd_hold(int fd, int ready)
+ * channel) or with a count nobody reads (a channel with an event unread),
+ * with the file status flags the application had set (UCX makes its async
+ * fd non-blocking), which the rebuilt file then gets from it. */
+void ib_fd_hold(int fd, int ready)
 {
 	int placeholder, flags;
 
 	if (fd < 0)
-		return -1;
+		return;
 	flags = fcntl(fd, F_GETFL);
 	placeholder = eventfd(ready ? 1 : 0, EFD_CLOEXEC);
 	if (placeholder >= 0 && placeholder != fd) {
@@ -39,15 +39,17 @@ int ib_fd_hold(int fd, int ready)
 	}
 	if (flags >= 0)
 		fcntl(fd, F_SETFL, flags);
-	return flags;
 }
 
 /* The application's number now names the new real file, with the status
- * flags the application had given the old one. */
-void ib_fd_bind(int app_fd, int real_fd, int flags)
+ * flags the application gave the number (maybe while it was held). */
+void ib_fd_bind(int app_fd, int real_fd)
 {
+	int flags;
+
 	if (app_fd < 0 || real_fd < 0)
 		return;
+	flags = fcntl(app_fd, F_GETFL);
 	dup3(real_fd, app_fd, O_CLOEXEC);
 	if (flags >= 0)
 		fcntl(app_fd, F_SETFL, flags);
@@ -70,10 +72,10 @@ static int polls_ready(int fd)
 
 /* The application's number names a new file: the epoll sets watching the
  * old one watch it instead (the kernel drops an entry with its file). */
-static void move_fd(int app_fd, int to_fd, int flags, struct ib_epoll_watchers *w)
+static void move_fd(int app_fd, int to_fd, struct ib_epoll_watchers *w)
 {
 	ib_epoll_watchers_save(app_fd, w);
-	ib_fd_bind(app_fd, to_fd, flags);
+	ib_fd_bind(app_fd, to_fd);
 	ib_epoll_watchers_restore(app_fd, w);
 }
 
@@ -119,7 +121,7 @@ void ib_channel_hold_fd(struct ib_ctx *ctx, struct ib_channel *ch)
 	int ready = polls_ready(ch->real->fd) || owes_event(ctx, ch);
 
 	ib_epoll_watchers_save(ch->ibv.fd, &ch->watchers);
-	ch->fd_flags = ib_fd_hold(ch->ibv.fd, ready);
+	ib_fd_hold(ch->ibv.fd, ready);
 	ib_epoll_watchers_restore(ch->ibv.fd, &ch->watchers);
 	ch->fd_state = IB_FD_HELD;
 	take_unread(ctx, ch);
@@ -142,6 +144,6 @@ void ib_channel_settle_fd(struct ib_ctx *ctx, struct ib_channel *ch)
 {
 	if (ch->fd_state != IB_FD_OWED || owes_event(ctx, ch))
 		return;
-	move_fd(ch->ibv.fd, ch->real->fd, ch->fd_flags, &ch->watchers);
+	move_fd(ch->ibv.fd, ch->real->fd, &ch->watchers);
 	ch->fd_state = IB_FD_BOUND;
 }

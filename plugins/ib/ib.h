@@ -94,7 +94,6 @@ struct ib_channel {
 	struct ibv_comp_channel *real;
 	struct ib_waited_fd waited;	/* the real fd, ibv_get_cq_event's */
 	enum ib_fd_state fd_state;
-	int fd_flags;			/* ours while released (O_NONBLOCK) */
 	struct ib_epoll_watchers watchers;	/* of fd, as it is moved */
 	struct ib_channel *next;
 };
@@ -173,7 +172,6 @@ struct ib_ctx {
 	struct ibv_context ibv;		/* async_fd: ours, a dup of the real one */
 	struct ibv_context *real;
 	struct ib_waited_fd waited;	/* the real async fd, ibv_get_async_event's */
-	int async_fd_flags;		/* ours while released (O_NONBLOCK) */
 	struct ib_epoll_watchers async_watchers;	/* of async_fd, while released */
 	char dev_name[IBV_SYSFS_NAME_MAX];
 	uint8_t nports;
@@ -351,8 +349,8 @@ int ib_release(void);
 int ib_rebuild(long members);
 void ib_waited_init(struct ib_waited_fd *w);
 /* The application's fd numbers across a release (app_fds.c). */
-int ib_fd_hold(int fd, int ready);
-void ib_fd_bind(int app_fd, int real_fd, int flags);
+void ib_fd_hold(int fd, int ready);
+void ib_fd_bind(int app_fd, int real_fd);
 void ib_channel_hold_fd(struct ib_ctx *ctx, struct ib_channel *ch);
 void ib_channel_bind_fd(struct ib_ctx *ctx, struct ib_channel *ch);
 void ib_channel_settle_fd(struct ib_ctx *ctx, struct ib_channel *ch);

@@ -312,7 +312,7 @@ static void release_ctx(struct ib_ctx *ctx)
 		release_waited(&ctx->waited, async_fd);
 	}
 	ctx->real = NULL;
-	ctx->async_fd_flags = ib_fd_hold(ctx->ibv.async_fd, 0);
+	ib_fd_hold(ctx->ibv.async_fd, 0);
 	ib_fd_hold(ctx->ibv.cmd_fd, 0);
 }
 

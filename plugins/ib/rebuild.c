@@ -39,9 +39,9 @@ static int reopen(struct ib_ctx *ctx, struct ibv_device **list)
 	ctx->real = ib_real.open_device(dev);
 	if (!ctx->real)
 		return errno ? errno : ENODEV;
-	ib_fd_bind(ctx->ibv.async_fd, ctx->real->async_fd, ctx->async_fd_flags);
+	ib_fd_bind(ctx->ibv.async_fd, ctx->real->async_fd);
 	ib_epoll_watchers_restore(ctx->ibv.async_fd, &ctx->async_watchers);
-	ib_fd_bind(ctx->ibv.cmd_fd, ctx->real->cmd_fd, -1);
+	ib_fd_bind(ctx->ibv.cmd_fd, ctx->real->cmd_fd);
 	/* the LIDs the application knows stay; the real ones are new */
 	for (uint8_t p = 1; p <= ctx->nports; p++) {
 		struct ibv_port_attr attr;
