@@ -104,7 +104,19 @@ def bench_pingpong(env, reps):
 PLUGIN_LIB = REPO / "plugins" / "ib" / "libckpt_ib.so"
 PROBES = {"post_send": "ib_post_send", "post_recv": "ib_post_recv",
           "post_srq_recv": "ib_post_srq_recv", "poll_cq": "ib_poll_cq",
-          "completion": "ib_poll_real:5"}    # the line taking one completion in
+          "completion": None}    # the line of ib_poll_real taking one completion in
+
+
+def completion_line():
+    """ib_poll_real:N, N the line (from the function's start) that takes one
+    completion in, found in the source perf reads from the debug info."""
+    listing = subprocess.run(["perf", "probe", "-x", str(PLUGIN_LIB), "-L", "ib_poll_real"],
+                             capture_output=True, text=True, check=True).stdout
+    for line in listing.splitlines():
+        number, _, code = line.strip().partition(" ")
+        if number.isdigit() and code.strip().startswith("complete("):
+            return f"ib_poll_real:{number}"
+    raise SystemExit("bench: no line of ib_poll_real calls complete(): update the probe")
 COST_ROUND_TRIPS = {8: 20_000, 65536: 2_000}
 
 
@@ -151,7 +163,7 @@ def bench_plugin_cost(env, work, plain_best, reps):
     subprocess.run(["perf", "probe", "-q", "-d", "probe_libckpt_ib:*"], capture_output=True)
     for name, where in PROBES.items():
         subprocess.run(["perf", "probe", "-q", "-x", str(PLUGIN_LIB), "-a",
-                        f"ckpt_{name}={where}"], check=True)
+                        f"ckpt_{name}={where or completion_line()}"], check=True)
     rows = []
     try:
         for (stack, size), plain_us in plain_best.items():
