@@ -235,11 +235,11 @@ class Job:
         return restarted
 
     def kill(self):
-        if self.proc.poll() is not None:  # its own FAIL line says why
-            raise AssertionError(f"job {self.id} ended before it was killed "
-                                 f"({self.proc.returncode}): output ends "
+        killed = self.s.ckpt("kill", self.id, check=False)
+        if killed.returncode != 0:  # a job that ended: its own FAIL line says why
+            raise AssertionError(f"ckpt kill {self.id} failed ({killed.returncode}): "
+                                 f"{killed.stderr.strip()}; output ends "
                                  f"{self.output()[-500:]!r}")
-        self.s.ckpt("kill", self.id)
         rc = self.proc.wait(timeout=60)
         reap_orphans()
         self.hold.unlink(missing_ok=True)  # restarted programs run to their end

@@ -137,16 +137,22 @@ def test_ud_mesh_every_message_exactly_once(verbs_session):
     assert restart_and_finish(s, job.images[-1], job) == reference
 
 
-def test_rc_rdma_with_keys_from_before_the_checkpoint(verbs_session):
-    s = verbs_session
-    args = ["3000", "1"]
-    reference = s.reference([IB_APPS / "rc_rdma"], *args)
-    job = Job(s, "rc-rdma", [IB_APPS / "rc_rdma"], *args)
+def checkpoints_then_restart_first_and_last(session, program, args, count, low, high):
+    """count checkpoints of a verbs test program at random moments, kill,
+    restart from the first and from the last image: each restart ends as
+    an uninterrupted run does."""
+    reference = session.reference([IB_APPS / program], *args)
+    assert "PASS" in reference
+    job = Job(session, program.replace("_", "-"), [IB_APPS / program], *args)
     job.wait_ready()
-    job.checkpoint_at_random_moments(2, 0.3, 0.8)
+    job.checkpoint_at_random_moments(count, low, high)
     job.kill()
     for image in (job.images[0], job.images[-1]):
-        assert restart_and_finish(s, image, job) == reference
+        assert restart_and_finish(session, image, job) == reference
+
+
+def test_rc_rdma_with_keys_from_before_the_checkpoint(verbs_session):
+    checkpoints_then_restart_first_and_last(verbs_session, "rc_rdma", ["3000", "1"], 2, 0.3, 0.8)
 
 
 def test_async_events_held_unacked_across_checkpoints(verbs_session):
@@ -154,16 +160,8 @@ def test_async_events_held_unacked_across_checkpoints(verbs_session):
     its QP (UCX's RC clean-up): checkpoints release and rebuild the device
     under both, a destroy still waits for the ack, and no event names a QP
     that is gone."""
-    s = verbs_session
-    args = ["300", "5"]
-    reference = s.reference([IB_APPS / "async_events"], *args)
-    assert "PASS" in reference
-    job = Job(s, "async-events", [IB_APPS / "async_events"], *args)
-    job.wait_ready()
-    job.checkpoint_at_random_moments(3, 0.3, 0.8)
-    job.kill()
-    for image in (job.images[0], job.images[-1]):
-        assert restart_and_finish(s, image, job) == reference
+    checkpoints_then_restart_first_and_last(verbs_session, "async_events", ["300", "5"],
+                                            3, 0.3, 0.8)
 
 
 def test_completion_channels_ready_exactly_when_an_event_waits(verbs_session):
@@ -172,13 +170,5 @@ def test_completion_channels_ready_exactly_when_an_event_waits(verbs_session):
     epoll) and then hands out that event and its message; an idle one is
     never ready, also while a checkpoint runs; both raise new events
     after the restart through the fd numbers the program has."""
-    s = verbs_session
-    args = ["200", "10"]
-    reference = s.reference([IB_APPS / "comp_events"], *args)
-    assert "PASS" in reference
-    job = Job(s, "comp-events", [IB_APPS / "comp_events"], *args)
-    job.wait_ready()
-    job.checkpoint_at_random_moments(3, 0.2, 0.5)
-    job.kill()
-    for image in (job.images[0], job.images[-1]):
-        assert restart_and_finish(s, image, job) == reference
+    checkpoints_then_restart_first_and_last(verbs_session, "comp_events", ["200", "10"],
+                                            3, 0.2, 0.5)

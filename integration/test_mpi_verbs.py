@@ -234,11 +234,19 @@ def test_over_verbs_checkpoint_restart(session, stack, tls, program):
     checkpoint_kill_restart_over_ucx(session, stack, tls, program)
 
 
-@pytest.mark.parametrize("stack", ["mpich", "openmpi"])
-def test_over_verbs_restart_chain(session, stack):
-    """A restarted job over ud_verbs checkpointed again, killed, and that
-    image restarted: it ends as an uninterrupted run, over verbs."""
-    checkpoint_kill_restart_over_ucx(session, stack, "ud_verbs", "ring", chain=True)
+@pytest.mark.parametrize("stack,transport,program", [
+    ("mpich", "ud_verbs", "ring"), ("mpich", "rc_v", "ring"),
+    ("openmpi", "ud_verbs", "ring"),
+    ("openmpi", "openib", "allreduce"),    # connections to every peer at once
+])
+def test_over_verbs_restart_chain(session, stack, transport, program):
+    """A restarted job checkpointed again, killed, and that image
+    restarted: it ends as an uninterrupted run, over verbs, in every
+    configuration."""
+    if transport == "openib":
+        checkpoint_kill_restart_over_openib(session, program, chain=True)
+    else:
+        checkpoint_kill_restart_over_ucx(session, stack, transport, program, chain=True)
 
 
 def checkpoint_kill_restart_over_ucx(session, stack, tls, program, chain=False):
@@ -267,10 +275,14 @@ def test_openib_btl_checkpoint_restart(session, program):
     number must not be read in the meantime.  Its progress thread polls
     that channel's fd while the application runs between the release and
     the checkpoint: the fd must not poll ready with no event behind it."""
+    checkpoint_kill_restart_over_openib(session, program)
+
+
+def checkpoint_kill_restart_over_openib(session, program, chain=False):
     checkpoint_kill_restart_over_verbs(
         session, "openmpi", OPENIB_ARGS,
         lambda job, after_restart: check_openib_carried(
-            job.stderr_text() + after_restart, 4, STEPS * 8), program)
+            job.stderr_text() + after_restart, 4, STEPS * 8), program, chain)
 
 
 # steps, ms per step of the checkpointed runs: at least 2 s of pacing, so

@@ -84,6 +84,7 @@ int main(int argc, char **argv)
 		zdtm_pace(pace);
 	}
 	zdtm_hold();
+	burst(steps * BURST);	/* the listener and its threads, as restored */
 	zdtm_pass("%016llx", (unsigned long long)hash);
 	return 0;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include "zdtm.h"
 
 static long steps = 300, pace = 10;
@@ -89,6 +90,12 @@ int main(int argc, char **argv)
 		zdtm_pace(pace);
 	}
 	zdtm_hold();
+	/* the worker's mode stayed the worker's: the main thread has none */
+	struct utsname u;
+
+	zdtm_check(uname(&u) == 0, "uname in the main thread: %s", strerror(errno));
+	zdtm_check(prctl(PR_GET_SECCOMP) == 0, "the main thread is in seccomp mode %d",
+		   prctl(PR_GET_SECCOMP));
 	zdtm_pass("%016llx %s", (unsigned long long)h, strict ? "strict" : "filter");
 	return 0;
 }

@@ -141,6 +141,7 @@ struct sv_cq {
 	int armed;			/* 0, 1 = any, 2 = solicited only */
 	bool overflowed;
 	uint32_t events_reported;	/* async events read (ctx->lock) */
+	uint32_t comp_events_reported;	/* completion events read (ctx->lock) */
 };
 
 struct sv_rwqe {

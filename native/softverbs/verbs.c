@@ -270,6 +270,7 @@ SV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ibch,
 	scq = ch->events[0];
 	memmove(ch->events, ch->events + 1,
 		--ch->nevents * sizeof(*ch->events));
+	scq->comp_events_reported++;
 	pthread_mutex_unlock(&ctx->lock);
 	*cq = &scq->ibcq;
 	*cq_context = scq->ibcq.cq_context;
@@ -583,7 +584,7 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct sv_context *ctx = to_sctx(ibcq->context);
 	struct sv_cq *cq = to_scq(ibcq);
-	uint32_t reported;
+	uint32_t reported, comp_reported;
 
 	pthread_mutex_lock(&ctx->lock);
 	for (struct sv_qp *qp = ctx->qps; qp; qp = qp->next) {
@@ -598,9 +599,13 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 	}
 	async_forget(ctx, cq);
 	reported = cq->events_reported;
+	comp_reported = cq->comp_events_reported;
 	pthread_mutex_unlock(&ctx->lock);
+	/* as libibverbs' destroy: every event read must have been acked */
 	async_wait_acked(&ibcq->mutex, &ibcq->cond,
 			 &ibcq->async_events_completed, reported);
+	async_wait_acked(&ibcq->mutex, &ibcq->cond,
+			 &ibcq->comp_events_completed, comp_reported);
 	free(cq->ring);
 	free(cq);
 	return 0;

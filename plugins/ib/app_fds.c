@@ -33,26 +33,30 @@ void ib_fd_hold(int fd, int ready)
 		return;
 	flags = fcntl(fd, F_GETFL);
 	placeholder = eventfd(ready ? 1 : 0, EFD_CLOEXEC);
-	if (placeholder >= 0 && placeholder != fd) {
-		dup3(placeholder, fd, O_CLOEXEC);
+	if (placeholder < 0 || (placeholder != fd && dup3(placeholder, fd, O_CLOEXEC) < 0))
+		ib_log("fd %d: no placeholder (%m): it names the released file", fd);
+	if (placeholder >= 0 && placeholder != fd)
 		close(placeholder);
-	}
 	if (flags >= 0)
 		fcntl(fd, F_SETFL, flags);
 }
 
 /* The application's number now names the new real file, with the status
  * flags the application gave the number (maybe while it was held). */
-void ib_fd_bind(int app_fd, int real_fd)
+int ib_fd_bind(int app_fd, int real_fd)
 {
 	int flags;
 
 	if (app_fd < 0 || real_fd < 0)
-		return;
+		return 0;
 	flags = fcntl(app_fd, F_GETFL);
-	dup3(real_fd, app_fd, O_CLOEXEC);
+	if (dup3(real_fd, app_fd, O_CLOEXEC) < 0) {
+		ib_log("fd %d cannot name the rebuilt file: %m", app_fd);
+		return -1;
+	}
 	if (flags >= 0)
 		fcntl(app_fd, F_SETFL, flags);
+	return 0;
 }
 
 static int owes_event(const struct ib_ctx *ctx, const struct ib_channel *ch)
@@ -72,11 +76,13 @@ static int polls_ready(int fd)
 
 /* The application's number names a new file: the epoll sets watching the
  * old one watch it instead (the kernel drops an entry with its file). */
-static void move_fd(int app_fd, int to_fd, struct ib_epoll_watchers *w)
+static int move_fd(int app_fd, int to_fd, struct ib_epoll_watchers *w)
 {
 	ib_epoll_watchers_save(app_fd, w);
-	ib_fd_bind(app_fd, to_fd);
+	if (ib_fd_bind(app_fd, to_fd))
+		return -1;
 	ib_epoll_watchers_restore(app_fd, w);
+	return 0;
 }
 
 /*
@@ -144,6 +150,6 @@ void ib_channel_settle_fd(struct ib_ctx *ctx, struct ib_channel *ch)
 {
 	if (ch->fd_state != IB_FD_OWED || owes_event(ctx, ch))
 		return;
-	move_fd(ch->ibv.fd, ch->real->fd, &ch->watchers);
-	ch->fd_state = IB_FD_BOUND;
+	if (!move_fd(ch->ibv.fd, ch->real->fd, &ch->watchers))
+		ch->fd_state = IB_FD_BOUND;
 }

@@ -105,8 +105,9 @@ struct ib_cq {
 	int comp_vector;
 	int armed, solicited_only;
 	int event_owed;			/* raised, unread, lost with a released channel */
-	unsigned events_unacked;	/* handed to the application, not acked */
-	unsigned made_unacked;		/* of those, made by us (owed, app_fds.c) */
+	/* completion events handed to the application and acked by it
+	 * (ibv.mutex); the real ones are acked as they are read */
+	uint32_t events_handed, events_acked;
 	uint32_t async_handed;		/* async events handed out (ibv.mutex) */
 	/* completions collected at a checkpoint, returned before new ones */
 	struct ibv_wc *pending;
@@ -350,11 +351,11 @@ int ib_rebuild(long members);
 void ib_waited_init(struct ib_waited_fd *w);
 /* The application's fd numbers across a release (app_fds.c). */
 void ib_fd_hold(int fd, int ready);
-void ib_fd_bind(int app_fd, int real_fd);
+int ib_fd_bind(int app_fd, int real_fd);
 void ib_channel_hold_fd(struct ib_ctx *ctx, struct ib_channel *ch);
 void ib_channel_bind_fd(struct ib_ctx *ctx, struct ib_channel *ch);
 void ib_channel_settle_fd(struct ib_ctx *ctx, struct ib_channel *ch);
-unsigned ib_wait_enter(struct ib_waited_fd *w);
+int ib_wait_enter(struct ib_waited_fd *w, unsigned *gen);
 void ib_wait_leave(struct ib_waited_fd *w, unsigned gen);
 void ib_waited_rebuilt(struct ib_waited_fd *w);
 void ib_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -254,16 +254,21 @@ void ib_waited_rebuilt(struct ib_waited_fd *w)
 	drop_if_unread(w);
 }
 
-/* Returns the release generation the thread enters in. */
-unsigned ib_wait_enter(struct ib_waited_fd *w)
+/* Sets the release generation the thread enters in.  Fails if a
+ * checkpoint closed the gate since the thread passed it: the real object
+ * may be gone already, and the thread must wait at the gate again. */
+int ib_wait_enter(struct ib_waited_fd *w, unsigned *gen)
 {
-	unsigned gen;
+	int closed;
 
 	pthread_mutex_lock(&ib_objects_lock);
-	w->inside++;
-	gen = atomic_load(&ib_releases);
+	closed = atomic_load(&ib_gate_closed);
+	if (!closed) {
+		w->inside++;
+		*gen = atomic_load(&ib_releases);
+	}
 	pthread_mutex_unlock(&ib_objects_lock);
-	return gen;
+	return closed ? -1 : 0;
 }
 
 void ib_wait_leave(struct ib_waited_fd *w, unsigned gen)
@@ -288,12 +293,8 @@ static void release_ctx(struct ib_ctx *ctx)
 			ib_log("releasing QP %u: %s", qp->ibv.qp_num, strerror(errno));
 	for (struct ib_srq *srq = ctx->srqs; srq; srq = srq->next)
 		ib_real.destroy_srq(srq->real);
-	for (struct ib_cq *cq = ctx->cqs; cq; cq = cq->next) {
-		if (cq->events_unacked)	/* the real CQ cannot go with events unacked */
-			ib_real.ack_cq_events(cq->real, cq->events_unacked);
-		cq->events_unacked = 0;
-		ib_real.destroy_cq(cq->real);
-	}
+	for (struct ib_cq *cq = ctx->cqs; cq; cq = cq->next)
+		ib_real.destroy_cq(cq->real);	/* its events were acked as read */
 	for (struct ib_channel *ch = ctx->channels; ch; ch = ch->next) {
 		int real_fd = ch->real->fd;
 

@@ -416,9 +416,10 @@ IB_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *vch)
 	return 0;
 }
 
-/* A destroy waits until the application acked every async event of the
- * object that it was handed (see ibv_get_async_event), as libibverbs' does. */
-static void async_wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond,
+/* A destroy waits until the application acked every event of the object
+ * that it was handed (see ibv_get_async_event, ibv_get_cq_event), as
+ * libibverbs' does. */
+static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond,
 			     const uint32_t *acked, const uint32_t *handed)
 {
 	pthread_mutex_lock(mutex);
@@ -494,7 +495,8 @@ static int destroy_real_cq(struct ibv_cq *vcq)
 }
 
 /* Once the real object is gone every event of it that was read has been
- * handed out (ibv_get_async_event counts before it acks the real one); the
+ * counted (ibv_get_async_event and ibv_get_cq_event count before they ack
+ * the real one; a real destroy waits for those acks); the
  * wait for the application's acks is outside the control lock: the ack that
  * ends it takes no lock, and a checkpoint must not wait for the application. */
 IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
@@ -504,8 +506,8 @@ IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 
 	if (err)
 		return err;
-	async_wait_acked(&vcq->mutex, &vcq->cond, &vcq->async_events_completed,
-			 &cq->async_handed);
+	wait_acked(&vcq->mutex, &vcq->cond, &vcq->async_events_completed, &cq->async_handed);
+	wait_acked(&vcq->mutex, &vcq->cond, &cq->events_acked, &cq->events_handed);
 	free(cq->pending);
 	free(cq);
 	return 0;
@@ -514,6 +516,15 @@ IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 /* A CQ of this channel owed an event the release took from the device
  * (app_fds.c): the caller hands it out.  Once none is owed, the channel's
  * number names the real channel again. */
+static void count_handed(struct ib_cq *cq)
+{
+	pthread_mutex_lock(&cq->ibv.mutex);
+	cq->events_handed++;
+	pthread_mutex_unlock(&cq->ibv.mutex);
+}
+
+/* Counted while the CQ is in the list: a destroy that unlinks it after
+ * this waits for the application's ack. */
 static struct ib_cq *take_owed_event(struct ib_channel *ch)
 {
 	struct ib_ctx *ctx = ctx_from(&ch->ibv);
@@ -523,19 +534,17 @@ static struct ib_cq *take_owed_event(struct ib_channel *ch)
 	for (struct ib_cq *cq = ctx->cqs; cq && !found; cq = cq->next)
 		if (cq->channel == ch && cq->event_owed)
 			found = cq;
-	if (found)
+	if (found) {
 		found->event_owed = 0;
+		count_handed(found);
+	}
 	ib_channel_settle_fd(ctx, ch);
 	pthread_mutex_unlock(&ib_objects_lock);
 	return found;
 }
 
-static int deliver(struct ib_cq *cq, struct ibv_cq **out, void **context, int real)
+static int deliver(struct ib_cq *cq, struct ibv_cq **out, void **context)
 {
-	if (real)
-		cq->events_unacked++;
-	else
-		cq->made_unacked++;
 	cq->armed = 0;
 	*out = &cq->ibv;
 	*context = cq->ibv.cq_context;
@@ -561,37 +570,40 @@ IB_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *vch, struct ibv_cq **out
 		int err;
 
 		ib_gate_wait();
-		gen = ib_wait_enter(&ch->waited);
+		if (ib_wait_enter(&ch->waited, &gen))
+			continue;
 		/* after the wait too: a release meanwhile may have taken an
 		 * event from the device */
 		cq = take_owed_event(ch);
 		if (cq) {
 			ib_wait_leave(&ch->waited, gen);
-			return deliver(cq, out, context, 0);
+			return deliver(cq, out, context);
 		}
 		err = ib_real.get_cq_event(ch->real, &real, &vcq);
+		if (!err) {
+			/* acked at once, taking no lock: a release destroying
+			 * the real CQ meanwhile waits for this ack */
+			count_handed(vcq);
+			ib_real.ack_cq_events(real, 1);
+		}
 		ib_wait_leave(&ch->waited, gen);
 		if (!err)
-			return deliver(vcq, out, context, 1);
+			return deliver(vcq, out, context);
 		if (atomic_load(&ib_releases) == gen && !atomic_load(&ib_gate_closed))
 			return -1;	/* a real failure, not a checkpoint */
 	}
 }
 
+/* Takes no control lock: a destroy may be waiting for this ack, and the
+ * real events were acked as they were read. */
 IB_EXPORT void ibv_ack_cq_events(struct ibv_cq *vcq, unsigned int n)
 {
-	IB_CONTROL_CALL;
 	struct ib_cq *cq = cq_of(vcq);
-	unsigned made = n < cq->made_unacked ? n : cq->made_unacked;
 
-	cq->made_unacked -= made;	/* events we made have nothing to ack */
-	n -= made;
-	/* events of a CQ released at a checkpoint were acked then */
-	if (n > cq->events_unacked)
-		n = cq->events_unacked;
-	cq->events_unacked -= n;
-	if (n)
-		ib_real.ack_cq_events(cq->real, n);
+	pthread_mutex_lock(&vcq->mutex);
+	cq->events_acked += n;
+	pthread_cond_broadcast(&vcq->cond);
+	pthread_mutex_unlock(&vcq->mutex);
 }
 
 IB_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *vpd, struct ibv_srq_init_attr *attr)
@@ -680,7 +692,7 @@ IB_EXPORT int ibv_destroy_srq(struct ibv_srq *vsrq)
 
 	if (err)
 		return err;
-	async_wait_acked(&vsrq->mutex, &vsrq->cond, &vsrq->events_completed,
+	wait_acked(&vsrq->mutex, &vsrq->cond, &vsrq->events_completed,
 			 &srq->async_handed);
 	free(srq->posted.ring);
 	free(srq);
@@ -862,7 +874,7 @@ IB_EXPORT int ibv_destroy_qp(struct ibv_qp *vqp)
 
 	if (err)
 		return err;
-	async_wait_acked(&vqp->mutex, &vqp->cond, &vqp->events_completed,
+	wait_acked(&vqp->mutex, &vqp->cond, &vqp->events_completed,
 			 &qp->async_handed);
 	free(qp->posted.ring);
 	ib_idmap_free(&qp->rkeys);
@@ -949,7 +961,7 @@ IB_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc 
  * is destroyed only once every event naming it was acked, on our objects:
  * the real event is acked as soon as it is read, so a release at a
  * checkpoint never waits for an application thread, and our destroy waits
- * for the application's acks instead (async_wait_acked).
+ * for the application's acks instead (wait_acked).
  */
 struct async_counts {
 	pthread_mutex_t *mutex;
@@ -1042,7 +1054,8 @@ IB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 		int err;
 
 		ib_gate_wait();
-		gen = ib_wait_enter(&ctx->waited);
+		if (ib_wait_enter(&ctx->waited, &gen))
+			continue;
 		real = ctx->real;
 		err = real ? ib_real.get_async_event(real, event) : -1;
 		ib_wait_leave(&ctx->waited, gen);
