@@ -172,3 +172,12 @@ def test_completion_channels_ready_exactly_when_an_event_waits(verbs_session):
     after the restart through the fd numbers the program has."""
     checkpoints_then_restart_first_and_last(verbs_session, "comp_events", ["200", "10"],
                                             3, 0.2, 0.5)
+
+
+def test_a_forked_child_with_its_own_device(verbs_session):
+    """A verbs process forks (no exec) a child that opens the device itself:
+    each rebuilds only its own objects at every checkpoint (the child has
+    the parent's in its memory, and must not publish their ids as its own),
+    and both go on after a restart with every message intact."""
+    checkpoints_then_restart_first_and_last(verbs_session, "fork_child", ["300", "5"],
+                                            3, 0.2, 0.6)

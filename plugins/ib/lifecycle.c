@@ -507,13 +507,27 @@ static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 	return err;
 }
 
+/*
+ * A forked child has no agent and no devices of its own: the parent's
+ * objects are the parent's (a child cannot use them, as with a real HCA),
+ * so it forgets them, or its first checkpoint would rebuild them and
+ * publish the parent's virtual ids as its own.  The copies stay in its
+ * memory, unreachable.  A fork during a checkpoint leaves the child's
+ * gate closed: it has nothing to checkpoint yet.
+ */
 static void forget_after_fork(void)
 {
-	/* the child has no agent and no devices of its own */
 	ib_ids.owner[0] = '\0';
 	agent_started = 0;
 	agent_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	ib_control_lock = (pthread_mutex_t)PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+	ib_objects_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+	ib_contexts = NULL;
+	ib_ids.qp_by_real = (struct ib_idmap)IB_IDMAP_INIT;
+	ib_ids.lkeys = (struct ib_idmap)IB_IDMAP_INIT;
+	atomic_store(&state, IB_RUNNING);
+	atomic_store(&ib_gate_users, 0);
+	atomic_store(&ib_gate_closed, 0);
 	ib_kv_forget();
 }
 
