@@ -512,8 +512,8 @@ static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
  * objects are the parent's (a child cannot use them, as with a real HCA),
  * so it forgets them, or its first checkpoint would rebuild them and
  * publish the parent's virtual ids as its own.  The copies stay in its
- * memory, unreachable.  A fork during a checkpoint leaves the child's
- * gate closed: it has nothing to checkpoint yet.
+ * memory, unreachable.  A fork during a checkpoint would leave the
+ * child's gate closed: it opens it (it has nothing to checkpoint yet).
  */
 static void forget_after_fork(void)
 {

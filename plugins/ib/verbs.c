@@ -420,7 +420,7 @@ IB_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *vch)
  * that it was handed (see ibv_get_async_event, ibv_get_cq_event), as
  * libibverbs' does. */
 static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond,
-			     const uint32_t *acked, const uint32_t *handed)
+		       const uint32_t *acked, const uint32_t *handed)
 {
 	pthread_mutex_lock(mutex);
 	while (*acked != *handed)
@@ -513,9 +513,8 @@ IB_EXPORT int ibv_destroy_cq(struct ibv_cq *vcq)
 	return 0;
 }
 
-/* A CQ of this channel owed an event the release took from the device
- * (app_fds.c): the caller hands it out.  Once none is owed, the channel's
- * number names the real channel again. */
+/* A completion event goes to the application: ibv_destroy_cq waits for
+ * its ack. */
 static void count_handed(struct ib_cq *cq)
 {
 	pthread_mutex_lock(&cq->ibv.mutex);
@@ -523,8 +522,10 @@ static void count_handed(struct ib_cq *cq)
 	pthread_mutex_unlock(&cq->ibv.mutex);
 }
 
-/* Counted while the CQ is in the list: a destroy that unlinks it after
- * this waits for the application's ack. */
+/* A CQ of this channel owed an event the release took from the device
+ * (app_fds.c): the caller hands it out, counted while the CQ is in the
+ * list (a destroy that unlinks it after this waits for its ack).  Once
+ * none is owed, the channel's number names the real channel again. */
 static struct ib_cq *take_owed_event(struct ib_channel *ch)
 {
 	struct ib_ctx *ctx = ctx_from(&ch->ibv);
