@@ -19,7 +19,7 @@ SOFTVERBS = REPO / "native" / "softverbs"
 IB_APPS = REPO / "integration" / "ib" / "bin"
 # several seconds each (about 8 us an iteration here), after checkpoints
 # (the job runs on while they are written) and a restart too
-PINGPONG_ITERS = {"ud": 1500000, "rc": 1000000}
+PINGPONG_ITERS = {"ud": 1000000, "rc": 700000}
 REBUILT = re.compile(r"epoch (\d+): QP (0x[0-9a-f]+) is now (0x[0-9a-f]+) on LID (0x[0-9a-f]+)")
 LOCAL = re.compile(r"local address:\s+LID (0x[0-9a-f]+), QPN (0x[0-9a-f]+)")
 

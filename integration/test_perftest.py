@@ -64,6 +64,9 @@ def perftest_script(prog, conn, size, iters, port, extra=""):
     # the server waits for its client: its maps say which libraries it loaded
     return (f"SOFTVERBS_DEBUG=$PWD/server.sv {cmd} > server.out 2>&1 & sleep 0.5; "
             "cat /proc/$!/maps > server.maps; "
+            # there at READY: the background job opens it later (a test
+            # reading it at once found none, once)
+            ": > client.out; "
             f"SOFTVERBS_DEBUG=$PWD/client.sv {cmd} localhost > client.out 2>&1 & "
             "echo READY; wait")
 
