@@ -123,11 +123,11 @@ void fatal(const char *what, long err) __attribute__((noreturn));
 void set_failure_hook(void (*hook)(int status));
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* sockopts.c: the socket options an image names */
+/* state/sockopts.c: the socket options an image names */
 void sockopts_apply(int s, const struct ckpt_fd *f);
 void sockopts_finish(int s, const struct ckpt_fd *f);
 
-/* fds.c */
+/* state/fds.c */
 void make_parent_dirs(const char *path);
 struct loaded_fd;
 int open_file_again(const struct loaded_fd *lf);
@@ -140,7 +140,7 @@ void helpers_pick_pids(void);
 void helpers_run(int (*fn)(void *), void *arg);
 #define HELPERS_MAX_TASKS 8		/* fn runs on at most this many at once */
 
-/* memory.c */
+/* state/memory.c */
 int region_read_by_pieces(const struct loaded_vma *lv);
 #define MEMFD_NAME_MAX 240		/* memfd_create() takes 249 bytes at most */
 void memfd_name_of(const char *path, char name[MEMFD_NAME_MAX]);
@@ -172,27 +172,48 @@ void tree_report_restored(struct image *img);
 int tree_report_fd(void);
 int tree_pid_taken(pid_t pid);
 
-/* shared.c */
+/* state/shared.c: what the processes of one restart share */
 void shared_create(struct image *imgs, unsigned n, const char *coord);
-int restart_socket(const struct ckpt_fd *f);
-int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b);
-const char *sockaddr_text(const struct ckpt_sockaddr *a, char *buf, size_t size);
-int shared_pipe_end(uint64_t id, int write_end);
-int shared_shm_fd(uint64_t id);
-int shared_sysv_id(uint64_t id);
-int shared_socket_fd(uint64_t id);
-int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
 unsigned shared_fds(int *out, unsigned max);
 void shared_close_pipes(void);
 void shared_close_shms(void);
 
-/* cross_host.c: TCP connections of the job between hosts */
+/* state/pipes.c */
+void pipes_create(struct image *imgs, unsigned n);
+void fifos_create(struct image *imgs, unsigned n);
+int shared_pipe_end(uint64_t id, int write_end);
+unsigned pipe_fds(int *out, unsigned max);
+void pipes_close(void);
+
+/* state/shm.c */
+void shms_create(struct image *imgs, unsigned n);
+int shared_shm_fd(uint64_t id);
+int shared_sysv_id(uint64_t id);
+unsigned shm_fds(int *out, unsigned max);
+void shms_close(void);
+
+/* state/sockets.c */
+void sockets_create(struct image *imgs, unsigned n, const char *coord);
+int restart_socket(const struct ckpt_fd *f);
+int same_addr(const struct ckpt_sockaddr *a, const struct ckpt_sockaddr *b);
+const char *sockaddr_text(const struct ckpt_sockaddr *a, char *buf, size_t size);
+int shared_socket_fd(uint64_t id);
+unsigned socket_fds(int *out, unsigned max);
+void sockets_close(void);
+
+/* state/files.c */
+void files_create(struct image *imgs, unsigned n);
+int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
+unsigned open_file_fds(int *out, unsigned max);
+void files_close(void);
+
+/* state/cross_host.c: TCP connections of the job between hosts */
 #define MAX_CROSS_ENDS 1024
 struct cross_end {
 	const struct ckpt_fd *mine;	/* this host's end */
 	const struct loaded_fd *far;	/* the other host's, with its queue */
 	int fd;				/* the new connection */
-	unsigned index;			/* shared.c's socket */
+	unsigned index;			/* state/sockets.c's socket */
 };
 void addr_map_add(const char *spec);
 void addr_map_apply(struct image *imgs, unsigned n);
@@ -207,7 +228,7 @@ void kv_close(void);
 void kv_put(const char *key, const char *value);
 void kv_wait(const char *key, unsigned seconds, char *value, size_t size);
 
-/* fds.c */
+/* state/fds.c */
 void prepare_fds(struct image *imgs, unsigned n);
 void restore_fds(struct image *img);
 void restore_locks(struct image *img, int posix);	/* posix: after the memory */
@@ -216,11 +237,11 @@ int move_high(int fd, const char *what);
 void write_all(int fd, const char *p, size_t len, const char *what);
 void close_restart_fds(void);
 
-/* memory.c */
+/* state/memory.c */
 void prepare_memory(struct image *img);
 void restore_memory(struct image *img);
 
-/* aio.c */
+/* state/aio.c */
 void aio_read_rings(struct image *img);
 void aio_restore_ring(const struct loaded_vma *lv);
 void aio_submit_again(const struct image *img);
@@ -229,11 +250,11 @@ void check_capabilities(const struct image *img);
 void check_credentials(const struct image *img);
 void restore_async_owners(const struct image *img);
 
-/* time_wait.c */
+/* state/time_wait.c */
 struct sockaddr;
 int end_time_wait(const struct sockaddr *local);
 
-/* process.c */
+/* state/process.c */
 void restore_process_early(struct image *img);
 void restore_process_late(struct image *img, const struct restart_args *args);
 
@@ -245,7 +266,7 @@ void restore_thread_pending(const struct image *img, const struct ckpt_thread *t
 unsigned mapped_file_fds(const struct image *img);
 void make_exited_pidfd(void);
 
-/* ptys.c: pseudo-terminals with both ends in the job */
+/* state/ptys.c: pseudo-terminals with both ends in the job */
 void ptys_create(struct image *imgs, unsigned n);
 int pty_end(uint64_t id, int master);
 unsigned pty_fds(int *out, unsigned max);
@@ -253,14 +274,14 @@ void ptys_close(void);
 void pty_take_controlling(const struct ckpt_process *p, pid_t pid);
 void tty_settings_restore(int fd, const struct loaded_fd *lf);
 
-/* mqueues.c */
+/* state/mqueues.c */
 void mqueues_create(struct image *imgs, unsigned n);
 int open_mqueue(const struct ckpt_fd *f);
 void restore_mq_notify(const struct image *img);
 unsigned mqueue_fds(int *out, unsigned max);
 void mqueues_close(void);
 
-/* sysv_ipc.c */
+/* state/sysv_ipc.c */
 void sysv_ipc_check(const struct image *img, const struct sysv_object *o);
 void sysv_ipc_create(struct image *imgs, unsigned n);
 

@@ -24,7 +24,7 @@ void ckpt_resume_context(const struct ckpt_regs *regs, long ret) __attribute__((
 static void become(const struct ckpt_thread *t) __attribute__((noreturn));
 
 /*
- * The thread's scheduling (saved by fill_scheduling, native/shim/quiesce.c)
+ * The thread's scheduling (saved by fill_scheduling, native/shim/engine/quiesce.c)
  * as far as the kernel lets it here: a nice value, a real-time policy or
  * I/O class ckpt-restart may not take unprivileged, or CPUs this host does
  * not have, leave the thread as ckpt-restart's.
@@ -156,7 +156,7 @@ void check_credentials(const struct image *img)
 	}
 }
 
-/* Pair of fill_credentials (native/shim/quiesce.c): the groups first,
+/* Pair of fill_credentials (native/shim/engine/quiesce.c): the groups first,
  * then the ids, while the thread still has ckpt-restart's CAP_SETGID. */
 static void restore_credentials(const struct ckpt_thread *t)
 {
@@ -173,7 +173,7 @@ static void restore_credentials(const struct ckpt_thread *t)
 	sys1(SYS_setfsgid, t->gids[3]);
 }
 
-/* Pair of fill_capabilities (native/shim/quiesce.c), after every step that
+/* Pair of fill_capabilities (native/shim/engine/quiesce.c), after every step that
  * may need ckpt-restart's privileges: the bounding set first (dropping
  * needs CAP_SETPCAP), then the three sets, then the ambient set (which
  * needs its capabilities permitted and inheritable). */
@@ -191,7 +191,7 @@ static void restore_capabilities(const struct ckpt_thread *t)
 
 	/* the shim's checkpoint thread needs ours a little longer: its fixups
 	 * after a restart (/proc/self/exe) are privileged; it then gives them
-	 * up itself (drop_restart_capabilities, native/shim/quiesce.c) */
+	 * up itself (drop_restart_capabilities, native/shim/engine/quiesce.c) */
 	if (!t->caps_read || (t->flags & CKPT_THREAD_CHECKPOINTER))
 		return;
 	extra = read_bounding_set() & ~t->cap_bounding;

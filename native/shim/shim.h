@@ -71,46 +71,46 @@ static inline uint64_t shim_object_id(uint64_t dev, uint64_t ino)
 	return ino ^ (dev << 48);
 }
 
-/* log.c: messages on stderr, never through stdio (locks may be held) */
+/* engine/log.c: messages on stderr, never through stdio (locks may be held) */
 SHIM_HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int64_t shim_now_ns(void);
 SHIM_HIDDEN const char *shim_hostname(void);
 void shim_hostname_forget(void);
 SHIM_HIDDEN const char *shim_strerror(int err);
 
-/* procfs.c */
+/* engine/procfs.c */
 SHIM_HIDDEN ssize_t shim_read_proc(const char *path, char *buf, size_t size);
 SHIM_HIDDEN uint64_t shim_status_mask(const char *path, const char *field);
 
-/* signals.c: the parking signal, shared with glibc's set*id broadcast */
+/* engine/signals.c: the parking signal, shared with glibc's set*id broadcast */
 SHIM_HIDDEN int signals_init(void (*handler)(int, siginfo_t *, void *));
 SHIM_HIDDEN int signals_reclaim(void);
 SHIM_HIDDEN int signals_chain(int sig, siginfo_t *si, void *uc);
 
-/* syscall_restart.c: a parked thread's interrupted system call goes on as
+/* wrappers/syscall_restart.c: a parked thread's interrupted system call goes on as
  * if no signal had come.  parked_ns: CLOCK_MONOTONIC when it parked. */
 SHIM_HIDDEN void syscall_sites_init(void);
 SHIM_HIDDEN void syscall_restart_resume(void *uc, int64_t parked_ns, int restored);
 
-/* stopped_children.c: a parent's stopped children, their stop and its
+/* state/stopped_children.c: a parent's stopped children, their stop and its
  * SIGCHLD told again as the parent had seen them */
 SHIM_HIDDEN void stopped_children_note(void);
 SHIM_HIDDEN void stopped_children_restore(void);
 
-/* aio_requests.c: kernel AIO requests submitted and not reaped */
+/* state/aio.c: kernel AIO requests submitted and not reaped */
 SHIM_HIDDEN void aio_note_call(long nr, const long *args, long result);
 SHIM_HIDDEN int aio_requests_unsupported(char *why, size_t why_size);
 
-/* rseq_areas.c: a thread's rseq area registered by the program itself */
+/* state/rseq_areas.c: a thread's rseq area registered by the program itself */
 SHIM_HIDDEN void rseq_note_call(long nr, const long *args, long result);
 SHIM_HIDDEN int rseq_own_area(struct ckpt_thread *rec);
 
-/* seccomp_calls.c: threads in seccomp mode cannot be parked (yet) */
+/* wrappers/seccomp_calls.c: threads in seccomp mode cannot be parked (yet) */
 SHIM_HIDDEN void seccomp_init(void);
 SHIM_HIDDEN void seccomp_note_call(long nr);
 SHIM_HIDDEN int seccomp_check_threads(char *why, size_t size);
 
-/* timed_calls.c: blocking calls with a relative timeout, timed by the shim
+/* wrappers/timed_calls.c: blocking calls with a relative timeout, timed by the shim
  * so that a call a checkpoint interrupted goes on with the time it had left */
 struct timed_call {
 	long nr;			/* the system call the wrapper makes */
@@ -128,7 +128,7 @@ SHIM_HIDDEN int64_t timed_call_left_ns(const struct timed_call *tc);
 SHIM_HIDDEN extern const char shim_raw_syscall_return[];
 SHIM_HIDDEN void syscall_just_returned(const void *uc, long call[8]);
 
-/* quiesce.c: park every thread but the checkpointer */
+/* engine/quiesce.c: park every thread but the checkpointer */
 struct parked_thread {
 	struct ckpt_thread rec;
 	_Atomic int state;		/* enum park_state */
@@ -148,7 +148,7 @@ SHIM_HIDDEN void quiesce_handler(int sig, siginfo_t *si, void *uc);
 SHIM_HIDDEN int quiesce_run_in_app(void (*fn)(void *), void *arg);
 SHIM_HIDDEN void thread_fill_record(struct ckpt_thread *rec);
 
-/* queued_signals.c: the siginfo of pending signals */
+/* state/queued_signals.c: the siginfo of pending signals */
 SHIM_HIDDEN uint64_t queued_signals_own_pending(void);
 SHIM_HIDDEN void queued_signals_take_thread(unsigned slot, uint64_t pending);
 SHIM_HIDDEN void queued_signals_take_process(const struct ckpt_process *p);
@@ -156,7 +156,7 @@ SHIM_HIDDEN void queued_signals_release(void);
 SHIM_HIDDEN void queued_signals_forget(void);
 SHIM_HIDDEN int drop_restart_capabilities(const struct ckpt_thread *rec);
 
-/* coord.c: the line protocol to the coordinator */
+/* engine/coord.c: the line protocol to the coordinator */
 SHIM_HIDDEN int coord_connect(const char *path);
 SHIM_HIDDEN void coord_close(void);
 SHIM_HIDDEN void coord_forget(void);	/* after a restart: the fd is gone */
@@ -166,14 +166,14 @@ SHIM_HIDDEN int coord_recv(char *line, size_t size);	/* 0, or -1 on EOF/error */
 /* a name-service answer: PHASE lines that come first wait for coord_recv */
 SHIM_HIDDEN int coord_recv_answer(char *line, size_t size);
 
-/* plugin.c */
+/* engine/plugin.c */
 SHIM_HIDDEN int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size);
 SHIM_HIDDEN void plugins_clear_failure(void);
 SHIM_HIDDEN int kv_claim(const char *key, const char *value, char *owner, size_t size);
 SHIM_HIDDEN int kv_claim_mine(const char *key);
 SHIM_HIDDEN int kv_wait(const char *key, int seconds);
 
-/* fds.c: the built-in fd plugin and the fd records */
+/* state/fds.c: the built-in fd plugin and the fd records */
 SHIM_HIDDEN void fds_plugin_init(void);
 struct stat;
 SHIM_HIDDEN int app_stat(int fd, struct stat *st);	/* the application's fd, from any thread */
@@ -185,13 +185,13 @@ struct fd_payload {
 	size_t len, cap;
 };
 
-/* ptys.c: a pty's end; the master's record carries the pty's state */
+/* state/ptys.c: a pty's end; the master's record carries the pty's state */
 SHIM_HIDDEN int pty_describe(int fd, const struct stat *st, struct ckpt_fd *rec,
 			     struct fd_payload *q, unsigned seq);
 SHIM_HIDDEN void pty_controlling_terminal(struct ckpt_process *p);
 SHIM_HIDDEN int tty_settings_describe(int fd, struct fd_payload *q);
 
-/* mqueues.c: a POSIX message queue's fd; its messages once per host */
+/* state/mqueues.c: a POSIX message queue's fd; its messages once per host */
 SHIM_HIDDEN void mqueues_collect_begin(void);
 SHIM_HIDDEN void mqueues_restarted(void);
 SHIM_HIDDEN int is_mqueue(int fd);
@@ -200,7 +200,7 @@ SHIM_HIDDEN const char *mqueue_created(unsigned i);
 SHIM_HIDDEN int mqueue_describe_name(const char *name, unsigned seq, struct ckpt_fd *rec,
 				     struct fd_payload *q);
 
-/* sockets.c */
+/* state/sockets.c */
 SHIM_HIDDEN int app_getfd(int fd);
 /* the application's fd numbers, ascending (fds.c); or -errno */
 SHIM_HIDDEN int app_list_fds(int *fds, int max);
@@ -209,7 +209,7 @@ SHIM_HIDDEN int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struc
 SHIM_HIDDEN int sockets_settle(const int *fds, int nfds, char *why, size_t why_size);
 SHIM_HIDDEN void sockets_reset_on_close(const int *fds, int nfds);
 SHIM_HIDDEN uint64_t socket_unix_peer(uint64_t ino);	/* 0: none */
-/* backlog.c: connections a listener has not accepted yet */
+/* state/backlog.c: connections a listener has not accepted yet */
 SHIM_HIDDEN int backlog_note_holders(unsigned seq, const int *socks, int n);
 SHIM_HIDDEN int backlog_take(unsigned seq, const int *socks, int n);
 SHIM_HIDDEN int backlog_accept(int listener, int flags, int *fd);
@@ -218,37 +218,37 @@ SHIM_HIDDEN void backlog_accept_begin(void);
 SHIM_HIDDEN void backlog_accept_end(void);
 SHIM_HIDDEN void backlog_restarted(void);
 
-/* sockopt_calls.c: the socket buffer sizes the application set */
+/* state/sockopts.c: the socket buffer sizes the application set */
 #define SOCKOPT_SET_SNDBUF 1
 #define SOCKOPT_SET_RCVBUF 2
 SHIM_HIDDEN unsigned sockopt_buffers_set(uint64_t ino);
 SHIM_HIDDEN void sockopt_buffers_renew(void);
 
-/* socket_peers.c: connections inside the job, and the ones leading out */
+/* state/socket_peers.c: connections inside the job, and the ones leading out */
 SHIM_HIDDEN int socket_peers_publish(const int *socks, int n);
 enum { PEER_NONE, PEER_IN_JOB, PEER_PENDING, PEER_OUTSIDE };
 SHIM_HIDDEN int socket_peer(int fd, int report);
 SHIM_HIDDEN int socket_end_ready(int fd);	/* its end is to be flushed */
 SHIM_HIDDEN int socket_peer_ready(int fd);	/* and its peer's is too */
 
-/* tcp_flush.c: TCP connections inside the job, emptied with a marker */
+/* state/tcp_flush.c: TCP connections inside the job, emptied with a marker */
 SHIM_HIDDEN int tcp_flush_choose(const int *socks, const int *peers, int n, int *others);
 SHIM_HIDDEN int tcp_flush(const char *marker_hex, char *why, size_t why_size);
 SHIM_HIDDEN int tcp_flushed_queue(uint64_t ino, const char **data, size_t *len);
 SHIM_HIDDEN void tcp_flush_give_back(int restarted);
 
-/* event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
+/* state/event_fds.c: eventfd, epoll, timerfd and signalfd, from fdinfo */
 SHIM_HIDDEN int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec,
 				  struct fd_payload *q);
-/* inotify_queue.c: events queued at a checkpoint, handed to read() */
+/* state/inotify_queue.c: events queued at a checkpoint, handed to read() */
 SHIM_HIDDEN int inotify_take_queued(char *why, size_t why_size);
-SHIM_HIDDEN int image_writer_process(void);	/* writer.c */
+SHIM_HIDDEN int image_writer_process(void);	/* engine/writer.c */
 SHIM_HIDDEN void inotify_taken_restarted(void);
-/* inotify_watches.c: the watches, with the paths the program gave */
+/* state/inotify_watches.c: the watches, with the paths the program gave */
 SHIM_HIDDEN int inotify_describe(int fd, const char *info, struct ckpt_fd *rec,
 				 struct fd_payload *q);
 
-/* image_writer.c: buffered, hashed writing of the image file */
+/* engine/image_writer.c: buffered, hashed writing of the image file */
 struct image_writer;
 SHIM_HIDDEN struct image_writer *iw_open(int dirfd, const char *name);
 SHIM_HIDDEN int iw_append(struct image_writer *w, const void *p, size_t len);
@@ -266,7 +266,7 @@ SHIM_HIDDEN uint64_t shim_xxh3(const void *p, size_t len);
 /* save_*.c: the records of one image */
 SHIM_HIDDEN int collect_process(struct ckpt_process *p, char *detail, size_t size);
 
-/* sysv_ipc.c: System V semaphore sets and message queues, once per host */
+/* state/sysv_ipc.c: System V semaphore sets and message queues, once per host */
 struct sysv_snapshot;
 SHIM_HIDDEN int sysv_ipc_snapshot(unsigned seq, struct sysv_snapshot **out, char *detail,
 				  size_t size);
@@ -288,7 +288,7 @@ SHIM_HIDDEN int save_memory(struct image_writer *w, const char *shared_key,
 			    const struct vma_advice_table *advice, int compression,
 			    struct increments *inc);
 
-/* incremental.c: pages unchanged since the previous image are referred to */
+/* engine/incremental.c: pages unchanged since the previous image are referred to */
 SHIM_HIDDEN struct increments *increments_begin(int dirfd, const char *image,
 						const char *parent_dir, int *err);
 SHIM_HIDDEN void increments_split(struct increments *inc, uint64_t start,
@@ -302,7 +302,7 @@ SHIM_HIDDEN int increments_finish(struct increments *inc, int dirfd, const char 
 				  uint64_t size, uint64_t xxh3, char *keys, size_t keys_size);
 SHIM_HIDDEN void increments_abort(struct increments *inc, int dirfd);
 
-/* cpu_tasks.c: the image writer's helpers, one per CPU */
+/* engine/cpu_tasks.c: the image writer's helpers, one per CPU */
 struct cpu_tasks;
 SHIM_HIDDEN struct cpu_tasks *cpu_tasks_new(int *err);
 SHIM_HIDDEN void cpu_tasks_free(struct cpu_tasks *t);
@@ -312,7 +312,7 @@ SHIM_HIDDEN void cpu_tasks_run(struct cpu_tasks *t, unsigned want, int (*fn)(voi
 SHIM_HIDDEN void cpu_tasks_run_beside(struct cpu_tasks *t, unsigned want, int (*fn)(void *),
 				      void *arg, int (*own)(void *), void *own_arg);
 
-/* compress.c: page data in chunks, compressed on every CPU (--compress) */
+/* engine/compress.c: page data in chunks, compressed on every CPU (--compress) */
 #define CKPT_COMPRESSION_NONE 0
 #define CKPT_COMPRESSION_ZSTD 1		/* every record */
 #define CKPT_COMPRESSION_AUTO 2		/* records whose samples shrink */
@@ -338,7 +338,7 @@ SHIM_HIDDEN void vma_advice_free(struct vma_advice_table *t);
 /* a forked writer's copies of the shared memory it saves (shm_snapshot.c) */
 SHIM_HIDDEN struct shm_snapshot *snapshot_shared_memory(const char *shared_key, int *err);
 
-/* shm_snapshot.c */
+/* engine/shm_snapshot.c */
 struct shm_window {
 	uint64_t start, end;
 	char *copy;		/* its pages as the job stopped, or NULL */
@@ -365,12 +365,12 @@ SHIM_HIDDEN void scratch_unmap(void *p, size_t len);
 SHIM_HIDDEN int scratch_at(uint64_t addr, uint64_t *until);
 SHIM_HIDDEN void scratch_forget(void);
 
-/* plugin.c: where warnings go (the coordinator, or a forked writer's pipe);
+/* engine/plugin.c: where warnings go (the coordinator, or a forked writer's pipe);
  * an interrupted wait for fds waits for the plugins still rebuilding */
 SHIM_HIDDEN void warnings_to_fd(int fd);
 SHIM_HIDDEN void plugins_wait_rebuilt(void);
 
-/* writer.c: the image file, written in place or by a forked child */
+/* engine/writer.c: the image file, written in place or by a forked child */
 /* how WRITE asks for the image (its words: docs/PROTOCOL.md) */
 struct write_mode {
 	int compression;		/* CKPT_COMPRESSION_* */
@@ -386,7 +386,7 @@ SHIM_HIDDEN int image_write_wait(char *detail, size_t size);
 SHIM_HIDDEN void image_write_cancel(void);
 SHIM_HIDDEN void image_writer_forget(void);
 
-/* checkpointer.c */
+/* engine/checkpointer.c */
 SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
 SHIM_HIDDEN int checkpointer_start(const char *coord_path);
 SHIM_HIDDEN int checkpointer_follow_forks(void);
@@ -394,13 +394,13 @@ SHIM_HIDDEN const char *checkpointer_coord_path(void);
 SHIM_HIDDEN int checkpointer_is_current(void);
 SHIM_HIDDEN void checkpointer_atfork_child(void);
 
-/* exec.c: exec'd programs load the shim and find the coordinator */
+/* wrappers/exec.c: exec'd programs load the shim and find the coordinator */
 SHIM_HIDDEN void exec_follow_init(void);
 SHIM_HIDDEN const char *exec_shim_name(void);
 SHIM_HIDDEN const char *exec_flusher_path(void);
 SHIM_HIDDEN int checkpointer_memory(uint64_t start, uint64_t end);
 
-/* net_addresses.c: the addresses of the first run stay the application's */
+/* wrappers/net_addresses.c: the addresses of the first run stay the application's */
 struct sockaddr;
 void net_addresses_restarted(const struct ckpt_addr_move *moved, unsigned n);
 int net_real_getsockname(int s, struct sockaddr *sa, socklen_t *len);

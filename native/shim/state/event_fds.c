@@ -56,7 +56,7 @@ static void describe_signalfd(const char *info, struct ckpt_fd *rec)
 }
 
 /* A pidfd: its process ("Pid: -1" once it has exited).  Restored by
- * open_pidfd (native/restart/fds.c). */
+ * open_pidfd (native/restart/state/fds.c). */
 static void describe_pidfd(const char *info, struct ckpt_fd *rec)
 {
 	const char *pid = field(info, "\nPid:");

@@ -179,7 +179,7 @@ void thread_fill_record(struct ckpt_thread *rec)
 	rec->sigmask = mask;
 	rec->flags = rec->tid == getpid() ? CKPT_THREAD_LEADER : 0;
 	syscall(SYS_prctl, PR_GET_NAME, rec->comm, 0, 0, 0);
-	/* for it alone; restored by restore_thread_pending (native/restart/process.c) */
+	/* for it alone; restored by restore_thread_pending (native/restart/state/process.c) */
 	rec->pending = queued_signals_own_pending();
 	fill_scheduling(rec);
 	fill_capabilities(rec);

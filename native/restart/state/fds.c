@@ -131,7 +131,7 @@ void write_all(int fd, const char *p, size_t len, const char *what)
 		die("cannot refill %s: %s", what, strerror(err));
 }
 
-/* Pair of memfd_seals (native/shim/fds.c), for a memfd nothing maps (a
+/* Pair of memfd_seals (native/shim/state/fds.c), for a memfd nothing maps (a
  * mapped one is made in shared.c and sealed by the shim once it is mapped
  * again). */
 static void seal_memfd(int fd, const struct loaded_fd *lf)
@@ -401,7 +401,7 @@ static int open_event_fd(const struct ckpt_fd *f)
 }
 
 /*
- * pidfds (saved by describe_pidfd, native/shim/event_fds.c): one of a
+ * pidfds (saved by describe_pidfd, native/shim/state/event_fds.c): one of a
  * process of the job once it exists (the tree is being made: it may come
  * a moment later); one of a process that had exited, a copy of
  * exited_pidfd.
@@ -467,7 +467,7 @@ static int burn_watch_number(int fd)
 	return wd;
 }
 
-/* Pair of inotify_describe (native/shim/inotify_watches.c): the watches
+/* Pair of inotify_describe (native/shim/state/inotify_watches.c): the watches
  * again, each with its number, in increasing order. */
 static int open_inotify(const struct image *img, const struct loaded_fd *lf)
 {
@@ -682,7 +682,7 @@ void restore_locks(struct image *img, int posix)
 	}
 }
 
-/* Pair of async_owner (native/shim/fds.c): once the threads exist, since
+/* Pair of async_owner (native/shim/state/fds.c): once the threads exist, since
  * the owner may be one of them (F_OWNER_TID); raw calls (restore_threads). */
 void restore_async_owners(const struct image *img)
 {

@@ -1,10 +1,10 @@
 /*
- * What the processes of one restart share: pipes, sockets and shared
- * memory objects (MAP_SHARED anonymous memory, memfds, /dev/shm files).
- * pid 1 of the restart namespace creates each one once, filled with its
- * saved contents, before any restored process exists: every process
- * inherits them, above every fd number of the images, and takes the ones
- * its image names.  A pipe with an end outside the job is not recreated.
+ * Sockets of the job (saved by native/shim/state/sockets.c, socket_peers.c,
+ * backlog.c and tcp_flush.c): pid 1 of the restart namespace connects the
+ * two ends of each connection inside the job again, TCP ones on their old
+ * ports, refills their queues, reconnects those leading outside the job,
+ * meets the other hosts' restarts for connections across hosts
+ * (cross_host.c) and shuts down what was shut down.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,30 +33,6 @@
 #include "restart.h"
 #include "sys.h"
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
-struct shared_pipe {
-	uint64_t id;
-	int end[2];			/* read, write */
-};
-
-struct shared_shm {
-	uint64_t id;
-	uint64_t size;
-	const struct loaded_vma *file;	/* a /dev/shm file, or NULL: a memfd */
-	const char *name;		/* a memfd's path, "/memfd:NAME (deleted)" */
-	int fd;				/* -1 for a System V segment */
-	int sysv;
-	int sysv_id;
-};
-
-/* A range of a shm object already filled from some image. */
-struct filled {
-	uint64_t id, lo, hi;
-};
-
 struct shared_socket {
 	uint64_t id;
 	const struct loaded_fd *rec;	/* the record with its queue, else its first */
@@ -65,293 +41,8 @@ struct shared_socket {
 	int ghosted;			/* its queue came from a stand-in peer */
 };
 
-static struct shared_pipe *pipes;
-static unsigned npipes;
-static struct shared_shm *shms;
-static unsigned nshms;
 static struct shared_socket *socks;
 static unsigned nsocks;
-
-/* An open file inherited across fork: one open file, one offset. */
-struct shared_file {
-	int32_t pid, fd;		/* the process and fd that own it */
-	int file;
-};
-
-static struct shared_file *files;
-static unsigned nfiles;
-
-static int is_pipe(const struct loaded_fd *lf)
-{
-	return lf->f.dup_of < 0 &&
-	       (lf->f.kind == CKPT_FD_PIPE_READ || lf->f.kind == CKPT_FD_PIPE_WRITE);
-}
-
-static int job_has_end(struct image *imgs, unsigned n, uint64_t id, uint32_t kind)
-{
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++)
-			if (imgs[i].fds[j].f.kind == kind && imgs[i].fds[j].f.object_id == id)
-				return 1;
-	return 0;
-}
-
-/* A pipe whose writers had all closed it: its readers saw so. */
-static int writers_gone(struct image *imgs, unsigned n, uint64_t id)
-{
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++)
-			if (imgs[i].fds[j].f.kind == CKPT_FD_PIPE_READ &&
-			    imgs[i].fds[j].f.object_id == id && imgs[i].fds[j].f.value[0] == 1)
-				return 1;
-	return 0;
-}
-
-static struct shared_pipe *find_pipe(uint64_t id)
-{
-	for (unsigned i = 0; i < npipes; i++)
-		if (pipes[i].id == id)
-			return &pipes[i];
-	return NULL;
-}
-
-/* Pair of copy_one (native/shim/fds.c) in packet mode: each packet in a
- * write of its own, through an end in packet mode. */
-static void refill_packets(int end, const struct loaded_fd *lf)
-{
-	const char *p = lf->data, *stop = lf->data + lf->f.data_size;
-
-	if (fcntl(end, F_SETFL, O_DIRECT))
-		die("cannot put a pipe in packet mode: %s", strerror(errno));
-	while (stop - p >= 4) {
-		uint32_t len;
-
-		memcpy(&len, p, 4);
-		if (len > (uint64_t)(stop - p - 4))
-			die("a pipe's saved packets are damaged");
-		write_all(end, p + 4, len, "a pipe");
-		p += 4 + len;
-	}
-	fcntl(end, F_SETFL, 0);
-}
-
-/* The pipe's bytes, from the first reader that saved them. */
-static void refill_pipe(struct image *imgs, unsigned n, const struct shared_pipe *sp)
-{
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++) {
-			const struct loaded_fd *lf = &imgs[i].fds[j];
-
-			if (lf->f.kind != CKPT_FD_PIPE_READ || lf->f.object_id != sp->id ||
-			    !lf->f.data_size)
-				continue;
-			if (lf->f.value[1])
-				refill_packets(sp->end[1], lf);
-			else
-				write_all(sp->end[1], lf->data, lf->f.data_size, "a pipe");
-			return;
-		}
-}
-
-/*
- * A FIFO with bytes in it: the restart holds it open (read and write) and
- * puts the bytes back once; every process of the job inherits that fd and
- * keeps it until it has opened the FIFO by name itself.
- */
-static void create_fifos(struct image *imgs, unsigned n)
-{
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++) {
-			const struct loaded_fd *lf = &imgs[i].fds[j];
-			struct shared_pipe *sp;
-			int fd;
-
-			if (lf->f.kind != CKPT_FD_FIFO || !lf->f.data_size || find_pipe(lf->f.object_id))
-				continue;
-			make_fifo_again(lf);
-			fd = open(lf->path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-			if (fd < 0)
-				die("cannot reopen fifo %s: %s", lf->path, strerror(errno));
-			sp = &pipes[npipes++];
-			sp->id = lf->f.object_id;
-			sp->end[0] = move_high(fd, "a fifo");
-			sp->end[1] = fcntl(sp->end[0], F_DUPFD_CLOEXEC, sp->end[0]);
-			write_all(sp->end[0], lf->data, lf->f.data_size, "a fifo");
-		}
-}
-
-static void create_pipes(struct image *imgs, unsigned n)
-{
-	unsigned total = 0;
-
-	for (unsigned i = 0; i < n; i++)
-		total += imgs[i].nfds;
-	pipes = arena_alloc(sizeof(*pipes) * (total + 1));
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++) {
-			const struct loaded_fd *lf = &imgs[i].fds[j];
-			struct shared_pipe *sp;
-			int p[2];
-
-			if (!is_pipe(lf) || find_pipe(lf->f.object_id) ||
-			    !job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_READ) ||
-			    (!job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_WRITE) &&
-			     !writers_gone(imgs, n, lf->f.object_id)))
-				continue;
-			if (pipe2(p, O_CLOEXEC))
-				die("cannot recreate a pipe: %s", strerror(errno));
-			sp = &pipes[npipes++];
-			sp->id = lf->f.object_id;
-			sp->end[0] = move_high(p[0], "a pipe");
-			sp->end[1] = move_high(p[1], "a pipe");
-			if (lf->f.offset > 0)	/* the saved capacity */
-				fcntl(sp->end[1], F_SETPIPE_SZ, (int)lf->f.offset);
-			refill_pipe(imgs, n, sp);
-			if (!job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_WRITE)) {
-				/* no writer: the readers find EOF after the bytes */
-				close(sp->end[1]);
-				sp->end[1] = fcntl(sp->end[0], F_DUPFD_CLOEXEC, sp->end[0]);
-			}
-		}
-}
-
-static struct shared_shm *find_shm(uint64_t id)
-{
-	for (unsigned i = 0; i < nshms; i++)
-		if (shms[i].id == id)
-			return &shms[i];
-	return NULL;
-}
-
-static int already_filled(const struct filled *done, unsigned ndone, uint64_t id,
-			  uint64_t lo, uint64_t hi)
-{
-	for (unsigned i = 0; i < ndone; i++)
-		if (done[i].id == id && done[i].lo <= lo && done[i].hi >= hi)
-			return 1;
-	return 0;
-}
-
-static void fill_from(struct image *img, const struct loaded_vma *lv, const struct shared_shm *s)
-{
-	const struct ckpt_vma *v = &lv->v;
-	uint64_t len = v->end - v->start;
-	char *p;
-
-	if (s->sysv) {
-		p = shmat(s->sysv_id, NULL, 0);
-		if (p == (void *)-1)
-			die("cannot fill System V segment %d: %s", s->sysv_id, strerror(errno));
-		read_region_at(img, lv, p + v->pgoff);
-		shmdt(p);
-		return;
-	}
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, v->pgoff);
-	if (p == MAP_FAILED)
-		die("cannot fill shared memory: %s", strerror(errno));
-	read_region_at(img, lv, p);
-	munmap(p, len);
-}
-
-/* A System V segment with its old id, in the restart's IPC namespace. */
-static void create_sysv(struct shared_shm *s, const struct ckpt_vma *v)
-{
-	char id[16];
-	int fd = open("/proc/sys/kernel/shm_next_id", O_WRONLY | O_CLOEXEC);
-	int got;
-
-	snprintf(id, sizeof(id), "%d", v->sysv_id);
-	if (fd < 0 || write(fd, id, strlen(id)) != (ssize_t)strlen(id))
-		die("cannot choose the System V segment id %d: %s", v->sysv_id, strerror(errno));
-	close(fd);
-	got = shmget(v->sysv_key ? v->sysv_key : IPC_PRIVATE, v->sysv_size,
-		     IPC_CREAT | IPC_EXCL | (v->sysv_mode & 0777));
-	if (got < 0)
-		die("cannot recreate System V segment %d: %s", v->sysv_id, strerror(errno));
-	if (got != v->sysv_id)
-		die("System V segment %d came back as %d", v->sysv_id, got);
-	s->sysv = 1;
-	s->sysv_id = got;
-	s->fd = -1;
-}
-
-static int is_shared_memory(const struct ckpt_vma *v)
-{
-	return v->shm_id && (v->kind == CKPT_VMA_SHARED_ANON ||
-			     v->kind == CKPT_VMA_SHARED_MEMFILE || v->kind == CKPT_VMA_SYSV_SHM);
-}
-
-/* A memfd; or the /dev/shm file, at its checkpointed size, whose pages
- * are then written back. */
-static int open_shm_object(const struct shared_shm *s)
-{
-	int fd;
-
-	if (!s->file) {
-		char name[MEMFD_NAME_MAX] = "ckpt-shared";	/* MAP_SHARED | MAP_ANONYMOUS */
-
-		if (s->name && !strncmp(s->name, "/memfd:", 7))
-			memfd_name_of(s->name, name);
-		/* its seals are the shim's to add, once it is mapped */
-		fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-		if (fd < 0 || ftruncate(fd, s->size))
-			die("cannot recreate shared memory: %s", strerror(errno));
-		return fd;
-	}
-	make_parent_dirs(s->file->path);	/* a scratch file's may be gone */
-	fd = open(s->file->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (fd < 0 || ftruncate(fd, s->file->v.file_size > s->size ? s->file->v.file_size : s->size))
-		die("cannot restore shared file %s: %s", s->file->path, strerror(errno));
-	return fd;
-}
-
-static void create_shms(struct image *imgs, unsigned n)
-{
-	unsigned total = 0, ndone = 0;
-	struct filled *done;
-
-	for (unsigned i = 0; i < n; i++)
-		total += imgs[i].nvmas;
-	shms = arena_alloc(sizeof(*shms) * (total + 1));
-	done = arena_alloc(sizeof(*done) * (total + 1));
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nvmas; j++) {
-			const struct ckpt_vma *v = &imgs[i].vmas[j].v;
-			struct shared_shm *s;
-
-			if (!is_shared_memory(v))
-				continue;
-			s = find_shm(v->shm_id);
-			if (!s) {
-				s = &shms[nshms++];
-				memset(s, 0, sizeof(*s));
-				s->id = v->shm_id;
-				s->file = v->kind == CKPT_VMA_SHARED_MEMFILE ? &imgs[i].vmas[j] : NULL;
-				s->name = imgs[i].vmas[j].path;
-				if (v->kind == CKPT_VMA_SYSV_SHM)
-					create_sysv(s, v);
-			}
-			if (v->pgoff + (v->end - v->start) > s->size)
-				s->size = v->pgoff + (v->end - v->start);
-		}
-	for (unsigned i = 0; i < nshms; i++)
-		if (!shms[i].sysv)
-			shms[i].fd = move_high(open_shm_object(&shms[i]), "shared memory");
-	/* fill each range once, from the process that saved it */
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nvmas; j++) {
-			const struct loaded_vma *lv = &imgs[i].vmas[j];
-			uint64_t lo = lv->v.pgoff, hi = lo + (lv->v.end - lv->v.start);
-
-			if (!is_shared_memory(&lv->v) || (lv->v.flags & CKPT_VMA_PAGES_ELSEWHERE) ||
-			    already_filled(done, ndone, lv->v.shm_id, lo, hi))
-				continue;
-			fill_from(&imgs[i], lv, find_shm(lv->v.shm_id));
-			done[ndone++] = (struct filled){ lv->v.shm_id, lo, hi };
-		}
-}
-
-/* ---- sockets ---- */
 
 static struct shared_socket *find_socket(uint64_t id)
 {
@@ -496,7 +187,7 @@ static int bind_after_time_wait(int s, const struct ckpt_fd *f, const char *at)
 }
 
 /*
- * The address to bind again (pair of is_bound, native/shim/sockets.c): a
+ * The address to bind again (pair of is_bound, native/shim/state/sockets.c): a
  * netlink socket's groups with a port id the kernel chooses (the old one
  * may be taken), a packet socket's interface by name.
  */
@@ -815,7 +506,7 @@ static int how_to_shut(const struct ckpt_fd *f)
 	return rd && wr ? SHUT_RDWR : rd ? SHUT_RD : wr ? SHUT_WR : -1;
 }
 
-/* Pair of save_filter (native/shim/sockets.c): once the queue is back,
+/* Pair of save_filter (native/shim/state/sockets.c): once the queue is back,
  * which the filter let through already (refilled datagrams come from
  * other addresses, which it might not). */
 static void attach_filters(void)
@@ -902,7 +593,7 @@ static void refill_from_other_hosts(void)
 /* Connections inside the job first (TCP ones need their ports before
  * any listener takes them; on this host, then with other hosts), then
  * listeners and named sockets, then connections to those, then the rest. */
-static void create_sockets(struct image *imgs, unsigned n, const char *coord)
+void sockets_create(struct image *imgs, unsigned n, const char *coord)
 {
 	collect_sockets(imgs, n);
 	for (unsigned i = 0; i < nsocks; i++) {
@@ -961,74 +652,6 @@ static void create_sockets(struct image *imgs, unsigned n, const char *coord)
 	shut_down_as_before();
 }
 
-/* ---- open files shared between processes ---- */
-
-static struct shared_file *find_file(int32_t pid, int32_t fd)
-{
-	for (unsigned i = 0; i < nfiles; i++)
-		if (files[i].pid == pid && files[i].fd == fd)
-			return &files[i];
-	return NULL;
-}
-
-static const struct loaded_fd *fd_record(struct image *imgs, unsigned n, int32_t pid, int32_t fd)
-{
-	for (unsigned i = 0; i < n; i++)
-		if (imgs[i].hdr.pid == pid)
-			for (unsigned j = 0; j < imgs[i].nfds; j++)
-				if (imgs[i].fds[j].f.fd == fd)
-					return &imgs[i].fds[j];
-	return NULL;
-}
-
-static void create_files(struct image *imgs, unsigned n)
-{
-	unsigned total = 0;
-
-	for (unsigned i = 0; i < n; i++)
-		total += imgs[i].nfds;
-	files = arena_alloc(sizeof(*files) * (total + 1));
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < imgs[i].nfds; j++) {
-			const struct ckpt_fd *f = &imgs[i].fds[j].f;
-			const struct loaded_fd *owner;
-			int fd;
-
-			if (f->kind != CKPT_FD_FILE || !f->share_pid ||
-			    find_file(f->share_pid, f->share_fd))
-				continue;
-			owner = fd_record(imgs, n, f->share_pid, f->share_fd);
-			if (!owner || owner->f.kind != CKPT_FD_FILE)
-				continue;	/* its owner is gone: opened on its own */
-			fd = open_file_again(owner);
-			if (fd < 0 || lseek(fd, owner->f.offset, SEEK_SET) < 0)
-				die("cannot reopen %s: %s", owner->path, strerror(errno));
-			files[nfiles++] = (struct shared_file){ f->share_pid, f->share_fd,
-								move_high(fd, owner->path) };
-		}
-}
-
-/* The open file a FILE record shares with other processes, or -1. */
-int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
-{
-	const struct shared_file *sf = f->share_pid ? find_file(f->share_pid, f->share_fd) :
-					find_file(pid, f->fd);
-
-	return sf ? sf->file : -1;
-}
-
-void shared_create(struct image *imgs, unsigned n, const char *coord)
-{
-	recreate_gone_scratch_files(imgs, n);
-	create_pipes(imgs, n);
-	create_fifos(imgs, n);
-	create_shms(imgs, n);
-	create_sockets(imgs, n, coord);
-	ptys_create(imgs, n);
-	create_files(imgs, n);
-	mqueues_create(imgs, n);
-}
-
 int shared_socket_fd(uint64_t id)
 {
 	const struct shared_socket *s = find_socket(id);
@@ -1036,68 +659,17 @@ int shared_socket_fd(uint64_t id)
 	return s ? s->fd : -1;
 }
 
-int shared_pipe_end(uint64_t id, int write_end)
-{
-	const struct shared_pipe *sp = find_pipe(id);
-
-	return sp ? sp->end[write_end] : -1;
-}
-
-/* The System V id of a segment of the job, or -1. */
-int shared_sysv_id(uint64_t id)
-{
-	const struct shared_shm *s = id ? find_shm(id) : NULL;
-
-	return s && s->sysv ? s->sysv_id : -1;
-}
-
-int shared_shm_fd(uint64_t id)
-{
-	const struct shared_shm *s = id ? find_shm(id) : NULL;
-
-	return s ? s->fd : -1;
-}
-
-/* The fds a restored process keeps while it restores. */
-unsigned shared_fds(int *out, unsigned max)
+unsigned socket_fds(int *out, unsigned max)
 {
 	unsigned k = 0;
 
-	for (unsigned i = 0; i < npipes && k + 2 <= max; i++) {
-		out[k++] = pipes[i].end[0];
-		out[k++] = pipes[i].end[1];
-	}
-	for (unsigned i = 0; i < nshms && k < max; i++)
-		if (shms[i].fd >= 0)
-			out[k++] = shms[i].fd;
 	for (unsigned i = 0; i < nsocks && k < max; i++)
 		out[k++] = socks[i].fd;
-	k += pty_fds(out + k, max - k);
-	for (unsigned i = 0; i < nfiles && k < max; i++)
-		out[k++] = files[i].file;
-	return k + mqueue_fds(out + k, max - k);
+	return k;
 }
 
-/* Pipes, sockets, ptys, shared open files and message queues: once the
- * fds are in place. */
-void shared_close_pipes(void)
+void sockets_close(void)
 {
-	for (unsigned i = 0; i < npipes; i++) {
-		close(pipes[i].end[0]);
-		close(pipes[i].end[1]);
-	}
 	for (unsigned i = 0; i < nsocks; i++)
 		close(socks[i].fd);
-	ptys_close();
-	for (unsigned i = 0; i < nfiles; i++)
-		close(files[i].file);
-	mqueues_close();
-}
-
-/* After the memory is back: raw system calls only. */
-void shared_close_shms(void)
-{
-	for (unsigned i = 0; i < nshms; i++)
-		if (shms[i].fd >= 0)
-			sys1(SYS_close, shms[i].fd);
 }

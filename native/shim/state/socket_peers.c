@@ -244,7 +244,7 @@ static int name_known(const char *key)
 }
 
 /* The peer sent its FIN: nothing more comes from it, wherever it is (a
- * restart gives fd its bytes and EOF, native/restart/shared.c). */
+ * restart gives fd its bytes and EOF, native/restart/state/sockets.c). */
 static int peer_finished(int fd)
 {
 	struct tcp_info ti;

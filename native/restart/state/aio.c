@@ -1,14 +1,14 @@
 /*
  * Kernel AIO contexts (io_setup).  A context is the ring the kernel maps
  * into the process, named by the ring's address: the checkpoint saves the
- * ring's pages (native/shim/save_memory.c, CKPT_VMA_AIO_RING).  At restart
+ * ring's pages (native/shim/state/memory.c, CKPT_VMA_AIO_RING).  At restart
  * a context is made again with a ring of the same size, moved where the
  * old one was (the kernel follows a moved ring), and given back the
  * completed events nobody had taken.  The kernel keeps its own copy of the
  * ring's tail, which only completions move: it is brought to the saved
  * tail by as many empty reads of /dev/null, submitted and reaped.
  * Requests still in flight at the checkpoint (the shim noted them,
- * native/shim/aio_requests.c) are submitted again from their iocbs in the
+ * native/shim/state/aio.c) are submitted again from their iocbs in the
  * restored memory, once everything else is back.
  */
 #define _GNU_SOURCE

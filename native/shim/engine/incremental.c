@@ -27,7 +27,7 @@
 
 #define MAX_SOURCES 64			/* bounds a chain: --full-every */
 #define SIDECAR_BUF (1 << 20)
-#define WINDOW_MAX 8192			/* pages of a window (save_memory.c) */
+#define WINDOW_MAX 8192			/* pages of a window (state/memory.c) */
 #define HASH_BATCH 64			/* pages a task takes at once */
 
 struct increments {

@@ -132,7 +132,7 @@ static void restore_posix_timer(const struct ckpt_posix_timer *t)
 }
 
 /*
- * POSIX timers (saved by read_posix_timers, native/shim/save_process.c),
+ * POSIX timers (saved by read_posix_timers, native/shim/state/process.c),
  * each with its id, which the application holds.  Once the threads exist:
  * a timer may signal one of them.  Their signals wait: every thread
  * blocks all of them until it resumes.
@@ -268,7 +268,7 @@ void restore_thread_pending(const struct image *img, const struct ckpt_thread *t
 	restore_queue(img, thread->pending, thread->tid);
 }
 
-/* Saved by read_prctl_attributes (native/shim/save_process.c).  Dumpable
+/* Saved by read_prctl_attributes (native/shim/state/process.c).  Dumpable
  * only as 0 or 1 (2, suid_dumpable's, cannot be asked for). */
 static void restore_prctl_attributes(const struct ckpt_process *p)
 {
@@ -282,7 +282,7 @@ static void restore_prctl_attributes(const struct ckpt_process *p)
 		warn("memory-deny-write-execute could not be set again");
 }
 
-/* Pair of read_membarrier (native/shim/save_process.c). */
+/* Pair of read_membarrier (native/shim/state/process.c). */
 static void restore_membarrier(const struct ckpt_process *p)
 {
 	static const struct {

@@ -213,7 +213,7 @@ static void drop_snapshot(struct snapshot *snap)
 }
 
 /* Shared memory is saved once per host and checkpoint: by the process
- * that claims it under this key (save_memory.c). */
+ * that claims it under this key (state/memory.c). */
 static void shared_key(char *key, size_t size, unsigned seq)
 {
 	snprintf(key, size, "shm:%u:%s", seq, shim_hostname());

@@ -229,7 +229,7 @@ int app_list_fds(int *fds, int max)
 }
 
 /* Signal-driven I/O (O_ASYNC): the owner the signal goes to and which
- * signal it is, the open file's (restore_async_owners, native/restart/fds.c). */
+ * signal it is, the open file's (restore_async_owners, native/restart/state/fds.c). */
 static void async_owner(int fd, struct ckpt_fd *rec)
 {
 	struct f_owner_ex owner = { 0 };

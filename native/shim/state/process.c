@@ -95,7 +95,7 @@ static void read_limits_and_timers(struct ckpt_process *p)
 /*
  * POSIX timers, from /proc/self/timers ("ID:", "signal: SIG/SIGVAL",
  * "notify: signal|none/pid|tid.N", "ClockID:" per timer) and each one's
- * timer_gettime.  Restored by restore_posix_timers (native/restart/process.c).
+ * timer_gettime.  Restored by restore_posix_timers (native/restart/state/process.c).
  */
 static int parse_timer(char *block, struct ckpt_posix_timer *t)
 {
@@ -157,7 +157,7 @@ static int read_posix_timers(struct ckpt_process *p)
 }
 
 /* Attributes set with prctl; restored by restore_prctl_attributes
- * (native/restart/process.c).  Raw calls: the shim's prctl() may dlsym. */
+ * (native/restart/state/process.c).  Raw calls: the shim's prctl() may dlsym. */
 static void read_prctl_attributes(struct ckpt_process *p)
 {
 	int subreaper = 0;
@@ -174,7 +174,7 @@ static void read_prctl_attributes(struct ckpt_process *p)
 /* Which private expedited membarrier() commands the process registered
  * for: a command it did not register for fails with EPERM, so each is
  * tried (a barrier on threads that are all parked).  Restored by
- * restore_membarrier (native/restart/process.c). */
+ * restore_membarrier (native/restart/state/process.c). */
 static void read_membarrier(struct ckpt_process *p)
 {
 	static const struct {

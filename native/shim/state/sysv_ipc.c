@@ -4,7 +4,7 @@
  * (the one that claims "sysv:<checkpoint>:<host>") saves those of its
  * user, while the job is stopped: semaphore values with GETALL, messages
  * with MSG_COPY (read without taking them).  Restored by
- * native/restart/sysv_ipc.c.
+ * native/restart/state/sysv_ipc.c.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -241,7 +241,7 @@ static int register_again(int fd, const struct ckpt_fd *rec)
 }
 
 /* After a restart: ckpt-restart registered them again (restore_mq_notify,
- * native/restart/mqueues.c), but the checkpoint thread's closing of its
+ * native/restart/state/mqueues.c), but the checkpoint thread's closing of its
  * copy of the fd table dropped them. */
 void mqueues_restarted(void)
 {

@@ -1,5 +1,5 @@
 /*
- * POSIX message queues (saved by native/shim/mqueues.c): each one made
+ * POSIX message queues (saved by native/shim/state/mqueues.c): each one made
  * once, before any process exists, in the restart's IPC namespace, with
  * its name, permissions and attributes, refilled from the one record
  * that holds its messages, and unlinked again if it was.  A queue no fd
@@ -120,7 +120,7 @@ int open_mqueue(const struct ckpt_fd *f)
 }
 
 /*
- * Pair of save_registration (native/shim/mqueues.c): this process's
+ * Pair of save_registration (native/shim/state/mqueues.c): this process's
  * mq_notify registrations again, once the restart closed its own fds of
  * the queues (a close by the owner drops a registration).  The queues
  * were refilled before: a registration does not fire for messages that

@@ -1,6 +1,6 @@
 /*
  * System V semaphore sets and message queues (saved by
- * native/shim/sysv_ipc.c), recreated with their ids, keys and permissions
+ * native/shim/state/sysv_ipc.c), recreated with their ids, keys and permissions
  * in the restart's IPC namespace before any process of the job exists:
  * semaphores with their values, queues with their messages in order.
  * What SEM_UNDO would undo at exit is not saved.

@@ -13,7 +13,7 @@
  * siginfo.  Left in place, restored from the pending bitmasks alone: a
  * POSIX timer's signal and SIGALRM (taking one re-arms its timer early).
  *
- * Restored by restore_queue (native/restart/process.c).
+ * Restored by restore_queue (native/restart/state/process.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,0 +1,113 @@
+/*
+ * Open files shared between processes (one open file, one offset,
+ * inherited across fork; saved by native/shim/state/fds.c): opened once by
+ * pid 1 of the restart namespace, at the owner's offset, and inherited by
+ * every process whose image shares it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <sys/socket.h>
+#include <linux/filter.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <stdlib.h>
+#include <termios.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <linux/if_packet.h>
+#include <linux/netlink.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+#include "ckpt_sockopts.h"
+#include "restart.h"
+#include "sys.h"
+
+/* An open file inherited across fork: one open file, one offset. */
+struct shared_file {
+	int32_t pid, fd;		/* the process and fd that own it */
+	int file;
+};
+
+static struct shared_file *files;
+static unsigned nfiles;
+
+static struct shared_file *files;
+static unsigned nfiles;
+
+static struct shared_file *find_file(int32_t pid, int32_t fd)
+{
+	for (unsigned i = 0; i < nfiles; i++)
+		if (files[i].pid == pid && files[i].fd == fd)
+			return &files[i];
+	return NULL;
+}
+
+static const struct loaded_fd *fd_record(struct image *imgs, unsigned n, int32_t pid, int32_t fd)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (imgs[i].hdr.pid == pid)
+			for (unsigned j = 0; j < imgs[i].nfds; j++)
+				if (imgs[i].fds[j].f.fd == fd)
+					return &imgs[i].fds[j];
+	return NULL;
+}
+
+void files_create(struct image *imgs, unsigned n)
+{
+	unsigned total = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		total += imgs[i].nfds;
+	files = arena_alloc(sizeof(*files) * (total + 1));
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++) {
+			const struct ckpt_fd *f = &imgs[i].fds[j].f;
+			const struct loaded_fd *owner;
+			int fd;
+
+			if (f->kind != CKPT_FD_FILE || !f->share_pid ||
+			    find_file(f->share_pid, f->share_fd))
+				continue;
+			owner = fd_record(imgs, n, f->share_pid, f->share_fd);
+			if (!owner || owner->f.kind != CKPT_FD_FILE)
+				continue;	/* its owner is gone: opened on its own */
+			fd = open_file_again(owner);
+			if (fd < 0 || lseek(fd, owner->f.offset, SEEK_SET) < 0)
+				die("cannot reopen %s: %s", owner->path, strerror(errno));
+			files[nfiles++] = (struct shared_file){ f->share_pid, f->share_fd,
+								move_high(fd, owner->path) };
+		}
+}
+
+/* The open file a FILE record shares with other processes, or -1. */
+int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
+{
+	const struct shared_file *sf = f->share_pid ? find_file(f->share_pid, f->share_fd) :
+					find_file(pid, f->fd);
+
+	return sf ? sf->file : -1;
+}
+
+unsigned open_file_fds(int *out, unsigned max)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < nfiles && k < max; i++)
+		out[k++] = files[i].file;
+	return k;
+}
+
+void files_close(void)
+{
+	for (unsigned i = 0; i < nfiles; i++)
+		close(files[i].file);
+}
