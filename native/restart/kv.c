@@ -9,13 +9,11 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+#include "ckpt_kv.h"
 #include "restart.h"
 
-#define KV_LINE_MAX 4096
 #define KV_CONNECT_WAIT_MS 30000
 
 static int kv_fd = -1;
@@ -25,33 +23,31 @@ static int kv_fd = -1;
  * parent shell forks it first: ckpt/restart.py), so the agent's socket may
  * not be there yet: wait for it while the agent, our parent, lives.
  */
-static int connect_when_listening(int fd, const struct sockaddr_un *addr)
+static int connect_when_listening(const char *coord)
 {
 	struct timespec pause = { 0, 5 * 1000 * 1000 };
 	pid_t agent = getppid();
 
 	for (unsigned waited_ms = 0;; waited_ms += 5) {
-		if (!connect(fd, (const struct sockaddr *)addr, sizeof(*addr)))
-			return 0;
-		if ((errno != ENOENT && errno != ECONNREFUSED) || getppid() != agent ||
+		int fd = kv_connect(coord);
+
+		if (fd >= 0 || (fd != -ENOENT && fd != -ECONNREFUSED) || getppid() != agent ||
 		    waited_ms >= KV_CONNECT_WAIT_MS)
-			return -1;
+			return fd;
 		nanosleep(&pause, NULL);
 	}
 }
 
 void kv_open(const char *coord)
 {
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	int fd;
 
 	if (kv_fd >= 0)
 		return;
-	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", coord);
-	kv_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (kv_fd < 0 || connect_when_listening(kv_fd, &addr))
-		die("cannot reach the job's coordinator at %s: %s", coord, strerror(errno));
-	kv_fd = move_high(kv_fd, "the coordinator connection");
-	write_all(kv_fd, "KV\n", 3, "the coordinator");
+	fd = connect_when_listening(coord);
+	if (fd < 0)
+		die("cannot reach the job's coordinator at %s: %s", coord, strerror(-fd));
+	kv_fd = move_high(fd, "the coordinator connection");
 }
 
 void kv_close(void)
@@ -61,49 +57,32 @@ void kv_close(void)
 	kv_fd = -1;
 }
 
-/* One request line, its answer into out (without the newline). */
-static void kv_request(const char *request, char *out, size_t size)
+static const struct kv_client *client(void)
 {
-	size_t len = 0;
+	static struct kv_client kv = { kv_fd_request, &kv_fd };
 
-	write_all(kv_fd, request, strlen(request), "the coordinator");
-	for (;;) {
-		ssize_t n;
-
-		if (len + 1 >= size)
-			die("the coordinator's answer is too long");
-		n = read(kv_fd, out + len, 1);	/* byte by byte: a few short lines */
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			die("the coordinator closed the connection");
-		if (out[len] == '\n')
-			break;
-		len++;
-	}
-	out[len] = 0;
+	return &kv;
 }
 
 void kv_put(const char *key, const char *value)
 {
-	char line[KV_LINE_MAX], answer[64];
+	int err = kv_client_put(client(), key, value);
 
-	snprintf(line, sizeof(line), "PUT %s %s\n", key, value);
-	kv_request(line, answer, sizeof(answer));
-	if (strcmp(answer, "OK"))
-		die("the coordinator refused %s: %s", key, answer);
+	if (err == EPROTO)
+		die("the coordinator refused %s", key);
+	if (err)
+		die("the coordinator's name service failed (%s): %s", key, strerror(err));
 }
 
 /* The value of key once some process of the job put it; dies after
  * `seconds`, naming what it waited for. */
 void kv_wait(const char *key, unsigned seconds, char *value, size_t size)
 {
-	char line[KV_LINE_MAX], answer[KV_LINE_MAX];
+	int err = kv_client_mwait(client(), (int)seconds, key, value, size);
 
-	snprintf(line, sizeof(line), "MWAIT %u %s\n", seconds, key);
-	kv_request(line, answer, sizeof(answer));
-	if (strncmp(answer, "VAL ", 4))
+	if (err == ETIMEDOUT)
 		die("no other host of the job answered for %s within %u s (is its ckpt-restart "
 		    "running?)", key, seconds);
-	snprintf(value, size, "%s", answer + 4);
+	if (err)
+		die("the coordinator's name service failed (%s): %s", key, strerror(err));
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include "ckpt_image.h"
+#include "ckpt_proc.h"
 
 /* Layout of the reserved range: the binary and its brk heap (randomized
  * within 1 GiB of the binary's end) sit in its first 1.06 GiB; everything

@@ -23,7 +23,6 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -443,36 +442,19 @@ static int session_stand_in(void *stack)
 
 /* A process of the job still runs: one in this namespace that is
  * neither pid 1, nor a stand-in, nor a zombie (its fresh /proc is ours). */
+static int process_alive(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	pid_t pid = atoi(name);
+	struct ckpt_proc_stat st;
+
+	if (pid <= 1 || stand_in_pid(pid) || ckpt_stat_read_pid(pid, &st))
+		return 0;
+	return st.state != 'Z' && st.state != 'X';
+}
+
 static int job_alive(void)
 {
-	DIR *proc = opendir("/proc");
-	struct dirent *d;
-	int alive = 0;
-
-	if (!proc)
-		return 0;
-	while (!alive && (d = readdir(proc))) {
-		pid_t pid = atoi(d->d_name);
-		char path[64], stat[256], *c;
-		int fd;
-		ssize_t n;
-
-		if (pid <= 1 || stand_in_pid(pid))
-			continue;
-		snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-		fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			continue;
-		n = read(fd, stat, sizeof(stat) - 1);
-		close(fd);
-		if (n <= 0)
-			continue;
-		stat[n] = '\0';
-		c = strrchr(stat, ')');
-		alive = c && c[1] == ' ' && c[2] != 'Z' && c[2] != 'X';
-	}
-	closedir(proc);
-	return alive;
+	return ckpt_dir_walk("/proc", process_alive, NULL) > 0;
 }
 
 static void wake_up(int sig)

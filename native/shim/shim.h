@@ -11,6 +11,8 @@
 #include <unistd.h>
 #include "ckpt_image.h"
 #include "ckpt_plugin.h"
+#include "ckpt_kv.h"
+#include "ckpt_proc.h"
 
 /* Parking signal: glibc's SIGSETXID.  glibc keeps its two internal signals
  * (32, 33) out of the application's hands (sigaction refuses them,
@@ -79,7 +81,6 @@ void shim_hostname_forget(void);
 SHIM_HIDDEN const char *shim_strerror(int err);
 
 /* engine/procfs.c */
-SHIM_HIDDEN ssize_t shim_read_proc(const char *path, char *buf, size_t size);
 SHIM_HIDDEN uint64_t shim_status_mask(const char *path, const char *field);
 
 /* engine/signals.c: the parking signal, shared with glibc's set*id broadcast */
@@ -163,8 +164,9 @@ SHIM_HIDDEN void coord_forget(void);	/* after a restart: the fd is gone */
 SHIM_HIDDEN int coord_fd(void);
 SHIM_HIDDEN int coord_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SHIM_HIDDEN int coord_recv(char *line, size_t size);	/* 0, or -1 on EOF/error */
-/* a name-service answer: PHASE lines that come first wait for coord_recv */
-SHIM_HIDDEN int coord_recv_answer(char *line, size_t size);
+/* the name service over this connection (PHASE lines that come before an
+ * answer wait for coord_recv) */
+SHIM_HIDDEN const struct kv_client *coord_kv(void);
 
 /* engine/plugin.c */
 SHIM_HIDDEN int plugins_run(const struct ckpt_hook_ctx *ctx, char *why, size_t why_size);

@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt_proc.h"
 #include "sv.h"
 
 struct sv_config sv_cfg;
@@ -307,30 +308,9 @@ struct sv_state_file {
 
 static uint64_t proc_start_time(pid_t pid)
 {
-	char path[64], buf[1024], *p;
-	unsigned long long start = 0;
-	ssize_t n;
-	int fd;
+	struct ckpt_proc_stat st;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = 0;
-	/* skip "pid (comm)"; comm may contain spaces */
-	p = strrchr(buf, ')');
-	if (!p)
-		return 0;
-	/* field 22 is starttime; after ')' come fields 3.. */
-	for (int field = 2; field < 22 && p; field++)
-		p = strchr(p + 1, ' ');
-	if (p)
-		start = strtoull(p + 1, NULL, 10);
-	return start;
+	return ckpt_stat_read_pid(pid, &st) || st.last_field < 22 ? 0 : st.starttime;
 }
 
 static bool pid_alive(const struct sv_state_pid *e)

@@ -15,7 +15,6 @@
  * allocation here, only system calls and buffers on the stack.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "ckpt_proc.h"
 #include "ib.h"
 
 static int is_epoll(int fd)
@@ -76,29 +76,32 @@ static void read_entries(int epfd, int fd, unsigned long ino, struct ib_epoll_wa
 	}
 }
 
+struct watched_fd {
+	int fd;
+	ino_t ino;
+	struct ib_epoll_watchers *w;
+};
+
+static int epoll_set_entries(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	struct watched_fd *wf = arg;
+	int epfd = atoi(name);
+
+	if (epfd != dfd && is_epoll(epfd))
+		read_entries(epfd, wf->fd, wf->ino, wf->w);
+	return 0;
+}
+
 void ib_epoll_watchers_save(int fd, struct ib_epoll_watchers *w)
 {
-	char buf[4096];
 	struct stat st;
-	long n;
-	int dir;
+	struct watched_fd wf = { fd, 0, w };
 
 	w->n = 0;
 	if (fd < 0 || fstat(fd, &st))
 		return;
-	dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dir < 0)
-		return;
-	while ((n = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0)
-		for (long off = 0; off < n;) {
-			struct dirent64 *d = (struct dirent64 *)(buf + off);
-			int epfd = atoi(d->d_name);
-
-			off += d->d_reclen;
-			if (d->d_name[0] != '.' && epfd != dir && is_epoll(epfd))
-				read_entries(epfd, fd, st.st_ino, w);
-		}
-	close(dir);
+	wf.ino = st.st_ino;
+	ckpt_dir_walk("/proc/self/fd", epoll_set_entries, &wf);
 }
 
 void ib_epoll_watchers_restore(int fd, const struct ib_epoll_watchers *w)

@@ -318,13 +318,13 @@ int ib_publish_mr(struct ib_mr *mr, struct ib_kv_batch *b)
  */
 uint32_t ib_claim_qpn(uint32_t real_qpn)
 {
-	char request[128], answer[128];
+	char key[64];
 	uint32_t vqpn = real_qpn;
 
 	for (int tries = 0; tries < 64; tries++) {
-		snprintf(request, sizeof(request), "CLAIM ib:vqpn:%u %s", vqpn, ib_ids.owner);
-		if (ib_kv_request(request, answer, sizeof(answer)) || !strcmp(answer, "OK"))
-			return vqpn;	/* no coordinator: nobody to collide with */
+		snprintf(key, sizeof(key), "ib:vqpn:%u", vqpn);
+		if (ib_kv_claim(key, ib_ids.owner) != EEXIST)
+			return vqpn;	/* ours, or no coordinator: nobody to collide with */
 		if (getrandom(&vqpn, sizeof(vqpn), 0) != sizeof(vqpn))
 			vqpn = (uint32_t)random();
 		vqpn = (vqpn & 0xffffff) | 2;

@@ -6,10 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/un.h>
 #include <unistd.h>
+#include "ckpt_kv.h"
 #include "kv.h"
 
 static pthread_mutex_t kv_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -35,81 +33,22 @@ static const char *coordinator_path(void)
 	return coordinator_path_fn ? coordinator_path_fn() : NULL;
 }
 
-static int kv_connect(void)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	const char *path = coordinator_path();
-	int fd;
-
-	if (!path || !*path || strlen(path) >= sizeof(sa.sun_path))
-		return ENOTCONN;
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return errno;
-	/* raw: the shim's connect() would look the real one up with dlsym */
-	if (syscall(SYS_connect, fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    write(fd, "KV\n", 3) != 3) {
-		int err = errno;
-
-		close(fd);
-		return err;
-	}
-	kv_fd = fd;
-	return 0;
-}
-
-static int write_all(int fd, const char *p, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return EPIPE;
-		p += w;
-		n -= w;
-	}
-	return 0;
-}
-
-/* One line; bytes are read one at a time: answers are short and rare. */
-static int read_line(int fd, char *buf, size_t size)
-{
-	size_t n = 0;
-
-	for (;;) {
-		char c;
-		ssize_t r = read(fd, &c, 1);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return EPIPE;
-		if (c == '\n')
-			break;
-		if (n + 1 < size)
-			buf[n++] = c;
-	}
-	buf[n] = '\0';
-	return 0;
-}
-
 int ib_kv_request(const char *request, char *answer, size_t size)
 {
 	int err = 0;
 
 	pthread_mutex_lock(&kv_lock);
 	kv_requests++;
-	if (kv_fd < 0)
-		err = kv_connect();
+	if (kv_fd < 0) {
+		int fd = kv_connect(coordinator_path());
+
+		if (fd < 0)
+			err = -fd;
+		else
+			kv_fd = fd;
+	}
 	if (!err)
-		err = write_all(kv_fd, request, strlen(request));
-	if (!err)
-		err = write_all(kv_fd, "\n", 1);
-	if (!err)
-		err = read_line(kv_fd, answer, size);
+		err = kv_fd_request(&kv_fd, request, answer, size);
 	if (err && kv_fd >= 0) {
 		close(kv_fd);
 		kv_fd = -1;
@@ -166,35 +105,34 @@ void ib_kv_batch_put(struct ib_kv_batch *b, const char *key, const char *value)
 	b->len += snprintf(b->line + b->len, sizeof(b->line) - b->len, " %s %s", key, value);
 }
 
+/* ib_kv_request as a kv_request_fn */
+static int request(void *conn, const char *request, char *answer, size_t size)
+{
+	return ib_kv_request(request, answer, size);
+}
+
+static const struct kv_client client = { request, NULL };
+
 int ib_kv_get(const char *key, char *value, size_t size)
 {
-	char request[256], answer[512];
-	int err;
+	int err = kv_client_get(&client, key, value, size);
 
-	snprintf(request, sizeof(request), "GET %s", key);
-	err = ib_kv_request(request, answer, sizeof(answer));
-	if (err)
-		return err;
-	if (!strcmp(answer, "NONE"))
-		return ENOENT;
-	if (strncmp(answer, "VAL ", 4) || strlen(answer + 4) >= size)
-		return EPROTO;
-	strcpy(value, answer + 4);
-	return 0;
+	return err == ENOSPC ? EPROTO : err;
+}
+
+int ib_kv_claim(const char *key, const char *value)
+{
+	char owner[128];
+
+	return kv_client_claim(&client, key, value, owner, sizeof(owner));
 }
 
 int ib_kv_count_in(unsigned seq, const char *what, long *count)
 {
-	char request[128], answer[64];
-	int err;
+	char key[128];
 
-	snprintf(request, sizeof(request), "INCR ib:%u:%s", seq, what);
-	err = ib_kv_request(request, answer, sizeof(answer));
-	if (!err && strncmp(answer, "VAL ", 4))
-		err = EPROTO;
-	if (!err && count)
-		*count = strtol(answer + 4, NULL, 10);
-	return err;
+	snprintf(key, sizeof(key), "ib:%u:%s", seq, what);
+	return kv_client_incr(&client, key, count);
 }
 
 int ib_kv_members(unsigned seq, long *count)
@@ -211,12 +149,8 @@ int ib_kv_members(unsigned seq, long *count)
 
 int ib_kv_await(unsigned seq, const char *what, long n, int seconds)
 {
-	char request[128], answer[64];
-	int err;
+	char key[128];
 
-	snprintf(request, sizeof(request), "AWAIT %d ib:%u:%s %ld", seconds, seq, what, n);
-	err = ib_kv_request(request, answer, sizeof(answer));
-	if (!err && strncmp(answer, "VAL ", 4))
-		err = ETIMEDOUT;
-	return err;
+	snprintf(key, sizeof(key), "ib:%u:%s", seq, what);
+	return kv_client_await(&client, seconds, key, n);
 }

@@ -34,6 +34,9 @@ int ib_kv_members(unsigned seq, long *count);
 /* Wait until "ib:<seq>:<what>" reaches n: 0, or ETIMEDOUT. */
 int ib_kv_await(unsigned seq, const char *what, long n, int seconds);
 
+/* The first claim of key wins: 0 if ours, EEXIST if another's, or errno. */
+int ib_kv_claim(const char *key, const char *value);
+
 /* The value of key, or ENOENT. */
 int ib_kv_get(const char *key, char *value, size_t size);
 

@@ -153,7 +153,7 @@ int coord_recv(char *line, size_t size)
  * -1 on EOF or error, or when more PHASE lines come than can be kept (a
  * coordinator that behaves so is not one we can follow).
  */
-int coord_recv_answer(char *line, size_t size)
+static int coord_recv_answer(char *line, size_t size)
 {
 	for (;;) {
 		if (ndeferred == DEFERRED_MAX)
@@ -166,6 +166,24 @@ int coord_recv_answer(char *line, size_t size)
 		}
 		ndeferred++;
 	}
+}
+
+/* kv_request_fn over the checkpoint connection: the request, then the
+ * answer (PHASE lines that come first are kept for coord_recv). */
+static int coord_request(void *conn, const char *request, char *answer, size_t size)
+{
+	int err = coord_send("%s", request);
+
+	if (err)
+		return err;
+	return coord_recv_answer(answer, size) ? EPIPE : 0;
+}
+
+static const struct kv_client coord_client = { coord_request, NULL };
+
+const struct kv_client *coord_kv(void)
+{
+	return &coord_client;
 }
 
 void coord_forget(void)

@@ -115,51 +115,18 @@ void ckpt_warn(const char *fmt, ...)
 
 int ckpt_kv_put(const char *key, const char *value)
 {
-	char line[CKPT_LINE_MAX];
-	int err = coord_send("PUT %s %s", key, value);
-
-	if (err)
-		return err;
-	if (coord_recv_answer(line, sizeof(line)))
-		return EPIPE;
-	return strcmp(line, "OK") ? EPROTO : 0;
+	return kv_client_put(coord_kv(), key, value);
 }
 
 int ckpt_kv_get(const char *key, char *value, size_t size)
 {
-	char line[CKPT_LINE_MAX];
-	int err = coord_send("GET %s", key);
-
-	if (err)
-		return err;
-	if (coord_recv_answer(line, sizeof(line)))
-		return EPIPE;
-	if (!strcmp(line, "NONE"))
-		return ENOENT;
-	if (strncmp(line, "VAL ", 4))
-		return EPROTO;
-	if (strlen(line + 4) >= size)
-		return ENOSPC;
-	strcpy(value, line + 4);
-	return 0;
+	return kv_client_get(coord_kv(), key, value, size);
 }
 
 /* The first process to claim key owns it: 0; else EEXIST, owner filled. */
 int kv_claim(const char *key, const char *value, char *owner, size_t size)
 {
-	char line[CKPT_LINE_MAX];
-	int err = coord_send("CLAIM %s %s", key, value);
-
-	if (err)
-		return err;
-	if (coord_recv_answer(line, sizeof(line)))
-		return EPIPE;
-	if (!strcmp(line, "OK"))
-		return 0;
-	if (strncmp(line, "VAL ", 4) || strlen(line + 4) >= size)
-		return EPROTO;
-	strcpy(owner, line + 4);
-	return EEXIST;
+	return kv_client_claim(coord_kv(), key, value, owner, size);
 }
 
 /* Whether this process owns key: it claimed it first (or the
@@ -175,14 +142,5 @@ int kv_claim_mine(const char *key)
 /* Until key is there (0), or `seconds` have passed (ETIMEDOUT). */
 int kv_wait(const char *key, int seconds)
 {
-	char line[CKPT_LINE_MAX];
-	int err = coord_send("MWAIT %d %s", seconds, key);
-
-	if (err)
-		return err;
-	if (coord_recv_answer(line, sizeof(line)))
-		return EPIPE;
-	if (!strncmp(line, "VAL", 3))
-		return 0;
-	return strncmp(line, "NONE", 4) ? EPROTO : ETIMEDOUT;
+	return kv_client_mwait(coord_kv(), seconds, key, NULL, 0);
 }

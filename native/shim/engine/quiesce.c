@@ -311,55 +311,44 @@ static int slot_known(pid_t tid)
 	return 0;
 }
 
-/* Signal the threads of /proc/self/task not signalled yet; getdents64, not
- * opendir, because opendir mallocs. Returns how many, or -errno. */
+struct new_threads {
+	pid_t self;
+	int added;
+};
+
+static int signal_if_new(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	struct new_threads *nt = arg;
+	pid_t tid = atoi(name);
+	int err;
+
+	if (tid <= 0 || tid == nt->self || slot_known(tid))
+		return 0;
+	err = signal_thread(tid);
+	if (!err)
+		nt->added++;
+	return err;
+}
+
+/* Signal the threads of /proc/self/task not signalled yet (ckpt_dir_walk:
+ * opendir mallocs). Returns how many, or -errno. */
 static int signal_new_threads(void)
 {
-	char buf[4096];
-	pid_t self = syscall(SYS_gettid);
-	int added = 0, err = 0;
-	long n;
-	int dfd;
+	struct new_threads nt = { (pid_t)syscall(SYS_gettid), 0 };
+	int err = ckpt_dir_walk("/proc/self/task", signal_if_new, &nt);
 
-	dfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return -errno;
-	while (!err && (n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-		for (long off = 0; off < n;) {
-			struct dirent64 {
-				uint64_t ino;
-				int64_t off;
-				unsigned short reclen;
-				unsigned char type;
-				char name[];
-			} *d = (void *)(buf + off);
-			pid_t tid = atoi(d->name);
-
-			off += d->reclen;
-			if (tid <= 0 || tid == self || slot_known(tid))
-				continue;
-			err = signal_thread(tid);
-			if (err)
-				break;
-			added++;
-		}
-	}
-	close(dfd);
-	return err ? -err : added;
+	if (err)
+		return err < 0 ? err : -err;
+	return nt.added;
 }
 
 static int thread_is_zombie(pid_t tid)
 {
-	char path[64], buf[256], *c;
-	ssize_t n;
+	char path[64];
+	struct ckpt_proc_stat st;
 
 	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	c = strrchr(buf, ')');
-	return c && c[1] == ' ' && (c[2] == 'Z' || c[2] == 'X');
+	return !ckpt_stat_read(path, &st) && (st.state == 'Z' || st.state == 'X');
 }
 
 static int all_parked(void)

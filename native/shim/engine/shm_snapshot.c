@@ -35,7 +35,7 @@ struct shm_snapshot {
 static uint64_t copy_limit(void)
 {
 	char buf[MEMINFO_MAX];
-	ssize_t n = shim_read_proc("/proc/meminfo", buf, sizeof(buf) - 1);
+	ssize_t n = ckpt_read_file("/proc/meminfo", buf, sizeof(buf) - 1);
 	char *line;
 
 	if (n <= 0)

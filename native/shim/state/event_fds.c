@@ -103,7 +103,7 @@ int event_fd_describe(int fd, const char *link, struct ckpt_fd *rec, struct fd_p
 	if (!info)
 		return ENOMEM;
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	n = shim_read_proc(path, info, FDINFO_MAX - 1);
+	n = ckpt_read_file(path, info, FDINFO_MAX - 1);
 	if (n <= 0) {
 		err = n < 0 ? -n : EIO;
 		goto out;

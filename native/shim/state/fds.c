@@ -53,7 +53,7 @@ static int read_fdinfo(int fd, char *buf, long long *pos, int *flags)
 	ssize_t n;
 
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	n = shim_read_proc(path, buf, FDINFO_TEXT - 1);
+	n = ckpt_read_file(path, buf, FDINFO_TEXT - 1);
 	if (n <= 0)
 		return n < 0 ? -n : EIO;
 	buf[n] = '\0';
@@ -193,30 +193,32 @@ struct pipe_copy {
 static struct pipe_copy pipes[MAX_PIPES];
 static int npipes;
 
+struct fd_list {
+	int *fds;
+	int n, max;
+};
+
+static int list_fd(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	struct fd_list *l = arg;
+	char *end;
+	long fd = strtol(name, &end, 10);
+
+	if (*end || end == name || fd == dfd)	/* dfd: the walker's own */
+		return 0;
+	if (l->n < l->max)
+		l->fds[l->n++] = fd;
+	return 0;
+}
+
 int app_list_fds(int *fds, int max)
 {
-	char buf[4096];
-	int n = 0;
-	long got;
-	int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);	/* the app's */
+	struct fd_list l = { fds, 0, max };
+	int err = ckpt_dir_walk("/proc/self/fd", list_fd, &l);	/* the app's */
+	int n = l.n;
 
-	if (dfd < 0)
-		return -errno;
-	while ((got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-		for (long off = 0; off < got;) {
-			struct { uint64_t ino; int64_t off; unsigned short reclen;
-				 unsigned char type; char name[]; } *d = (void *)(buf + off);
-			char *end;
-			long fd = strtol(d->name, &end, 10);
-
-			off += d->reclen;
-			if (*end || end == d->name)
-				continue;
-			if (n < max)
-				fds[n++] = fd;
-		}
-	}
-	close(dfd);
+	if (err < 0)
+		return err;
 	/* ascending, so a dup always refers to a lower, earlier fd */
 	for (int i = 1; i < n; i++)
 		for (int j = i; j > 0 && fds[j - 1] > fds[j]; j--) {
@@ -372,38 +374,38 @@ static void seal_memfds_again(void)
  * another name in the same directory, as a rename-over leaves it, put in
  * path.  Unprivileged, names elsewhere cannot be found.
  */
+struct same_inode {
+	const struct stat *st;
+	const char *dir, *sep;
+	char *path;
+};
+
+/* The entry that is st's inode: path becomes dir/name. */
+static int is_same_inode(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	struct same_inode *s = arg;
+	struct stat other;
+
+	if (ino != s->st->st_ino || fstatat(dfd, name, &other, AT_SYMLINK_NOFOLLOW) ||
+	    other.st_dev != s->st->st_dev || other.st_ino != s->st->st_ino)
+		return 0;
+	return snprintf(s->path, CKPT_PATH_MAX, "%s%s%s", s->dir, s->sep, name) < CKPT_PATH_MAX;
+}
+
 static int name_beside(char *path, size_t name_len, const struct stat *st)
 {
-	char dir[CKPT_PATH_MAX], buf[4096];
+	char dir[CKPT_PATH_MAX];
 	char *slash;
-	long got;
-	int dfd, found = 0;
+	struct same_inode s = { st, dir, "/", path };
 
 	snprintf(dir, sizeof(dir), "%.*s", (int)name_len, path);
 	slash = strrchr(dir, '/');
 	if (!slash)
 		return 0;
+	if (slash == dir)
+		s.sep = "";
 	*(slash == dir ? slash + 1 : slash) = '\0';
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return 0;
-	while (!found && (got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-		for (long off = 0; !found && off < got;) {
-			struct { uint64_t ino; int64_t off; unsigned short reclen;
-				 unsigned char type; char name[]; } *d = (void *)(buf + off);
-			struct stat other;
-
-			off += d->reclen;
-			if (d->ino != st->st_ino ||
-			    fstatat(dfd, d->name, &other, AT_SYMLINK_NOFOLLOW) ||
-			    other.st_dev != st->st_dev || other.st_ino != st->st_ino)
-				continue;
-			found = snprintf(path, CKPT_PATH_MAX, "%s%s%s", dir, slash == dir ? "" : "/",
-					 d->name) < CKPT_PATH_MAX;
-		}
-	}
-	close(dfd);
-	return found;
+	return ckpt_dir_walk(dir, is_same_inode, &s) > 0;
 }
 
 static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)

@@ -145,7 +145,7 @@ static uint64_t mapped_inode(uint64_t addr)
 
 	if (!buf)
 		return 0;
-	n = shim_read_proc("/proc/self/maps", buf, MAPS_MAX - 1);
+	n = ckpt_read_file("/proc/self/maps", buf, MAPS_MAX - 1);
 	if (n > 0) {
 		buf[n] = '\0';
 		for (char *line = buf; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
@@ -176,7 +176,7 @@ static int sysv_identify(const struct region *r, struct ckpt_vma *v)
 
 	if (!buf)
 		return ENOMEM;
-	n = shim_read_proc("/proc/sysvipc/shm", buf, MAPS_MAX - 1);
+	n = ckpt_read_file("/proc/sysvipc/shm", buf, MAPS_MAX - 1);
 	buf[n > 0 ? n : 0] = '\0';
 	for (char *line = strchr(buf, '\n'); line && !found; line = strchr(line + 1, '\n')) {
 		int k, id;
@@ -638,7 +638,7 @@ static int parse_maps_line(char *line, struct region *r)
 
 static ssize_t read_maps(char *buf, size_t size)
 {
-	ssize_t len = shim_read_proc("/proc/self/maps", buf, size - 1);
+	ssize_t len = ckpt_read_file("/proc/self/maps", buf, size - 1);
 
 	if (len < 0)
 		return len;

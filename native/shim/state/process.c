@@ -22,39 +22,21 @@
 /* The mm fields of /proc/self/stat (fields 26-28 and 45-51, see proc(5)). */
 static int read_mm_fields(struct ckpt_process *p)
 {
-	char buf[2048];
-	ssize_t n = shim_read_proc("/proc/self/stat", buf, sizeof(buf) - 1);
-	char *c;
-	int field = 2;
+	struct ckpt_proc_stat st;
+	int err = ckpt_stat_read("/proc/self/stat", &st);
 
-	if (n <= 0)
-		return n < 0 ? -n : EIO;
-	buf[n] = '\0';
-	c = strrchr(buf, ')');		/* comm may contain spaces */
-	if (!c)
-		return EIO;
-	for (c++; *c; ) {
-		unsigned long long v;
-
-		while (*c == ' ')
-			c++;
-		field++;
-		v = strtoull(c, &c, 10);
-		switch (field) {
-		case 26: p->start_code = v; break;
-		case 27: p->end_code = v; break;
-		case 28: p->start_stack = v; break;
-		case 45: p->start_data = v; break;
-		case 46: p->end_data = v; break;
-		case 47: p->start_brk = v; break;
-		case 48: p->arg_start = v; break;
-		case 49: p->arg_end = v; break;
-		case 50: p->env_start = v; break;
-		case 51: p->env_end = v; break;
-		}
-		while (*c && *c != ' ')
-			c++;
-	}
+	if (err)
+		return err < 0 ? -err : err;
+	p->start_code = st.start_code;
+	p->end_code = st.end_code;
+	p->start_stack = st.start_stack;
+	p->start_data = st.start_data;
+	p->end_data = st.end_data;
+	p->start_brk = st.start_brk;
+	p->arg_start = st.arg_start;
+	p->arg_end = st.arg_end;
+	p->env_start = st.env_start;
+	p->env_end = st.env_end;
 	p->brk = (uint64_t)syscall(SYS_brk, 0);
 	return 0;
 }
@@ -126,7 +108,7 @@ static int parse_timer(char *block, struct ckpt_posix_timer *t)
 static int read_posix_timers(struct ckpt_process *p)
 {
 	char buf[CKPT_MAX_TIMERS * 128], *block, *next;
-	ssize_t n = shim_read_proc("/proc/self/timers", buf, sizeof(buf) - 1);
+	ssize_t n = ckpt_read_file("/proc/self/timers", buf, sizeof(buf) - 1);
 
 	if (n < 0)
 		return 0;	/* a kernel without it: no timers to see */
@@ -201,61 +183,39 @@ static char checkpointed_exe[CKPT_PATH_MAX];
  * look at every process.) */
 static int our_child(pid_t pid, pid_t self, char *state, int *status)
 {
-	char path[64], buf[1024], *c;
-	ssize_t n;
-	int field = 2;
-	long ppid = 0;
+	struct ckpt_proc_stat st;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
-	if (n <= 0)
+	if (ckpt_stat_read_pid(pid, &st) || st.ppid != self)
 		return 0;
-	buf[n] = '\0';
-	c = strrchr(buf, ')');
-	if (!c)
-		return 0;
-	for (c++; *c && field < 52; ) {
-		while (*c == ' ')
-			c++;
-		field++;
-		if (field == 3)
-			*state = *c;
-		else if (field == 4)
-			ppid = strtol(c, NULL, 10);
-		else if (field == 52)
-			*status = (int)strtol(c, NULL, 10);
-		while (*c && *c != ' ')
-			c++;
-		if (field == 4 && (ppid != self || *state != 'Z'))
-			return ppid == self;
-	}
-	return field == 52;
+	*state = st.state;
+	*status = st.exit_code;
+	return st.state != 'Z' || st.last_field >= 52;
+}
+
+struct child_walk {
+	void (*fn)(pid_t, char, int, void *);
+	void *arg;
+	pid_t self;
+};
+
+static int visit_child(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	struct child_walk *w = arg;
+	pid_t pid = (pid_t)strtol(name, NULL, 10);
+	int status = 0;
+	char state = 0;
+
+	if (pid > 0 && our_child(pid, w->self, &state, &status))
+		w->fn(pid, state, status, w->arg);
+	return 0;
 }
 
 /* Calls fn(pid, state, status, arg) for each child of this process. */
 static void for_each_child(void (*fn)(pid_t, char, int, void *), void *arg)
 {
-	char buf[4096];
-	pid_t self = getpid();
-	long got;
-	int dfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct child_walk w = { fn, arg, getpid() };
 
-	if (dfd < 0)
-		return;
-	while ((got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-		for (long off = 0; off < got;) {
-			struct { uint64_t ino; int64_t off; unsigned short reclen;
-				 unsigned char type; char name[]; } *d = (void *)(buf + off);
-			pid_t pid = (pid_t)strtol(d->name, NULL, 10);
-			int status = 0;
-			char state = 0;
-
-			off += d->reclen;
-			if (pid > 0 && our_child(pid, self, &state, &status))
-				fn(pid, state, status, arg);
-		}
-	}
-	close(dfd);
+	ckpt_dir_walk("/proc", visit_child, &w);
 }
 
 static void add_zombie(pid_t pid, char state, int status, void *arg)
@@ -355,7 +315,7 @@ int collect_process(struct ckpt_process *p, char *detail, size_t size)
 		snprintf(detail, size, "reading process state: %s", shim_strerror(err));
 		return err;
 	}
-	n = shim_read_proc("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+	n = ckpt_read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
 	p->auxv_words = n > 0 ? n / 8 : 0;
 	read_sigactions(p);
 	read_limits_and_timers(p);
@@ -396,7 +356,7 @@ static int open_mapped_file(uint64_t addr)
 
 	if (!buf)
 		return -1;
-	if (shim_read_proc("/proc/self/maps", buf, size - 1) > 0)
+	if (ckpt_read_file("/proc/self/maps", buf, size - 1) > 0)
 		for (char *line = buf; line && *line; line = strchr(line, '\n'), line += !!line)
 			if (sscanf(line, "%llx-%llx", &start, &end) == 2 && addr >= start &&
 			    addr < end) {
@@ -438,7 +398,7 @@ int restore_exe_link(void)
 		err = ENOENT;
 		goto out;
 	}
-	n = shim_read_proc("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
+	n = ckpt_read_file("/proc/self/auxv", (char *)p->auxv, sizeof(p->auxv));
 	map = (struct prctl_mm_map){
 		.start_code = p->start_code, .end_code = p->end_code,
 		.start_data = p->start_data, .end_data = p->end_data,

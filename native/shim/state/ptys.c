@@ -190,29 +190,20 @@ int tty_settings_describe(int fd, struct fd_payload *q)
 	return 0;
 }
 
-/* /proc/self/stat's tty_nr and tpgid (fields 7 and 8), after the
- * command name's closing parenthesis. */
+/* /proc/self/stat's tty_nr and tpgid (fields 7 and 8). */
 void pty_controlling_terminal(struct ckpt_process *p)
 {
-	char buf[1024];
-	ssize_t n = shim_read_proc("/proc/self/stat", buf, sizeof(buf) - 1);
-	const char *after;
-	unsigned tty_nr;
-	int tpgid;
+	struct ckpt_proc_stat st;
 	long number;
 
 	p->ctty_pty = 0;
 	p->ctty_foreground = 0;
-	if (n <= 0)
+	if (ckpt_stat_read("/proc/self/stat", &st) || st.last_field < 8)
 		return;
-	buf[n] = '\0';
-	after = strrchr(buf, ')');
-	if (!after || sscanf(after + 1, " %*c %*d %*d %*d %u %d", &tty_nr, &tpgid) != 2)
-		return;
-	number = pty_slave_number(makedev((tty_nr >> 8) & 0xfff,
-					  (tty_nr & 0xff) | ((tty_nr >> 12) & 0xfff00)));
+	number = pty_slave_number(makedev((st.tty_nr >> 8) & 0xfff,
+					  (st.tty_nr & 0xff) | ((st.tty_nr >> 12) & 0xfff00)));
 	if (number < 0)
 		return;
 	p->ctty_pty = (uint32_t)number + 1;
-	p->ctty_foreground = tpgid;
+	p->ctty_foreground = st.tpgid;
 }

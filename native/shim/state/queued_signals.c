@@ -85,7 +85,7 @@ static uint64_t timer_signals(void)
 
 	if (!buf)
 		return ~0ULL;	/* take nothing rather than guess */
-	n = shim_read_proc("/proc/self/timers", buf, size - 1);
+	n = ckpt_read_file("/proc/self/timers", buf, size - 1);
 	for (line = buf; n > 0 && (line = strstr(line, "signal: ")); line++) {
 		int sig = atoi(line + 8);
 

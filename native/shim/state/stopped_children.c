@@ -12,7 +12,6 @@
  * it had already had.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -35,17 +34,10 @@ static int sigchld_was_pending;
 
 static int child_is_stopped(pid_t pid)
 {
-	char path[64], buf[256], *c;
-	ssize_t n;
+	struct ckpt_proc_stat st;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	c = strrchr(buf, ')');
 	/* 't': the coordinator's tracer holds it for this checkpoint */
-	return c && c[1] == ' ' && (c[2] == 'T' || c[2] == 't');
+	return !ckpt_stat_read_pid(pid, &st) && (st.state == 'T' || st.state == 't');
 }
 
 /* Its stop is there to be collected (nothing is consumed). */
@@ -63,7 +55,7 @@ static void note_children_of(const char *tid)
 	ssize_t n;
 
 	snprintf(path, sizeof(path), "/proc/self/task/%s/children", tid);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
+	n = ckpt_read_file(path, buf, sizeof(buf) - 1);
 	if (n <= 0)
 		return;
 	buf[n] = '\0';
@@ -80,32 +72,19 @@ static void note_children_of(const char *tid)
 	}
 }
 
+static int note_task(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	if (name[0] >= '1' && name[0] <= '9')
+		note_children_of(name);
+	return 0;
+}
+
 void stopped_children_note(void)
 {
 	uint64_t pending = 0;
-	char buf[4096];
-	long n;
-	int dfd;
 
 	nstopped = 0;
-	dfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return;
-	while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0)
-		for (long off = 0; off < n;) {
-			struct {
-				uint64_t ino;
-				int64_t off;
-				unsigned short reclen;
-				unsigned char type;
-				char name[];
-			} *d = (void *)(buf + off);
-
-			off += d->reclen;
-			if (d->name[0] >= '1' && d->name[0] <= '9')
-				note_children_of(d->name);
-		}
-	close(dfd);
+	ckpt_dir_walk("/proc/self/task", note_task, NULL);
 	syscall(SYS_rt_sigpending, &pending, sizeof(pending));
 	sigchld_was_pending = (pending >> (SIGCHLD - 1)) & 1;
 }

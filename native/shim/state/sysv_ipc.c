@@ -90,7 +90,7 @@ static int save_sem(struct sysv_snapshot *s, int id, int key, unsigned mode, uns
 static long msg_max(void)
 {
 	char text[32] = "";
-	long max = shim_read_proc("/proc/sys/kernel/msgmax", text, sizeof(text) - 1) > 0 ?
+	long max = ckpt_read_file("/proc/sys/kernel/msgmax", text, sizeof(text) - 1) > 0 ?
 		   atol(text) : 0;
 
 	return max > 0 ? max : 8192;
@@ -203,7 +203,7 @@ static int read_list(const char *kind, char *list)
 	char *nl;
 
 	snprintf(path, sizeof(path), "/proc/sysvipc/%s", kind);
-	n = shim_read_proc(path, list, LIST_MAX - 1);
+	n = ckpt_read_file(path, list, LIST_MAX - 1);
 	list[n > 0 ? n : 0] = '\0';	/* none: no System V IPC in this kernel */
 	nl = strchr(list, '\n');
 	return nl && nl[1];

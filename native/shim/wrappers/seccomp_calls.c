@@ -59,7 +59,7 @@ static int thread_seccomp(const char *tid, int *mode, int *filters)
 		snprintf(path, sizeof(path), "/proc/%s/status", tid);
 	else
 		snprintf(path, sizeof(path), "/proc/self/task/%s/status", tid);
-	n = shim_read_proc(path, buf, sizeof(buf) - 1);
+	n = ckpt_read_file(path, buf, sizeof(buf) - 1);
 	if (n <= 0)
 		return -1;
 	buf[n] = '\0';
@@ -88,45 +88,35 @@ void seccomp_init(void)
 		atomic_store(&seccomp_used, 1);
 }
 
+struct seccomp_why {
+	char *why;
+	size_t size;
+};
+
+/* ENOTSUP, with why, if thread name is in seccomp mode. */
+static int thread_in_seccomp(int dfd, const char *name, uint64_t ino, void *arg)
+{
+	struct seccomp_why *w = arg;
+	int mode, filters;
+
+	if (name[0] < '1' || name[0] > '9' || thread_seccomp(name, &mode, &filters) || mode == 0)
+		return 0;
+	if (mode == 1)
+		snprintf(w->why, w->size, "thread %s of process %d is in seccomp strict "
+			 "mode: it cannot be parked; not supported yet", name, getpid());
+	else
+		snprintf(w->why, w->size, "thread %s of process %d has %d seccomp "
+			 "filter(s): parking it could be forbidden; not supported "
+			 "yet", name, getpid(), filters);
+	return ENOTSUP;
+}
+
 /* 0, or ENOTSUP with why naming the first thread in seccomp mode. */
 int seccomp_check_threads(char *why, size_t size)
 {
-	char buf[4096];
-	long n;
-	int dfd;
+	struct seccomp_why w = { why, size };
 
 	if (!atomic_load(&seccomp_used))
 		return 0;
-	dfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return 0;
-	while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-		for (long off = 0; off < n;) {
-			struct {
-				uint64_t ino;
-				int64_t off;
-				unsigned short reclen;
-				unsigned char type;
-				char name[];
-			} *d = (void *)(buf + off);
-			int mode, filters;
-
-			off += d->reclen;
-			if (d->name[0] < '1' || d->name[0] > '9' ||
-			    thread_seccomp(d->name, &mode, &filters) || mode == 0)
-				continue;
-			close(dfd);
-			if (mode == 1)
-				snprintf(why, size, "thread %s of process %d is in seccomp strict "
-					 "mode: it cannot be parked; not supported yet", d->name,
-					 getpid());
-			else
-				snprintf(why, size, "thread %s of process %d has %d seccomp "
-					 "filter(s): parking it could be forbidden; not supported "
-					 "yet", d->name, getpid(), filters);
-			return ENOTSUP;
-		}
-	}
-	close(dfd);
-	return 0;
+	return ckpt_dir_walk("/proc/self/task", thread_in_seccomp, &w) == ENOTSUP ? ENOTSUP : 0;
 }
