@@ -388,6 +388,13 @@ SHIM_HIDDEN int image_write_wait(char *detail, size_t size);
 SHIM_HIDDEN void image_write_cancel(void);
 SHIM_HIDDEN void image_writer_forget(void);
 
+/* engine/state_kinds.c: the kinds of state asked at SUSPEND and after a
+ * restart, in one table */
+SHIM_HIDDEN int state_kinds_before_parking(char *why, size_t size);
+SHIM_HIDDEN int state_kinds_parked(char *why, size_t size);
+SHIM_HIDDEN void state_kinds_suspended(void);
+SHIM_HIDDEN void state_kinds_restarted(void);
+
 /* engine/checkpointer.c */
 SHIM_HIDDEN extern struct ckpt_restart_info shim_restart_info;
 SHIM_HIDDEN int checkpointer_start(const char *coord_path);

@@ -182,7 +182,7 @@ static void phase_suspend(unsigned seq)
 	int err;
 
 	suspended_at = shim_now_ns();
-	err = seccomp_check_threads(detail, sizeof(detail));
+	err = state_kinds_before_parking(detail, sizeof(detail));
 	if (err) {
 		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;
@@ -200,18 +200,14 @@ static void phase_suspend(unsigned seq)
 	}
 	/* once the threads are parked: its scratch map is not to move the
 	 * memory map under a thread reading /proc/self/maps */
-	err = memory_unsupported(detail, sizeof(detail));
-	if (!err)
-		err = aio_requests_unsupported(detail, sizeof(detail));
-	if (!err)
-		err = inotify_take_queued(detail, sizeof(detail));
+	err = state_kinds_parked(detail, sizeof(detail));
 	if (err) {
 		reply(CKPT_PHASE_SUSPEND, err, detail);
 		return;
 	}
 	if (run_hooks(CKPT_PHASE_SUSPEND, seq, 0, NULL))
 		return;
-	stopped_children_note();
+	state_kinds_suspended();
 	process_job_children(children, sizeof(children));
 	snprintf(detail, sizeof(detail), "threads=%u%s%s", quiesce_count() + 1,
 		 children[0] ? " children=" : "", children);
@@ -232,10 +228,8 @@ static void phase_resume(unsigned seq, const char *arg)
 	/* the answer first: an application that exits as soon as it runs must
 	 * not look to the coordinator like a process that died before RESUME */
 	reply(CKPT_PHASE_RESUME, 0, detail);
-	if (restarting) {
-		stopped_children_restore();
-		inotify_taken_restarted();
-	}
+	if (restarting)
+		state_kinds_restarted();
 	/* stopped when checkpointed: stopped again, its threads still parked
 	 * until a SIGCONT, and its parent told as the kernel tells */
 	if (restarting && stopped_in_image && !aborted)
@@ -270,31 +264,44 @@ static void abandon_orphaned_checkpoint(void)
 	quiesce_resume();
 }
 
+static int phase_from_name(const char *name)
+{
+	for (int p = 0; p < CKPT_PHASE_COUNT; p++)
+		if (!strcmp(name, ckpt_phase_name(p)))
+			return p;
+	return -1;
+}
+
+/* A phase that is only the plugins' hooks (DRAIN, STOP, REBUILD, ...). */
+static void phase_hooks_only(enum ckpt_phase phase, unsigned seq, const char *arg)
+{
+	if (phase == CKPT_PHASE_STOP)
+		in_checkpoint = seq + 1;
+	if (!run_hooks(phase, seq, 0, phase == CKPT_PHASE_FLUSH ? arg : NULL))
+		reply(phase, 0, NULL);
+}
+
 static int handle_phase(char *name, unsigned seq, char *arg, char *mode)
 {
-	if (!strcmp(name, "SUSPEND"))
+	int phase = phase_from_name(name);
+
+	switch (phase) {
+	case CKPT_PHASE_SUSPEND:
 		phase_suspend(seq);
-	else if (!strcmp(name, "WRITE") && arg)
-		return phase_write(arg, seq, mode);
-	else if (!strcmp(name, "SYNC"))
+		break;
+	case CKPT_PHASE_WRITE:
+		return arg ? phase_write(arg, seq, mode) : 0;
+	case CKPT_PHASE_SYNC:
 		phase_sync();
-	else if (!strcmp(name, "RESUME"))
+		break;
+	case CKPT_PHASE_RESUME:
 		phase_resume(seq, arg);
-	else if (!strcmp(name, "DRAIN") && !run_hooks(CKPT_PHASE_DRAIN, seq, 0, NULL))
-		reply(CKPT_PHASE_DRAIN, 0, NULL);
-	else if (!strcmp(name, "REBUILD") && !run_hooks(CKPT_PHASE_REBUILD, seq, 0, NULL))
-		reply(CKPT_PHASE_REBUILD, 0, NULL);
-	else if (!strcmp(name, "REFILL") && !run_hooks(CKPT_PHASE_REFILL, seq, 0, NULL))
-		reply(CKPT_PHASE_REFILL, 0, NULL);
-	else if (!strcmp(name, "TERMINATE") && !run_hooks(CKPT_PHASE_TERMINATE, seq, 0, NULL))
-		reply(CKPT_PHASE_TERMINATE, 0, NULL);
-	else if (!strcmp(name, "STOP") && (in_checkpoint = seq + 1) &&
-		 !run_hooks(CKPT_PHASE_STOP, seq, 0, NULL))
-		reply(CKPT_PHASE_STOP, 0, NULL);
-	else if (!strcmp(name, "RELEASE") && !run_hooks(CKPT_PHASE_RELEASE, seq, 0, NULL))
-		reply(CKPT_PHASE_RELEASE, 0, NULL);
-	else if (!strcmp(name, "FLUSH") && !run_hooks(CKPT_PHASE_FLUSH, seq, 0, arg))
-		reply(CKPT_PHASE_FLUSH, 0, NULL);
+		break;
+	case -1:
+		break;		/* a phase this shim does not know: the coordinator times out */
+	default:
+		phase_hooks_only(phase, seq, arg);
+	}
 	return 0;
 }
 
