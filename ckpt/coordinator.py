@@ -168,6 +168,16 @@ class Coordinator:
         for agent in self.agents:
             addresses[agent.host] = agent.address
             addresses.setdefault(socket.gethostname(), agent.own_address)
+        if not addresses:
+            # no other host: its processes may still use its own address
+            # between themselves (UCX's TCP lanes), which a restart on
+            # another host must move
+            try:
+                own = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                own = None
+            if own and not own.startswith("127."):
+                addresses[socket.gethostname()] = own
         return addresses
 
     # ---- processes ------------------------------------------------------

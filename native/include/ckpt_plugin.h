@@ -59,6 +59,15 @@ void ckpt_resume_waits_hold(void);
 __attribute__((visibility("default")))
 void ckpt_resume_waits_release(void);
 
+/*
+ * A connected socket the plugin keeps to something outside the job on
+ * purpose and does without after a restart (ckpt-remote's connection to
+ * Slurm's PMI server): the checkpoint says nothing of it and the restart
+ * gives it back unconnected.  left 0 undoes it.
+ */
+__attribute__((visibility("default")))
+void ckpt_fd_left_outside(int fd, int left);
+
 /* Report a one-line problem to the coordinator (printed to the user). */
 void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2), visibility("default")));
 

@@ -5,7 +5,9 @@
  * on; the next one finds every connection between job processes.  STOP
  * refuses early;
  * SUSPEND, whose hooks run with the process parked, catches a launch
- * that began after STOP.
+ * that began after STOP.  An srun task whose PMI cannot be answered after
+ * a restart refuses at the same points; at REBUILD its PMI proxy starts
+ * answering by itself (pmi_proxy.c).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -18,7 +20,23 @@ static void (*hook_fail)(const char *fmt, ...);
 
 static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 {
-	if ((ctx->phase != CKPT_PHASE_STOP && ctx->phase != CKPT_PHASE_SUSPEND) || !starting)
+	char why[300];
+	int err;
+
+	if (ctx->phase == CKPT_PHASE_REBUILD && ctx->restarted) {
+		err = pmi_proxy_restarted(ctx->seq, why, sizeof(why));
+		if (err && hook_fail)
+			hook_fail("%s", why);
+		return err;
+	}
+	if (ctx->phase != CKPT_PHASE_STOP && ctx->phase != CKPT_PHASE_SUSPEND)
+		return 0;
+	if (pmi_proxy_unsupported()) {
+		if (hook_fail)
+			hook_fail("%s: a restart could not answer its PMI requests", pmi_proxy_unsupported());
+		return ENOTSUP;
+	}
+	if (!starting)
 		return 0;
 	if (hook_fail)
 		hook_fail("a remote command is being started through ssh, rsh or srun; try again");

@@ -25,6 +25,7 @@
 #define CKPT_REMOTE_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #define TOKEN_LEN 32		/* hex digits of a 128-bit random token */
 #define TOKEN_VARIABLE "CKPT_REMOTE_TOKEN"	/* how srun hands it to its tasks */
@@ -69,6 +70,17 @@ int net_relay(int from, int to);
 /* plugin.c: refuses checkpoints while the remote side is being started */
 void remote_plugin_init(void);
 void remote_set_starting(int starting);
+
+/* pmi_proxy.c: an srun task's PMI connection, relayed, and answered after
+ * a restart */
+struct pollfd;
+void pmi_proxy_prepare(unsigned rank, unsigned ntasks);
+void pmi_proxy_started(void);
+int pmi_proxy_pollfds(struct pollfd *p);	/* at most 2 */
+void pmi_proxy_serve(const struct pollfd *p, int n, pid_t task);
+int pmi_proxy_busy(void);
+const char *pmi_proxy_unsupported(void);
+int pmi_proxy_restarted(unsigned seq, char *why, size_t size);
 
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 

@@ -167,32 +167,35 @@ static pid_t start_command(const char *command, char **argv)
 	return pid;
 }
 
-/* Until the command ended: the client's signals go to its group. */
+/* Until the command ended: the client's signals go to its group; an srun
+ * task's PMI requests are relayed or answered (pmi_proxy.c). */
 static int serve(pid_t pid, int ctl)
 {
 	int status;
 
 	for (;;) {
-		struct pollfd p[2] = {
+		struct pollfd p[4] = {
 			{ .fd = ctl, .events = POLLIN },
 			{ .fd = child_pipe[0], .events = POLLIN },
 		};
+		int n = 2 + pmi_proxy_pollfds(p + 2);
 		unsigned char sig;
 		char drain[64];
 
 		if (waitpid(pid, &status, WNOHANG) == pid)
 			return status;
-		if (poll(p, 2, -1) < 0 && errno != EINTR)
+		if (poll(p, n, pmi_proxy_busy() ? 0 : -1) < 0 && errno != EINTR)
 			die("poll: %s", strerror(errno));
+		pmi_proxy_serve(p + 2, n - 2, pid);
 		if (p[1].revents)
 			while (read(child_pipe[0], drain, sizeof(drain)) > 0)
 				;
 		if (p[0].revents && ctl >= 0) {
-			ssize_t n = read(ctl, &sig, 1);
+			ssize_t r = read(ctl, &sig, 1);
 
-			if (n == 1 && sig > 0 && sig < NSIG) {
+			if (r == 1 && sig > 0 && sig < NSIG) {
 				kill(-pid, sig);
-			} else if (n == 0 || (n < 0 && errno != EINTR)) {
+			} else if (r == 0 || (r < 0 && errno != EINTR)) {
 				/* the client is gone: a hang-up, as sshd gives */
 				kill(-pid, SIGHUP);
 				ctl = -1;
@@ -304,7 +307,9 @@ int server_task_main(const char *back, char **argv)
 	naddrs = client_addresses(back, addrs, getenv("SLURM_SRUN_COMM_HOST"));
 	signal(SIGPIPE, SIG_IGN);
 	connect_back(addrs, naddrs, token, id, conns);
+	pmi_proxy_prepare(id.task, id.count);
 	pid = run_command(conns, NULL, argv);
+	pmi_proxy_started();
 	remote_set_starting(0);
 	status = serve(pid, conns[ROLE_CONTROL]);
 	net_write_all(conns[ROLE_CONTROL], &status, sizeof(status));

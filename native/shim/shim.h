@@ -227,6 +227,7 @@ SHIM_HIDDEN unsigned sockopt_buffers_set(uint64_t ino);
 SHIM_HIDDEN void sockopt_buffers_renew(void);
 
 /* state/socket_peers.c: connections inside the job, and the ones leading out */
+SHIM_HIDDEN int fd_left_outside(int fd);	/* ckpt_fd_left_outside */
 SHIM_HIDDEN int socket_peers_publish(const int *socks, int n);
 enum { PEER_NONE, PEER_IN_JOB, PEER_PENDING, PEER_OUTSIDE };
 SHIM_HIDDEN int socket_peer(int fd, int report);

@@ -21,6 +21,28 @@
 #include "shim.h"
 
 #define KEY_MAX 160
+#define LEFT_OUTSIDE_MAX 8
+
+/* Connections a plugin keeps outside the job on purpose (ckpt_plugin.h):
+ * set from any thread, read by the checkpoint thread while parked. */
+static volatile int left_outside[LEFT_OUTSIDE_MAX] = { -1, -1, -1, -1, -1, -1, -1, -1 };
+
+void ckpt_fd_left_outside(int fd, int left)
+{
+	for (int i = 0; i < LEFT_OUTSIDE_MAX; i++)
+		if (left_outside[i] == (left ? -1 : fd)) {
+			left_outside[i] = left ? fd : -1;
+			return;
+		}
+}
+
+int fd_left_outside(int fd)
+{
+	for (int i = 0; i < LEFT_OUTSIDE_MAX; i++)
+		if (fd >= 0 && left_outside[i] == fd)
+			return 1;
+	return 0;
+}
 
 struct sock_end {
 	char mine[KEY_MAX];		/* this end's name, or "" */
@@ -268,7 +290,7 @@ int socket_peer(int fd, int report)
 {
 	struct sock_end e;
 
-	if (describe_end(fd, &e))
+	if (fd_left_outside(fd) || describe_end(fd, &e))
 		return PEER_NONE;
 	if (name_known(e.theirs))
 		return PEER_IN_JOB;

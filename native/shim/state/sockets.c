@@ -525,6 +525,10 @@ int socket_describe(int fd, uint64_t ino, struct ckpt_fd *rec, struct fd_payload
 	rec->object_id = ino;
 	rec->sock_domain = get_int(s, SOL_SOCKET, SO_DOMAIN);
 	rec->sock_type = get_int(s, SOL_SOCKET, SO_TYPE);
+	if (fd_left_outside(fd)) {
+		close(s);	/* a plugin's own: restored unconnected, with nothing queued */
+		return 0;
+	}
 	if (get_int(s, SOL_SOCKET, SO_ACCEPTCONN) == 1) {
 		rec->sock_flags |= CKPT_SOCK_LISTENING;
 		rec->sock_backlog = 128;
