@@ -2,6 +2,7 @@
 # A Slurm batch job under ckpt.  Copy it, adapt the #SBATCH lines, submit:
 #
 #     sbatch ckpt-job.sh mpirun ./app ARGS...
+#     sbatch ckpt-job.sh srun --mpi=pmi2 ./app ARGS...     (MPICH)
 #
 # Two minutes before the time limit Slurm sends USR1 to this script: ckpt
 # checkpoints the job, requeues it and gives the allocation back; the
