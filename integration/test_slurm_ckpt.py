@@ -228,15 +228,15 @@ def _cmdline(pid):
 _references = {}
 
 
-def reference(slurm, stack, args, ranks=4):
-    """The RESULT line of an uninterrupted run of the same ring on one host."""
-    key = (stack, tuple(args), ranks)
+def reference(slurm, stack, args, ranks=4, program="ring"):
+    """The RESULT line of an uninterrupted run of the same program on one host."""
+    key = (stack, tuple(args), ranks, program)
     if key not in _references:
         argv = {"mpich": ["mpirun.mpich", "-np", str(ranks)],
                 "openmpi": ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe",
                             "-np", str(ranks)]}[stack]
         steps, _pace = args   # the ring's result depends on its steps alone
-        r = slurm.run("h4", argv + [str(MPI_BIN / stack / "ring"), str(steps), "0"],
+        r = slurm.run("h4", argv + [str(MPI_BIN / stack / program), str(steps), "0"],
                       timeout=300)
         assert r.returncode == 0, r.stderr
         _references[key] = [line for line in r.stdout.splitlines() if line.startswith("RESULT")]
@@ -388,9 +388,9 @@ def test_batch_host_failure_requeues_and_restarts_without_it(slurm, jobs):
     assert job.results() == reference(slurm, "openmpi", args), text
 
 
-def _srun_mpi(stack, mpi, steps, pace, layout=("-N", "2", "-n", "4")):
-    """`srun --mpi=...` of the ring (two ranks per node unless told)."""
-    return ["srun", *layout, f"--mpi={mpi}", str(MPI_BIN / stack / "ring"), str(steps),
+def _srun_mpi(stack, mpi, steps, pace, layout=("-N", "2", "-n", "4"), program="ring"):
+    """`srun --mpi=...` of an MPI test program (two ranks per node unless told)."""
+    return ["srun", *layout, f"--mpi={mpi}", str(MPI_BIN / stack / program), str(steps),
             str(pace)]
 
 
@@ -403,6 +403,35 @@ SRUN_LAYOUTS = {
     "one-node": (("-N", "1", "-n", "4", "--overcommit"), 4),
     "two-per-node": (("-N", "2", "-n", "4"), 4),
 }
+MOVES = ((["h1", "h2"], ["h3", "h4"]), (["h3", "h4"], ["h1", "h2"]))
+
+
+def _srun_mpich_restarts(slurm, jobs, layout, program, args, moves):
+    """The srun job, requeued len(moves) times (each time off the nodes it
+    ran on), then let finish: its state, output and PMI trace."""
+    srun_options, ranks = SRUN_LAYOUTS[layout]
+    trace = slurm.cluster.shared_dir / f"pmi-{layout}-{program}.trace"
+    job = jobs("mpich", args, command=["env", f"CKPT_PMI_TRACE={trace}"] +
+               _srun_mpi("mpich", "pmi2", *args, layout=srun_options, program=program)).submit()
+    assert job.wait_running(0) == ["h1", "h2"]
+    job.wait_text("READY")
+    for restarts, (away, to) in enumerate(moves, start=1):
+        time.sleep(2)
+        job.usr1()
+        job.wait_pending(restarts)
+        job.keep_off(away)
+        assert job.wait_running(restarts) == to
+        job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
+    state = job.finish()
+    text, lines = job.text(), trace.read_text()
+    assert "connected outside the job" not in text and "reconnected" not in text, text
+    assert job.results() == reference(slurm, "mpich", args, ranks, program), text
+    # every rank's finalize barrier (and finalize, if it got there) answered
+    # by its server after the restarts
+    assert lines.count(" app>> cmd=barrier_in") >= ranks - (layout == "two-per-node"), lines
+    if state == "COMPLETED":
+        assert lines.count(" <<local cmd=finalize_ack") == ranks, lines
+    return state, text, lines
 
 
 @pytest.mark.parametrize("layout", SRUN_LAYOUTS)
@@ -412,32 +441,20 @@ def test_srun_mpich_pmi2_restarts_on_other_nodes_twice(slurm, jobs, layout):
     requeue the ring goes on, on other nodes, and its MPI_Finalize barrier
     is answered by ckpt's name service (the trace of the PMI lines shows
     it): the job ends with the result of an uninterrupted run, nothing is
-    said of connections outside the job, and no process is left."""
-    args = (600, 20)
-    srun_options, ranks = SRUN_LAYOUTS[layout]
-    trace = slurm.cluster.shared_dir / f"pmi-{layout}.trace"
-    job = jobs("mpich", args, command=["env", f"CKPT_PMI_TRACE={trace}"] +
-               _srun_mpi("mpich", "pmi2", *args, layout=srun_options)).submit()
-    assert job.wait_running(0) == ["h1", "h2"]
-    job.wait_text("READY")
-    for restarts, (away, to) in enumerate(((["h1", "h2"], ["h3", "h4"]),
-                                           (["h3", "h4"], ["h1", "h2"])), start=1):
-        time.sleep(2)
-        job.usr1()
-        job.wait_pending(restarts)
-        job.keep_off(away)
-        assert job.wait_running(restarts) == to
-        job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
-    state = job.finish()
-    text, lines = job.text(), trace.read_text()
+    said of connections outside the job, and no process is left (the jobs
+    fixture)."""
+    state, text, _ = _srun_mpich_restarts(slurm, jobs, layout, "ring", (600, 20), MOVES)
     if layout != "two-per-node":
-        assert state == "COMPLETED", f"{text}\n{lines}"
-    assert "connected outside the job" not in text and "reconnected" not in text, text
-    assert job.results() == reference(slurm, "mpich", args, ranks), text
-    # every rank's finalize barrier and finalize answered after the restarts
-    assert lines.count("app>> cmd=barrier_in") >= ranks - (layout == "two-per-node"), lines
-    if state == "COMPLETED":
-        assert lines.count("<<local cmd=finalize_ack") == ranks, lines
+        assert state == "COMPLETED", text
+
+
+@pytest.mark.parametrize("program", ["allreduce", "jacobi", "bigmsg"])
+def test_srun_mpich_pmi2_programs_restart_on_other_nodes(slurm, jobs, program):
+    """The other MPI test programs under srun --mpi=pmi2, one rank per node,
+    requeued once onto other nodes: COMPLETED with the uninterrupted result."""
+    state, text, _ = _srun_mpich_restarts(slurm, jobs, "one-per-node", program, (300, 20),
+                                          MOVES[:1])
+    assert state == "COMPLETED", text
 
 
 def test_srun_pmix_is_refused_at_checkpoint_time_in_one_line(slurm, jobs):

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include "ckpt_kv.h"
 #include "remote.h"
@@ -72,14 +73,19 @@ static struct {
 
 static int trace_fd = -1;	/* CKPT_PMI_TRACE=FILE: every line, for diagnosis */
 
+/* "MICROSECONDS RANK DIRECTION LINE": the clock is CLOCK_MONOTONIC's, for
+ * the time a request waited for its answer (bench/slurm_bench.py) */
 static void trace(const char *dir, const char *line)
 {
 	char buf[LINE_MAX_PMI + 64];
+	struct timespec now;
 	int n;
 
 	if (trace_fd < 0)
 		return;
-	n = snprintf(buf, sizeof(buf), "%u %s %s%s", pmi.rank, dir, line,
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	n = snprintf(buf, sizeof(buf), "%lld %u %s %s%s",
+		     (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000, pmi.rank, dir, line,
 		     line[0] && line[strlen(line) - 1] == '\n' ? "" : "\n");
 	if (write(trace_fd, buf, n) < 0)
 		trace_fd = -1;
