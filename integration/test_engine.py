@@ -45,6 +45,8 @@ PROGRAMS = {
     "socket_filter": ["150", "10"],
     "mq_notify": ["150", "10"],
     "pipe_states": ["150", "10"],
+    "pipe_reopen": ["150", "10"],
+    "file_reopen_fork": ["150", "10"],
     "file_locks": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "proc_attrs": ["150", "10"],

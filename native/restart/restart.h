@@ -183,6 +183,7 @@ void shared_close_shms(void);
 void pipes_create(struct image *imgs, unsigned n);
 void fifos_create(struct image *imgs, unsigned n);
 int shared_pipe_end(uint64_t id, int write_end);
+int pipe_open_of(int32_t pid, const struct ckpt_fd *f);
 unsigned pipe_fds(int *out, unsigned max);
 void pipes_close(void);
 
@@ -203,6 +204,7 @@ unsigned socket_fds(int *out, unsigned max);
 void sockets_close(void);
 
 /* state/files.c */
+const struct loaded_fd *job_fd_record(struct image *imgs, unsigned n, int32_t pid, int32_t fd);
 void files_create(struct image *imgs, unsigned n);
 int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
 unsigned open_file_fds(int *out, unsigned max);

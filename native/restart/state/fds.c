@@ -313,11 +313,15 @@ static int open_shm(const struct loaded_fd *lf, int shm)
 	return fd;
 }
 
-/* An end of a pipe of the job, or, for a pipe to outside the job, what
- * the restarter has (stdio) or /dev/null. */
-static int open_pipe_end(const struct loaded_fd *lf)
+/* An end of a pipe of the job (its own open file, or the one this fd
+ * shares: pipes.c), or, for a pipe to outside the job, what the restarter
+ * has (stdio) or /dev/null. */
+static int open_pipe_end(const struct image *img, const struct loaded_fd *lf)
 {
-	int end = shared_pipe_end(lf->f.object_id, lf->f.kind == CKPT_FD_PIPE_WRITE);
+	int end = pipe_open_of(img->hdr.pid, &lf->f);
+
+	if (end < 0)		/* the pipe's own open file */
+		end = shared_pipe_end(lf->f.object_id, lf->f.kind == CKPT_FD_PIPE_WRITE);
 
 	if (end >= 0)
 		return fcntl(end, F_DUPFD_CLOEXEC, 0);
@@ -548,7 +552,7 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 		return restarter_stdio(lf->f.kind == CKPT_FD_TTY ? lf->f.fd : lf->f.stdio_fd);
 	case CKPT_FD_PIPE_READ:
 	case CKPT_FD_PIPE_WRITE:
-		return open_pipe_end(lf);
+		return open_pipe_end(img, lf);
 	case CKPT_FD_SOCKET: {
 		int s = shared_socket_fd(lf->f.object_id);
 

@@ -51,7 +51,8 @@ static struct shared_file *find_file(int32_t pid, int32_t fd)
 	return NULL;
 }
 
-static const struct loaded_fd *fd_record(struct image *imgs, unsigned n, int32_t pid, int32_t fd)
+/* The record of fd of process pid among the images, or NULL. */
+const struct loaded_fd *job_fd_record(struct image *imgs, unsigned n, int32_t pid, int32_t fd)
 {
 	for (unsigned i = 0; i < n; i++)
 		if (imgs[i].hdr.pid == pid)
@@ -77,7 +78,7 @@ void files_create(struct image *imgs, unsigned n)
 			if (f->kind != CKPT_FD_FILE || !f->share_pid ||
 			    find_file(f->share_pid, f->share_fd))
 				continue;
-			owner = fd_record(imgs, n, f->share_pid, f->share_fd);
+			owner = job_fd_record(imgs, n, f->share_pid, f->share_fd);
 			if (!owner || owner->f.kind != CKPT_FD_FILE)
 				continue;	/* its owner is gone: opened on its own */
 			fd = open_file_again(owner);

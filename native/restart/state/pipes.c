@@ -36,8 +36,21 @@ struct shared_pipe {
 	int end[2];			/* read, write */
 };
 
+/* An open file of a pipe end: the one pipe() made (file -1: the end
+ * itself), or another, opened again through /proc (the program had done
+ * so); named by the fd of the process that owns it, which the processes
+ * that inherited it name as theirs (share_pid, share_fd). */
+struct pipe_open {
+	int32_t pid, fd;
+	uint64_t id;
+	int write_end;
+	int file;
+};
+
 static struct shared_pipe *pipes;
 static unsigned npipes;
+static struct pipe_open *opens;
+static unsigned nopens;
 
 static int is_pipe(const struct loaded_fd *lf)
 {
@@ -138,6 +151,69 @@ void fifos_create(struct image *imgs, unsigned n)
 		}
 }
 
+static struct pipe_open *find_open(int32_t pid, int32_t fd)
+{
+	for (unsigned i = 0; i < nopens; i++)
+		if (opens[i].pid == pid && opens[i].fd == fd)
+			return &opens[i];
+	return NULL;
+}
+
+static int end_opened(uint64_t id, int write_end)
+{
+	for (unsigned i = 0; i < nopens; i++)
+		if (opens[i].id == id && opens[i].write_end == write_end)
+			return 1;
+	return 0;
+}
+
+/* A new open file on the pipe end: what open("/proc/self/fd/N") gave the
+ * program. */
+static int open_end_again(const struct shared_pipe *sp, int write_end)
+{
+	char path[64];
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", sp->end[write_end]);
+	fd = open(path, (write_end ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+	if (fd < 0)
+		die("cannot open a pipe end again: %s", strerror(errno));
+	return move_high(fd, "a pipe end");
+}
+
+/* Each open file of each pipe end, once: the first is the end itself. */
+static void create_opens(struct image *imgs, unsigned n, unsigned total)
+{
+	opens = arena_alloc(sizeof(*opens) * (total + 1));
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++) {
+			const struct loaded_fd *lf = &imgs[i].fds[j];
+			const struct shared_pipe *sp = is_pipe(lf) ? find_pipe(lf->f.object_id) : NULL;
+			int32_t pid = lf->f.share_pid ? lf->f.share_pid : imgs[i].hdr.pid;
+			int32_t fd = lf->f.share_pid ? lf->f.share_fd : lf->f.fd;
+			int we = lf->f.kind == CKPT_FD_PIPE_WRITE;
+
+			if (!sp || find_open(pid, fd))
+				continue;
+			/* a write end with no writer in the job is the read end */
+			opens[nopens++] = (struct pipe_open){
+				pid, fd, sp->id, we,
+				end_opened(sp->id, we) &&
+				(!we || job_has_end(imgs, n, sp->id, CKPT_FD_PIPE_WRITE)) ?
+				open_end_again(sp, we) : -1 };
+		}
+}
+
+/* The open file of the pipe end an fd record names, if it is not the
+ * pipe's own: -1 then. */
+int pipe_open_of(int32_t pid, const struct ckpt_fd *f)
+{
+	const struct pipe_open *o = f->share_pid ? find_open(f->share_pid, f->share_fd) :
+				    find_open(pid, f->fd);
+
+	return o ? o->file : -1;
+}
+
 void pipes_create(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;
@@ -171,6 +247,7 @@ void pipes_create(struct image *imgs, unsigned n)
 				sp->end[1] = fcntl(sp->end[0], F_DUPFD_CLOEXEC, sp->end[0]);
 			}
 		}
+	create_opens(imgs, n, total);
 }
 
 int shared_pipe_end(uint64_t id, int write_end)
@@ -188,6 +265,9 @@ unsigned pipe_fds(int *out, unsigned max)
 		out[k++] = pipes[i].end[0];
 		out[k++] = pipes[i].end[1];
 	}
+	for (unsigned i = 0; i < nopens && k < max; i++)
+		if (opens[i].file >= 0)
+			out[k++] = opens[i].file;
 	return k;
 }
 
@@ -197,4 +277,7 @@ void pipes_close(void)
 		close(pipes[i].end[0]);
 		close(pipes[i].end[1]);
 	}
+	for (unsigned i = 0; i < nopens; i++)
+		if (opens[i].file >= 0)
+			close(opens[i].file);
 }

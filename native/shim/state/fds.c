@@ -204,7 +204,9 @@ static int list_fd(int dfd, const char *name, uint64_t ino, void *arg)
 	char *end;
 	long fd = strtol(name, &end, 10);
 
-	if (*end || end == name || fd == dfd)	/* dfd: the walker's own */
+	/* not even the walker's dfd is skipped: it is in this thread's fd
+	 * table, and /proc/self/fd lists the application's */
+	if (*end || end == name)
 		return 0;
 	if (l->n < l->max)
 		l->fds[l->n++] = fd;
@@ -510,11 +512,6 @@ static void find_dup(struct fd_table *t, struct fd_info *fi)
 	}
 }
 
-/*
- * An open file inherited across fork is one open file (one offset) in
- * several processes.  The first process to claim (file, offset, flags)
- * owns it; the others ask kcmp whether theirs is the same open file.
- */
 /* The file's bytes, for the image: read (pread, the offset stays) through
  * the program's own open file where it can be, since opening the file
  * again would break a lease it holds (the open waits for the holder,
@@ -526,23 +523,44 @@ static int hold_contents(const struct fd_info *fi)
 	return app_open(getpid(), fi->rec.fd, O_RDONLY);
 }
 
+#define SHARED_OPEN_SLOTS 64
+
+static int shares_open_files(const struct fd_info *fi)
+{
+	return fi->rec.kind == CKPT_FD_FILE || fi->rec.kind == CKPT_FD_PIPE_READ ||
+	       fi->rec.kind == CKPT_FD_PIPE_WRITE;
+}
+
+/*
+ * An open file inherited across fork is one open file (one offset, one
+ * set of flags) in several processes; a file or a pipe end opened again
+ * (through /proc/self/fd/N, or a second open()) is another one.  Which
+ * are the same only kcmp can tell, so the open files that look alike
+ * (file or pipe end, offset, flags) take numbered slots: each claims the
+ * first slot whose owner is not the same open file by kcmp, or shares
+ * the owner's (share_pid, share_fd) when it is.
+ */
 static void find_shared_open_file(struct fd_info *fi)
 {
-	char key[160], value[32], owner[64];
+	char key[180], value[32], owner[64];
 	int opid, ofd;
 
-	if (fi->rec.kind != CKPT_FD_FILE || fi->rec.dup_of >= 0)
+	if (!shares_open_files(fi) || fi->rec.dup_of >= 0)
 		return;
-	snprintf(key, sizeof(key), "file:%s:%llu:%llu:%lld:%d", shim_hostname(),
-		 (unsigned long long)fi->dev, (unsigned long long)fi->ino,
-		 (long long)fi->rec.offset, fi->rec.flags);
 	snprintf(value, sizeof(value), "%d %d", getpid(), fi->rec.fd);
-	if (kv_claim(key, value, owner, sizeof(owner)) != EEXIST ||
-	    sscanf(owner, "%d %d", &opid, &ofd) != 2 || opid == getpid())
-		return;
-	if (syscall(SYS_kcmp, getpid(), opid, KCMP_FILE, fi->rec.fd, ofd) == 0) {
-		fi->rec.share_pid = opid;
-		fi->rec.share_fd = ofd;
+	for (unsigned slot = 0; slot < SHARED_OPEN_SLOTS; slot++) {
+		snprintf(key, sizeof(key), "file:%s:%llu:%llu:%d:%lld:%d:%u", shim_hostname(),
+			 (unsigned long long)fi->dev, (unsigned long long)fi->ino, fi->rec.kind,
+			 (long long)fi->rec.offset, fi->rec.flags, slot);
+		if (kv_claim(key, value, owner, sizeof(owner)) != EEXIST ||
+		    sscanf(owner, "%d %d", &opid, &ofd) != 2)
+			return;		/* its own: the first of its kind, or no coordinator */
+		if (opid != getpid() &&
+		    syscall(SYS_kcmp, getpid(), opid, KCMP_FILE, fi->rec.fd, ofd) == 0) {
+			fi->rec.share_pid = opid;
+			fi->rec.share_fd = ofd;
+			return;
+		}
 	}
 }
 
