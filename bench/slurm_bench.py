@@ -2,13 +2,18 @@
 test cluster with real slurmctld/slurmd (integration/slurm_cluster.py; root).
 
 A 2-node MPICH job, 4 ranks x 512 MiB (bench/mpi/mpimem: rank 0 prints a
-tick every 50 ms).  Each round: USR1 to the batch shell; the times to the
-checkpoint written and to the allocation given back (the job pending
-again); the requeued job is kept off its first nodes, and the time from its
-start (RUNNING) to the application running again (its first tick after the
-restart).  Baselines in the same run: one sequential write()+fsync and a
-read() of the same bytes on the same filesystem (no job running), and the
-first run's start to READY (a launch from scratch that fills its memory).
+tick every 50 ms), launched by mpirun and by srun --mpi=pmi2 (issue 36).
+Each round: USR1 to the batch shell; the times to the checkpoint written
+and to the allocation given back (the job pending again); the requeued job
+is kept off its first nodes, and the time from its start (RUNNING) to the
+application running again (its first tick after the restart).  Baselines
+in the same run: one sequential write()+fsync and a read() of the same
+bytes on the same filesystem (no job running), the first run's start to
+READY (a launch from scratch that fills its memory), and the mpirun job's
+times for the srun job's.  Then the PMI layer's cost per fence: a short
+srun ring requeued once, each rank's barrier from its request to its
+answer, relayed to slurmstepd before the restart and answered through
+ckpt's name service after it (CKPT_PMI_TRACE).
 
     python3 bench/slurm_bench.py [--reps 2] [--mib 512]
 """
@@ -31,18 +36,23 @@ HOOKS = REPO / "plugins" / "slurm"
 POLL = 0.01
 
 
+LAUNCHERS = {"mpirun": ["mpirun.mpich", "-np", "4"],
+             "srun": ["srun", "-N", "2", "-n", "4", "--mpi=pmi2"]}
+
+
 class BatchJob:
-    def __init__(self, slurm, mib):
+    def __init__(self, slurm, command, name):
         self.slurm = slurm
-        self.dir = slurm.cluster.shared_dir / "slurm-bench"
+        self.dir = slurm.cluster.shared_dir / f"slurm-bench-{name}"
         self.dir.mkdir(exist_ok=True)
         self.out = self.dir / "job.out"
+        self.trace = self.dir / "pmi.trace"
         script = self.dir / "job.sh"
         script.write_text(
             "#!/bin/sh\n"
             f"export CKPT_SHARED_STATE_DIR={self.dir / 'registry'}\n"
-            f"exec {CKPT} slurm run --ckpt-dir {self.dir / 'img'} -- "
-            f"mpirun.mpich -np 4 {MPIMEM} {mib}\n")
+            f"export CKPT_PMI_TRACE={self.trace}\n"
+            f"exec {CKPT} slurm run --ckpt-dir {self.dir / 'img'} -- {' '.join(command)}\n")
         script.chmod(0o755)
         self.script = script
         self.id = None
@@ -90,6 +100,19 @@ class BatchJob:
         self.until("end", lambda: self.state() not in ("RUNNING", "COMPLETING", "PENDING"),
                    timeout=120)
 
+    def fences(self):
+        """Each rank's PMI barriers, request to answer, in ms: (relayed to
+        slurmstepd, answered after a restart)."""
+        relayed, local, asked = [], [], {}
+        for line in self.trace.read_text().splitlines():
+            t, rank, direction, text = line.split(" ", 3)
+            if text.startswith("cmd=barrier_in"):
+                asked[rank] = int(t)
+            elif text.startswith("cmd=barrier_out") and rank in asked:
+                (local if direction == "<<local" else relayed).append(
+                    (int(t) - asked.pop(rank)) / 1000)
+        return relayed, local
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -109,11 +132,39 @@ def main():
         return
     try:
         subprocess.run(["make", "-s", "-C", str(REPO / "bench" / "mpi")], check=True)
+        subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
         with SlurmCluster(cluster, prolog=HOOKS / "prolog", epilog=HOOKS / "epilog",
                           task_prolog=HOOKS / "task_prolog") as slurm:
             run(slurm, args.mib, args.reps)
     finally:
         cluster.stop()
+
+
+def launcher_rounds(slurm, mib, reps, launcher):
+    """(launch s, [(written, given back, running again)] per requeue)."""
+    job = BatchJob(slurm, LAUNCHERS[launcher] + [str(MPIMEM), str(mib)], launcher)
+    launch = job.submit()
+    nodes = (["h1", "h2"], ["h3", "h4"])
+    rounds = [job.usr1_round(r + 1, away=nodes[r % 2]) for r in range(reps)]
+    job.cancel()
+    return launch, rounds
+
+
+def pmi_fences(slurm):
+    """The fences of a short srun ring (one rank per node: MPICH over UCX
+    may hang in MPI_Finalize with two, openucx/ucx#8738) requeued once
+    onto other nodes, and let end."""
+    ring = REPO / "integration" / "mpi" / "bin" / "mpich" / "ring"
+    job = BatchJob(slurm, ["srun", "-N", "2", "-n", "2", "--mpi=pmi2", str(ring), "300", "10"],
+                   "fences")
+    job.submit()
+    slurm.check("h1", ["scancel", "--signal=USR1", "--batch", job.id])
+    job.until("pending", lambda: job.state() == "PENDING")
+    slurm.check("h1", ["scontrol", "update", f"JobId={job.id}", "ExcNodeList=h1,h2"])
+    job.until("end", lambda: job.trace.exists() and
+              job.trace.read_text().count("<<local cmd=finalize_ack") == 2, timeout=180)
+    job.cancel()
+    return job.fences()
 
 
 def run(slurm, mib, reps):
@@ -124,30 +175,41 @@ def run(slurm, mib, reps):
         writes.append(baseline("write", data, total))
         reads.append(baseline("read", data))
         data.unlink()
-    job = BatchJob(slurm, mib)
-    launch = job.submit()
-    rounds = []
-    nodes = (["h1", "h2"], ["h3", "h4"])
-    for r in range(reps):
-        rounds.append(job.usr1_round(r + 1, away=nodes[r % 2]))
-    job.cancel()
     med = statistics.median
-    written, back, running = (med(x[i] for x in rounds) for i in range(3))
     bw, br = med(writes), med(reads)
+    results = {launcher: launcher_rounds(slurm, mib, reps, launcher) for launcher in LAUNCHERS}
+    rows = []
+    figures = {}
+    for launcher, (launch, rounds) in results.items():
+        written, back, running = (med(x[i] for x in rounds) for i in range(3))
+        figures[launcher] = (written, back, running, launch)
+        rows += [[f"{launcher}: USR1 -> checkpoint written", f"{written:.2f}", "write+fsync",
+                  f"{bw:.2f}", f"{bw / written:.2f}"],
+                 [f"{launcher}: USR1 -> allocation given back", f"{back:.2f}", "write+fsync",
+                  f"{bw:.2f}", f"{bw / back:.2f}"],
+                 [f"{launcher}: requeued start -> app running", f"{running:.2f}", "read",
+                  f"{br:.2f}", f"{br / running:.2f}"],
+                 [f"{launcher}: first start -> READY (launch)", f"{launch:.2f}", "", "", ""]]
+    names = ("USR1 -> allocation given back", "requeued start -> app running",
+             "first start -> READY (launch)")
+    for name, i in zip(names, (1, 2, 3)):
+        s, m = figures["srun"][i], figures["mpirun"][i]
+        rows.append([f"srun: {name}", f"{s:.2f}", f"mpirun: {name}", f"{m:.2f}", f"{m / s:.2f}"])
     table(f"Slurm batch job under ckpt slurm run, 2 nodes, 4 ranks x {mib} MiB (MPICH), "
           f"median of {reps} requeues",
-          ["what", "seconds", "baseline", "baseline s", "ratio"],
-          [["USR1 -> checkpoint written", f"{written:.2f}", "write+fsync", f"{bw:.2f}",
-            f"{bw / written:.2f}"],
-           ["USR1 -> allocation given back", f"{back:.2f}", "write+fsync", f"{bw:.2f}",
-            f"{bw / back:.2f}"],
-           ["requeued start -> app running", f"{running:.2f}", "read", f"{br:.2f}",
-            f"{br / running:.2f}"],
-           ["first start -> READY (launch)", f"{launch:.2f}", "", "", ""]])
+          ["what", "seconds", "baseline", "baseline s", "ratio"], rows)
     print(f"  baselines: write = one sequential write()+fsync of {total} MiB to the shared "
           "filesystem with no job running, read = read() of it back")
-    print(f"  all rounds, s: written {fmt([x[0] for x in rounds])}  given back "
-          f"{fmt([x[1] for x in rounds])}  running again {fmt([x[2] for x in rounds])}")
+    for launcher, (_launch, rounds) in results.items():
+        print(f"  {launcher}, all rounds, s: written {fmt([x[0] for x in rounds])}  given back "
+              f"{fmt([x[1] for x in rounds])}  running again {fmt([x[2] for x in rounds])}")
+    relayed, local = pmi_fences(slurm)
+    table("PMI fence (barrier) of srun --mpi=pmi2, 2 ranks on 2 nodes, request to answer",
+          ["fence", "count", "median ms", "baseline", "ratio"],
+          [["relayed to slurmstepd (before the restart)", len(relayed), f"{med(relayed):.2f}",
+            "itself", "1.00"],
+           ["ckpt's name service (after the restart)", len(local), f"{med(local):.2f}",
+            "relayed", f"{med(relayed) / med(local):.2f}"]])
 
 
 if __name__ == "__main__":
