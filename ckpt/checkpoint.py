@@ -58,20 +58,18 @@ def _pids(text):
 class CheckpointRun:
     """Takes one checkpoint through a coordinator (its barriers and warnings)."""
 
-    def __init__(self, coordinator, procs, kill=False, forked=False, compress="none"):
+    def __init__(self, coordinator, procs, mode, kill=False):
         self.coord = coordinator
         self.procs = list(procs)
         self.kill = kill
-        self.forked = forked and not kill  # --kill: nothing to run on for
-        self.compress = compress
+        self.mode = mode.before_kill() if kill else mode
         self.number, self.tmp = prepare_directory(coordinator.job_dir)
-        # node-local first, copied to the checkpoint directory while the job
-        # runs on (--kill: nothing runs on, the images go straight there)
-        self.stage_dir = None if kill or not coordinator.stage_dir else \
-            coordinator.stage_dir / coordinator.job_id / manifests.checkpoint_name(self.number)
+        # node-local first, copied to the checkpoint directory while the job runs on
+        self.staged = None if not self.mode.stage_dir else \
+            self.mode.stage_dir / coordinator.job_id / manifests.checkpoint_name(self.number)
         # incremental: the checkpoint this one is taken against (None: full)
         self.parent, _chain = manifests.incremental_parent(coordinator.job_dir,
-                                                            coordinator.full_every)
+                                                            self.mode.full_every)
         self.start_ns = time.time_ns()
 
     async def run(self):
@@ -94,8 +92,11 @@ class CheckpointRun:
             # bytes a TCP sender holds reach their receiver: the marker
             # tells where its peer stopped writing
             await self._phase("FLUSH", secrets.token_hex(16))
-            written = await self._phase("WRITE", escape(self.tmp) + self._write_words())
-            if not self.forked and not self.stage_dir:
+            written = await self._phase(
+                "WRITE", escape(self.tmp) + self.mode.write_words(self.staged, self.parent))
+            # written in place and unstaged: complete once WRITE is done
+            images_done = not self.mode.forked and not self.staged
+            if images_done:
                 entries = self._image_entries(written, threads)
             # the stopped ones' threads stop again before RESUME could wake them
             await stopped_processes.freeze_app(self.thawed)
@@ -104,7 +105,7 @@ class CheckpointRun:
                 self.to_abort = []  # RESUME ok is out: no abort after this point
                 # a process that exits once resumed still has a complete image
                 stopped, _ = await self.coord.barrier("RESUME", self.procs, "ok", seq=self.number)
-            if self.forked or self.stage_dir:
+            if not images_done:
                 # the children write (or copy staged images) while the job
                 # runs; a process that wrote in place, unstaged, answered
                 # WRITE with the file keys
@@ -126,19 +127,6 @@ class CheckpointRun:
             raise
         finally:
             await stopped_processes.freeze(self.thawed)
-
-    def _write_words(self):
-        """WRITE's words after the directory (docs/PROTOCOL.md)."""
-        words = [] if not self.forked else ["fork"]
-        words += [] if self.compress == "none" else [self.compress]
-        if self.coord.full_every:
-            words.append("incremental")
-        # paths last, in this order: the shim cuts them out from the end
-        if self.stage_dir:
-            words.append("stage=" + escape(self.stage_dir))
-        if self.coord.full_every and self.parent:
-            words.append("parent=" + escape(self.parent))
-        return "".join(" " + word for word in words)
 
     async def _phase(self, phase, arg=None, procs=None):
         """A barrier (of procs, default all).  A process that exited on its
@@ -291,8 +279,8 @@ class CheckpointRun:
             restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings(),
             addresses=self.coord.host_addresses(),
             parent=manifests.checkpoint_number(self.parent) if self.parent else None,
-            full_every=self.coord.full_every,
-            stage_dir=str(self.coord.stage_dir) if self.stage_dir else None)
+            full_every=self.mode.full_every,
+            stage_dir=str(self.mode.stage_dir) if self.staged else None)
         manifests.write_manifest(self.tmp, manifest)
         return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
 

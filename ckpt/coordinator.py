@@ -21,6 +21,7 @@ from ckpt.headers import load_headers
 from ckpt.local_processes import LocalProcesses, reply
 from ckpt.pause import pause_before, pause_point
 from ckpt.wire import escape, split_line
+from ckpt.write_mode import COMPRESS_MODES, WriteMode
 
 # name-service keys that live for one checkpoint: open files and sockets,
 # shared memory, System V and message queue claims, thawed stopped processes
@@ -37,20 +38,16 @@ def stderr_warning(message):
 class Coordinator:
     """One job's coordinator: registry of processes, barriers, name service."""
 
-    def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
-                 keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
-                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False, compress="none",
-                 secret=None, full_every=0, stage_dir=None):
+    def __init__(self, *, job_id, socket_path, job_dir, command, write_mode=WriteMode(),
+                 barrier_timeout=120.0, keep=0, restarted_from=None, warn=stderr_warning,
+                 on_kill=None, headers=None, first_hello_wait=FIRST_HELLO_WAIT, secret=None):
         self.job_id = job_id
         self.socket_path = str(socket_path)
         self.job_dir = Path(job_dir)
         self.command = list(command)
+        self.write_mode = write_mode      # the job's; a checkpoint may override some
         self.barrier_timeout = barrier_timeout
         self.keep = keep
-        self.forked_write = forked_write  # default for periodic checkpoints
-        self.compress = compress          # none, zstd or auto: the same
-        self.full_every = full_every      # incremental, a full one every K; 0: all full
-        self.stage_dir = stage_dir        # node-local first (--stage-dir), or None
         self.restarted_from = restarted_from
         self.warn = warn
         self.on_kill = on_kill
@@ -342,8 +339,7 @@ class Coordinator:
         forked: a copy-on-write child of each process writes its image
         while the job runs on (None: the job's default); compress: none,
         zstd or auto (None: the job's)."""
-        forked = self.forked_write if forked is None else forked
-        compress = self.compress if compress is None else compress
+        mode = self.write_mode.overridden(forked=forked, compress=compress)
         async with self._busy:
             if self.lost_hosts:   # what is left of the job is no whole job
                 host, count = next(iter(self.lost_hosts.items()))
@@ -358,7 +354,7 @@ class Coordinator:
                 # not keep them all)
                 self.names = {k: v for k, v in self.names.items()
                               if not k.startswith(SPENT_BY_NEXT_CHECKPOINT)}
-                final = await CheckpointRun(self, procs, kill, forked, compress).run()
+                final = await CheckpointRun(self, procs, mode, kill).run()
                 warnings = self.checkpoint_warnings()
                 if kill:
                     await self._reset_connections()
@@ -466,7 +462,7 @@ class Coordinator:
             # shielded: a client that goes away does not cut a checkpoint short
             forked = True if "forked" in args else False if "inplace" in args else None
             compress = next((a.split("=", 1)[1] for a in args if a.startswith("compress=")), None)
-            if compress not in (None, "none", "zstd", "auto"):
+            if compress not in COMPRESS_MODES:
                 compress = None  # a client of another version: the job's default
             task = self._spawn(self.checkpoint(kill="kill" in args, forked=forked,
                                                compress=compress))

@@ -70,11 +70,8 @@ class JobSession:
         self.secret_file = secret_file_for(job_dir)
         self.coordinator = Coordinator(
             job_id=job_id, socket_path=self.socket_path, job_dir=job_dir, command=command,
-            barrier_timeout=config.barrier_timeout, keep=config.keep,
-            restarted_from=restarted_from, on_kill=self.kill_children,
-            forked_write=config.forked_write, compress=config.compress,
-            full_every=config.full_every if config.incremental else 0,
-            stage_dir=config.stage_dir)
+            write_mode=config.write_mode(), barrier_timeout=config.barrier_timeout,
+            keep=config.keep, restarted_from=restarted_from, on_kill=self.kill_children)
         self.entry = JobEntry(job_id=job_id, socket=self.socket_path, launcher_pid=os.getpid(),
                               command=list(command), ckpt_dir=str(job_dir),
                               restarted_from=str(restarted_from or ""),
