@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt import manifest as manifests
+from ckpt import paths
 from ckpt import stopped as stopped_processes
 from ckpt.barrier import PhaseError
 from ckpt.errors import CkptError
@@ -30,7 +31,7 @@ def prepare_directory(job_dir):
         if os.statvfs(job_dir).f_bavail == 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         number = manifests.next_number(job_dir)
-        tmp = job_dir / manifests.tmp_name(number)
+        tmp = paths.tmp_dir(job_dir, number)
         tmp.mkdir()
     except OSError as exc:
         raise CkptError(f"cannot write checkpoint directory {job_dir}: {exc.strerror}")
@@ -99,7 +100,7 @@ class CheckpointRun:
         self.number, self.tmp = prepare_directory(job.job_dir)
         # node-local first, copied to the checkpoint directory while the job runs on
         self.staged = None if not self.mode.stage_dir else \
-            self.mode.stage_dir / job.job_id / manifests.checkpoint_name(self.number)
+            paths.staged_dir(self.mode.stage_dir, job.job_id, self.number)
         # incremental: the checkpoint this one is taken against (None: full)
         self.parent, _chain = manifests.incremental_parent(job.job_dir, self.mode.full_every)
         self.start_ns = time.time_ns()
@@ -291,7 +292,7 @@ class CheckpointRun:
                     own=int(keys.get("own", 0)), referred=int(keys.get("referred", 0)),
                     chain=int(keys["chain"]),
                     sources=[n for n in keys.get("sources", "").split(",")
-                             if manifests.CKPT_RE.match(n)])
+                             if paths.CKPT_RE.match(n)])
         return entries
 
     def _publish(self, entries, stopped):
@@ -310,11 +311,11 @@ class CheckpointRun:
             processes=processes, start_ns=self.start_ns, end_ns=time.time_ns(),
             restarted_from=self.job.restarted_from, warnings=list(self.warnings),
             addresses=self.host_addresses(),
-            parent=manifests.checkpoint_number(self.parent) if self.parent else None,
+            parent=paths.checkpoint_number(self.parent) if self.parent else None,
             full_every=self.mode.full_every,
             stage_dir=str(self.mode.stage_dir) if self.staged else None)
         manifests.write_manifest(self.tmp, manifest)
-        return manifests.publish(self.tmp, self.job.job_dir / manifests.checkpoint_name(self.number))
+        return manifests.publish(self.tmp, paths.checkpoint_dir(self.job.job_dir, self.number))
 
     async def _abandon(self, suspended):
         """Let suspended processes go on, and forget the half-written checkpoint."""

@@ -13,8 +13,8 @@ from ckpt.config import load_config
 from ckpt.errors import CkptError
 from ckpt.image import memory_bytes, verify_checkpoint
 from ckpt.jobs import find_job, list_jobs
-from ckpt.manifest import (CKPT_RE, MANIFEST_NAME, checkpoint_name, needed_checkpoints,
-                           published_checkpoints)
+from ckpt.manifest import MANIFEST_NAME, needed_checkpoints, published_checkpoints
+from ckpt.paths import CKPT_RE, checkpoint_name
 
 
 class CkptGroup(click.Group):

@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-from ckpt import auth
+from ckpt import auth, paths
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
 from ckpt.jobs import (JobEntry, process_start_time, refuse_if_running, rewrite,
@@ -67,7 +66,7 @@ class JobSession:
         self.loop = asyncio.get_running_loop()
         self.directory = state_dir()
         self.socket_path = socket_path_for(os.getpid(), self.directory)
-        self.secret_file = secret_file_for(job_dir)
+        self.secret_file = paths.secret_file(job_dir, this_host(), os.getpid())
         self.coordinator = Coordinator(
             job_id=job_id, socket_path=self.socket_path, job_dir=job_dir, command=command,
             write_mode=config.write_mode(), barrier_timeout=config.barrier_timeout,
@@ -204,7 +203,7 @@ class JobSession:
         print(f"ckpt: job {job_id}: {what} exited with status {status}; {len(left)} of the "
               f"job's processes still run ({pids}): the job goes on until they end "
               f"(ckpt checkpoint|kill {job_id}; messages in "
-              f"{self.coordinator.job_dir / 'coordinator.log'})", file=sys.stderr)
+              f"{paths.coordinator_log(self.coordinator.job_dir)})", file=sys.stderr)
         return await self.go_on_without_launcher(status)
 
     async def still_running(self, ended_pid, settle=1.0, hello_wait=5.0):
@@ -230,7 +229,7 @@ class JobSession:
         goes on in a process of its own (a new session, its messages in
         the job's coordinator.log) until the last process of the job ends
         or `ckpt kill`."""
-        log = self.coordinator.job_dir / "coordinator.log"
+        log = paths.coordinator_log(self.coordinator.job_dir)
         log.parent.mkdir(parents=True, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -257,17 +256,11 @@ class JobSession:
         return status
 
 
-def secret_file_for(job_dir):
-    """This coordinator's secret, in the job's directory on the shared
-    filesystem: other hosts' agents read it there."""
-    return job_dir / f".secret-{this_host()}-{os.getpid()}"
-
-
 def remove_stale_secrets(job_dir):
-    """Every coordinator's secret in job_dir (`.secret-<host>-<pid>`): for
-    a job that runs nowhere, they are all stale."""
+    """Every coordinator's secret in job_dir: for a job that runs
+    nowhere, they are all stale."""
     try:
-        stale = list(Path(job_dir).glob(".secret-*"))
+        stale = paths.secret_files(job_dir)
     except OSError:
         return
     for path in stale:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckpt import manifest as m
+from ckpt import paths
 from ckpt.cli import main
 from ckpt.image import bytes_xxh3
 from tests.fakeshim import make_image
@@ -118,7 +119,7 @@ def test_bad_config_file(env, tmp_path, monkeypatch):
 
 
 def make_checkpoint(job_dir, number=1, payload=b"z" * 3000):
-    directory = job_dir / m.checkpoint_name(number)
+    directory = paths.checkpoint_dir(job_dir, number)
     directory.mkdir(parents=True)
     data = make_image(7, payload)
     (directory / "proc-7.img").write_bytes(data)
