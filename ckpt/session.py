@@ -72,7 +72,7 @@ class JobSession:
             write_mode=config.write_mode(), barrier_timeout=config.barrier_timeout,
             keep=config.keep, restarted_from=restarted_from, on_kill=self.kill_children)
         self.entry = JobEntry(job_id=job_id, socket=self.socket_path, launcher_pid=os.getpid(),
-                              command=list(command), ckpt_dir=str(job_dir),
+                              command=list(command), job_dir=str(job_dir),
                               restarted_from=str(restarted_from or ""),
                               launcher_start=process_start_time(os.getpid()),
                               host=this_host(), secret_file=str(self.secret_file))
