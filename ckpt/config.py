@@ -1,7 +1,7 @@
 """Settings: YAML file < CKPT_* environment < command-line flags."""
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 
 import yaml
@@ -48,6 +48,10 @@ class Config:
         return WriteMode(forked=self.forked_write, compress=self.compress,
                          full_every=self.full_every if self.incremental else 0,
                          stage_dir=self.stage_dir)
+
+
+# the defaults above by name (the CLI's help quotes them)
+DEFAULTS = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
 
 
 def default_config():
