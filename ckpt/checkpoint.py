@@ -246,7 +246,7 @@ class CheckpointRun:
             # one that exits before its HELLO is a zombie now: not waited for long
             if not await self.wait_for_ids(children, CHILD_HELLO_WAIT):
                 self.note("a child forked just before the checkpoint did not register "
-                                "in time (exited, or still in exec?); it may be left out")
+                          "in time (exited, or still in exec?); it may be left out")
             known = set(self.procs)
             newcomers = [p for p in self.live_processes() if p not in known]
             if not newcomers:

@@ -142,9 +142,9 @@ def launcher_alive(entry):
     return not entry.launcher_start or process_start_time(entry.launcher_pid) == entry.launcher_start
 
 
-# An entry's file names job_dir "ckpt_dir", as it always has: ckpt's of
-# other versions on the same hosts read each other's entries, and one that
-# cannot read an entry removes it as stale.
+# An entry's file keeps its old key for job_dir: a ckpt of an earlier
+# version on the same host reads the entries of this one (one it could not
+# read it would remove as stale), and this one reads theirs.
 JOB_DIR_ON_DISK = "ckpt_dir"
 
 
