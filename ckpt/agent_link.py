@@ -83,7 +83,7 @@ class AgentLink:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer_names(self, ident, word, rest):
-        answer = await self.coord.name_service(word, rest)
+        answer = await self.coord.names.answer(word, rest)
         try:
             await self.send(f"NSR {ident} {answer}")
         except (ConnectionError, OSError):

@@ -7,8 +7,11 @@ import fcntl
 import os
 import secrets
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from ckpt import manifest as manifests
+from ckpt import paths
 from ckpt import stopped as stopped_processes
 from ckpt.barrier import PhaseError
 from ckpt.errors import CkptError
@@ -28,7 +31,7 @@ def prepare_directory(job_dir):
         if os.statvfs(job_dir).f_bavail == 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         number = manifests.next_number(job_dir)
-        tmp = job_dir / manifests.tmp_name(number)
+        tmp = paths.tmp_dir(job_dir, number)
         tmp.mkdir()
     except OSError as exc:
         raise CkptError(f"cannot write checkpoint directory {job_dir}: {exc.strerror}")
@@ -55,23 +58,51 @@ def _pids(text):
     return [int(pid) for pid in text.split(",") if pid.isdigit()]
 
 
-class CheckpointRun:
-    """Takes one checkpoint through a coordinator (its barriers and warnings)."""
+@dataclass(frozen=True)
+class CheckpointedJob:
+    """The job a checkpoint is of, as its directory and manifest name it."""
+    job_id: str
+    job_dir: Path
+    command: list
+    restarted_from: int = None   # the checkpoint the job was restarted from
 
-    def __init__(self, coordinator, procs, kill=False, forked=False, compress="none"):
-        self.coord = coordinator
+
+class CheckpointRun:
+    """Takes one checkpoint of a job: its barriers over the job's processes,
+    the name-service keys it sets, the warnings it collects."""
+
+    def __init__(self, job, procs, mode, kill=False, *, barrier, pause_before,
+                 live_processes, wait_for_ids, names, note, warn, warnings, host_addresses,
+                 barrier_timeout):
+        """job: a CheckpointedJob; procs: its processes registered now;
+        mode: a WriteMode; kill: the job is killed once it is taken.
+        What the coordinator lends it: barrier(phase, procs, arg, timeout=,
+        seq=) -> (answers, gone) and pause_before(phase, procs) over the
+        processes; live_processes() and wait_for_ids(ids, seconds) of its
+        registry; names, its NameService; note(message) for stderr and
+        `warnings`, the list this checkpoint's manifest and reply carry;
+        warn(message) for stderr only; host_addresses() for the manifest;
+        barrier_timeout, how long a forked writer's result is waited for."""
+        self.job = job
         self.procs = list(procs)
         self.kill = kill
-        self.forked = forked and not kill  # --kill: nothing to run on for
-        self.compress = compress
-        self.number, self.tmp = prepare_directory(coordinator.job_dir)
-        # node-local first, copied to the checkpoint directory while the job
-        # runs on (--kill: nothing runs on, the images go straight there)
-        self.stage_dir = None if kill or not coordinator.stage_dir else \
-            coordinator.stage_dir / coordinator.job_id / manifests.checkpoint_name(self.number)
+        self.mode = mode.before_kill() if kill else mode
+        self.barrier = barrier
+        self.pause_before = pause_before
+        self.live_processes = live_processes
+        self.wait_for_ids = wait_for_ids
+        self.names = names
+        self.note = note
+        self.warn = warn
+        self.warnings = warnings
+        self.host_addresses = host_addresses
+        self.barrier_timeout = barrier_timeout
+        self.number, self.tmp = prepare_directory(job.job_dir)
+        # node-local first, copied to the checkpoint directory while the job runs on
+        self.staged = None if not self.mode.stage_dir else \
+            paths.staged_dir(self.mode.stage_dir, job.job_id, self.number)
         # incremental: the checkpoint this one is taken against (None: full)
-        self.parent, _chain = manifests.incremental_parent(coordinator.job_dir,
-                                                            coordinator.full_every)
+        self.parent, _chain = manifests.incremental_parent(job.job_dir, self.mode.full_every)
         self.start_ns = time.time_ns()
 
     async def run(self):
@@ -79,12 +110,12 @@ class CheckpointRun:
         # RESUME abort reaches them all on failure (newcomers join the list)
         self.to_abort = list(self.procs)
         self.thawed = []
-        self.coord.forget_names_of_checkpoint(self.number)
+        self.names.forget_checkpoint(self.number)
         try:
             held = await stopped_processes.find(self.procs)
         except PhaseError as exc:
             manifests.discard(self.tmp)
-            raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {exc}")
+            raise CkptError(f"checkpoint {self.number} of job {self.job.job_id} failed: {exc}")
         try:
             threads = await self._suspend([p for p in self.procs if p not in held])
             if held:
@@ -94,8 +125,11 @@ class CheckpointRun:
             # bytes a TCP sender holds reach their receiver: the marker
             # tells where its peer stopped writing
             await self._phase("FLUSH", secrets.token_hex(16))
-            written = await self._phase("WRITE", escape(self.tmp) + self._write_words())
-            if not self.forked and not self.stage_dir:
+            written = await self._phase(
+                "WRITE", escape(self.tmp) + self.mode.write_words(self.staged, self.parent))
+            # written in place and unstaged: complete once WRITE is done
+            images_done = not self.mode.forked and not self.staged
+            if images_done:
                 entries = self._image_entries(written, threads)
             # the stopped ones' threads stop again before RESUME could wake them
             await stopped_processes.freeze_app(self.thawed)
@@ -103,8 +137,8 @@ class CheckpointRun:
             if not self.kill:  # --kill: the job dies suspended, never resumed
                 self.to_abort = []  # RESUME ok is out: no abort after this point
                 # a process that exits once resumed still has a complete image
-                stopped, _ = await self.coord.barrier("RESUME", self.procs, "ok", seq=self.number)
-            if self.forked or self.stage_dir:
+                stopped, _ = await self.barrier("RESUME", self.procs, "ok", seq=self.number)
+            if not images_done:
                 # the children write (or copy staged images) while the job
                 # runs; a process that wrote in place, unstaged, answered
                 # WRITE with the file keys
@@ -112,45 +146,32 @@ class CheckpointRun:
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
             taken_part = set(self.procs)
-            for proc in self.coord.live_processes():
+            for proc in self.live_processes():
                 if proc not in taken_part:
-                    self.coord.note(f"{proc.describe()} started during the checkpoint and is not part of it")
-            await self.coord.pause_before("PUBLISH", self.procs)
+                    self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
+            await self.pause_before("PUBLISH", self.procs)
             return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
             await self._abandon(self.to_abort)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise CkptError(f"checkpoint {self.number} of job {self.coord.job_id} failed: {reason}")
+            raise CkptError(f"checkpoint {self.number} of job {self.job.job_id} failed: {reason}")
         except BaseException:
             await self._abandon(self.to_abort)
             raise
         finally:
             await stopped_processes.freeze(self.thawed)
 
-    def _write_words(self):
-        """WRITE's words after the directory (docs/PROTOCOL.md)."""
-        words = [] if not self.forked else ["fork"]
-        words += [] if self.compress == "none" else [self.compress]
-        if self.coord.full_every:
-            words.append("incremental")
-        # paths last, in this order: the shim cuts them out from the end
-        if self.stage_dir:
-            words.append("stage=" + escape(self.stage_dir))
-        if self.coord.full_every and self.parent:
-            words.append("parent=" + escape(self.parent))
-        return "".join(" " + word for word in words)
-
     async def _phase(self, phase, arg=None, procs=None):
         """A barrier (of procs, default all).  A process that exited on its
         way to being suspended is left out with a warning; one that dies
         once suspended (killed: it cannot exit by itself, its host gone)
         changed the job under the checkpoint, which is abandoned."""
-        answers, gone = await self.coord.barrier(
+        answers, gone = await self.barrier(
             phase, self.procs if procs is None else procs, arg, seq=self.number)
         if gone and phase not in SUSPENDING_PHASES:
             raise PhaseError(f"{gone[0].describe()} died while suspended, during {phase}")
         for proc in gone:
-            self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
+            self.note(f"{proc.describe()} exited during the checkpoint; it is left out")
         self.procs = [p for p in self.procs if p not in gone]
         if not self.procs:
             raise PhaseError("every process of the job exited during the checkpoint")
@@ -173,7 +194,7 @@ class CheckpointRun:
         self.to_abort = [p for p in self.to_abort if p not in held]
         self.thawed = await stopped_processes.thaw(held)
         for proc in (proc for t in self.thawed for proc in t.procs):
-            self.coord._put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")
+            self.names.put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")
         self.to_abort.extend(held)  # thawed, or running again since
         return await self._suspend(held)
 
@@ -181,11 +202,11 @@ class CheckpointRun:
         """SYNC: the forked writers' results.  A process gone since RESUME
         (it exited, execed or was killed) left its writer running, which
         leaves the result next to the image."""
-        answers, gone = await self.coord.barrier("SYNC", self.procs, seq=self.number)
+        answers, gone = await self.barrier("SYNC", self.procs, seq=self.number)
         for proc in gone:
             keys = await self._result_left(written.get(proc, {}))
             if keys is None:
-                self.coord.note(f"{proc.describe()} exited during the checkpoint; it is left out")
+                self.note(f"{proc.describe()} exited during the checkpoint; it is left out")
             else:
                 answers[proc] = keys
         self.procs = [p for p in self.procs if p in answers]
@@ -199,7 +220,7 @@ class CheckpointRun:
         if "forked" not in write_keys and "flushing" not in write_keys:
             return {}  # written in place: complete already
         done = self.tmp / f"{write_keys.get('file', '')}.done"
-        deadline = time.monotonic() + self.coord.barrier_timeout
+        deadline = time.monotonic() + self.barrier_timeout
         while time.monotonic() < deadline:
             writer_gone = not _locked(done.with_name(done.name + ".tmp"))
             try:
@@ -223,16 +244,16 @@ class CheckpointRun:
             children = {(proc.host, pid) for proc, keys in answers.items()
                         for pid in _pids(keys.get("children", ""))}
             # one that exits before its HELLO is a zombie now: not waited for long
-            if not await self.coord.wait_for_ids(children, CHILD_HELLO_WAIT):
-                self.coord.note("a child forked just before the checkpoint did not register "
-                                "in time (exited, or still in exec?); it may be left out")
+            if not await self.wait_for_ids(children, CHILD_HELLO_WAIT):
+                self.note("a child forked just before the checkpoint did not register "
+                          "in time (exited, or still in exec?); it may be left out")
             known = set(self.procs)
-            newcomers = [p for p in self.coord.live_processes() if p not in known]
+            newcomers = [p for p in self.live_processes() if p not in known]
             if not newcomers:
                 return taken
             self.to_abort.extend(newcomers)
             for phase in ("STOP", "RELEASE", "SUSPEND"):
-                answers, _gone = await self.coord.barrier(phase, newcomers, seq=self.number)
+                answers, _gone = await self.barrier(phase, newcomers, seq=self.number)
                 newcomers = [p for p in newcomers if p in answers]
             self.procs.extend(newcomers)
             taken.update(answers)
@@ -271,7 +292,7 @@ class CheckpointRun:
                     own=int(keys.get("own", 0)), referred=int(keys.get("referred", 0)),
                     chain=int(keys["chain"]),
                     sources=[n for n in keys.get("sources", "").split(",")
-                             if manifests.CKPT_RE.match(n)])
+                             if paths.CKPT_RE.match(n)])
         return entries
 
     def _publish(self, entries, stopped):
@@ -286,15 +307,15 @@ class CheckpointRun:
             entry["stopped_ns"] = int(stopped.get(proc, {}).get("stopped_ns", 0))
             processes.append(entry)
         manifest = manifests.build_manifest(
-            job_id=self.coord.job_id, number=self.number, command=self.coord.command,
+            job_id=self.job.job_id, number=self.number, command=self.job.command,
             processes=processes, start_ns=self.start_ns, end_ns=time.time_ns(),
-            restarted_from=self.coord.restarted_from, warnings=self.coord.checkpoint_warnings(),
-            addresses=self.coord.host_addresses(),
-            parent=manifests.checkpoint_number(self.parent) if self.parent else None,
-            full_every=self.coord.full_every,
-            stage_dir=str(self.coord.stage_dir) if self.stage_dir else None)
+            restarted_from=self.job.restarted_from, warnings=list(self.warnings),
+            addresses=self.host_addresses(),
+            parent=paths.checkpoint_number(self.parent) if self.parent else None,
+            full_every=self.mode.full_every,
+            stage_dir=str(self.mode.stage_dir) if self.staged else None)
         manifests.write_manifest(self.tmp, manifest)
-        return manifests.publish(self.tmp, self.coord.job_dir / manifests.checkpoint_name(self.number))
+        return manifests.publish(self.tmp, paths.checkpoint_dir(self.job.job_dir, self.number))
 
     async def _abandon(self, suspended):
         """Let suspended processes go on, and forget the half-written checkpoint."""
@@ -302,7 +323,7 @@ class CheckpointRun:
         alive = [p for p in suspended if p.alive]
         if alive:
             try:
-                await self.coord.barrier("RESUME", alive, "abort", timeout=ABORT_TIMEOUT, seq=self.number)
+                await self.barrier("RESUME", alive, "abort", timeout=ABORT_TIMEOUT, seq=self.number)
             except PhaseError as exc:
-                self.coord.warn(f"while aborting the checkpoint: {exc}")
+                self.warn(f"while aborting the checkpoint: {exc}")
         manifests.discard(self.tmp)

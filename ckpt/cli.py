@@ -9,12 +9,13 @@ import click
 
 from ckpt import __version__
 from ckpt import client
-from ckpt.config import load_config
+from ckpt.config import DEFAULTS, load_config
 from ckpt.errors import CkptError
 from ckpt.image import memory_bytes, verify_checkpoint
 from ckpt.jobs import find_job, list_jobs
-from ckpt.manifest import (CKPT_RE, MANIFEST_NAME, checkpoint_name, needed_checkpoints,
-                           published_checkpoints)
+from ckpt.manifest import MANIFEST_NAME, needed_checkpoints, published_checkpoints
+from ckpt.paths import CKPT_RE, checkpoint_name
+from ckpt.write_mode import COMPRESS_MODES
 
 
 class CkptGroup(click.Group):
@@ -47,33 +48,56 @@ class CkptGroup(click.Group):
             ctx.exit(1)
 
 
+CKPT_DIR = click.option("--ckpt-dir", type=click.Path(file_okay=False),
+                        help="Where checkpoints go.")
+INTERVAL = click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
 KEEP = click.option("--keep", metavar="K",
                     help="Keep the newest K checkpoints of the job; older ones are deleted once "
                          "a newer one is published (default: all).")
-WRITE_MODE = click.option(
+FORKED = click.option(
     "--forked/--in-place", default=None,
     help="How the job's checkpoints are written: by a copy-on-write child of each process "
-         "while the job runs on (default), or with the job stopped until they are.")
-
-
+         "while the job runs on, or with the job stopped until they are (default: "
+         f"{'forked' if DEFAULTS['forked_write'] else 'in place'}).")
 COMPRESS = click.option(
-    "--compress", type=click.Choice(["none", "zstd", "auto"]), default=None,
-    help="Memory in the images: stored as it is, compressed with zstd, or compressed "
-         "where a sample of it shrinks (auto, the default).")
-
-
+    "--compress", type=click.Choice(COMPRESS_MODES), default=None,
+    help="Memory in the images: stored as it is (none), compressed with zstd, or compressed "
+         f"where a sample of it shrinks (auto); default: {DEFAULTS['compress']}.")
 INCREMENTAL = click.option(
     "--incremental/--no-incremental", default=None,
     help="Write only the memory that changed since the job's previous checkpoint; the "
-         "rest is read from earlier checkpoints at restart (default: off).")
+         "rest is read from earlier checkpoints at restart "
+         f"(default: {'on' if DEFAULTS['incremental'] else 'off'}).")
 FULL_EVERY = click.option(
     "--full-every", metavar="K",
-    help="With --incremental, every K-th checkpoint is a full one (default 8).")
+    help=f"With --incremental, every K-th checkpoint is a full one "
+         f"(default {DEFAULTS['full_every']}).")
 STAGE_DIR = click.option(
     "--stage-dir", type=click.Path(file_okay=False), metavar="DIR",
     help="Node-local directory (an SSD, /dev/shm) each host writes its images to first; "
          "they are copied to the checkpoint directory in the background, and the "
          "checkpoint is published once every copy is complete.")
+COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+# what `ckpt launch` and `ckpt slurm run` both take; the help's defaults
+# are config.py's
+LAUNCH_OPTIONS = (CKPT_DIR, INTERVAL, KEEP, FORKED, COMPRESS, INCREMENTAL, FULL_EVERY,
+                  STAGE_DIR, COMMAND)
+LAUNCH_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def launch_options(command):
+    """LAUNCH_OPTIONS on a command, its help listing them in this order."""
+    for option in reversed(LAUNCH_OPTIONS):
+        command = option(command)
+    return command
+
+
+def launch_config(ckpt_dir, interval, keep, forked, compress, incremental, full_every,
+                  stage_dir):
+    """The settings, LAUNCH_OPTIONS' flags over the file's and CKPT_*."""
+    return load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
+                       compress=compress, incremental=incremental, full_every=full_every,
+                       stage_dir=stage_dir)
 
 
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,25 +106,13 @@ def main():
     """Transparent checkpoint-restart for Linux jobs."""
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(context_settings=LAUNCH_CONTEXT)
 @click.option("--job-id", help="Job id (default: <host>-<random>).")
-@click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
-@click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
-@KEEP
-@WRITE_MODE
-@COMPRESS
-@INCREMENTAL
-@FULL_EVERY
-@STAGE_DIR
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(job_id, ckpt_dir, interval, keep, forked, compress, incremental, full_every,
-           stage_dir, command):
+@launch_options
+def launch(job_id, command, **settings):
     """Run COMMAND in the foreground under the checkpoint shim."""
     from ckpt.launch import launch as run_launch
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
-                         compress=compress, incremental=incremental, full_every=full_every,
-                         stage_dir=stage_dir)
-    sys.exit(run_launch(list(command), config, job_id))
+    sys.exit(run_launch(list(command), launch_config(**settings), job_id))
 
 
 @main.command()
@@ -110,7 +122,7 @@ def launch(job_id, ckpt_dir, interval, keep, forked, compress, incremental, full
               help="A copy-on-write child of each process writes its image while the job "
                    "runs on (the job's default: forked), or the job stays stopped until "
                    "every image is written.")
-@click.option("--compress", type=click.Choice(["none", "zstd", "auto"]), default=None,
+@click.option("--compress", type=click.Choice(COMPRESS_MODES), default=None,
               help="Memory in this checkpoint's images: as it is, compressed with zstd, or "
                    "compressed where a sample shrinks (default: the job's setting).")
 def checkpoint(job_id, kill, forked, compress):
@@ -130,7 +142,7 @@ def kill(job_id):
 
 @main.command()
 @click.argument("image_dir", type=click.Path())
-@click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
+@INTERVAL
 @click.option("--hosts", help="New hosts, comma-separated: the checkpoint's i-th host goes to the i-th.")
 @click.option("--hostfile", type=click.File(),
               help="New hosts, one per line (# comments; `host slots=N` or `host:N`).")
@@ -293,24 +305,11 @@ def slurm():
     """Jobs under Slurm (see the README's Slurm section)."""
 
 
-@slurm.command(name="run", context_settings={"ignore_unknown_options": True,
-                                             "allow_interspersed_args": False})
-@click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where checkpoints go.")
-@click.option("--interval", type=float, help="Seconds between periodic checkpoints.")
-@KEEP
-@WRITE_MODE
-@COMPRESS
-@INCREMENTAL
-@FULL_EVERY
-@STAGE_DIR
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def slurm_run(ckpt_dir, interval, keep, forked, compress, incremental, full_every, stage_dir,
-              command):
+@slurm.command(name="run", context_settings=LAUNCH_CONTEXT)
+@launch_options
+def slurm_run(command, **settings):
     """The batch script's last command: launch COMMAND, or restart it from
     its latest checkpoint when Slurm requeued the job; USR1 checkpoints and
     requeues it."""
     from ckpt.slurm import run as run_slurm
-    config = load_config(ckpt_dir=ckpt_dir, interval=interval, keep=keep, forked_write=forked,
-                         compress=compress, incremental=incremental, full_every=full_every,
-                         stage_dir=stage_dir)
-    sys.exit(run_slurm(list(command), config))
+    sys.exit(run_slurm(list(command), launch_config(**settings)))

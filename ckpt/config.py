@@ -1,12 +1,13 @@
 """Settings: YAML file < CKPT_* environment < command-line flags."""
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 
 import yaml
 
 from ckpt.errors import CkptError
+from ckpt.write_mode import COMPRESS_MODES, WriteMode
 
 ENV_PREFIX = "CKPT_"
 # config key -> environment variable
@@ -22,7 +23,6 @@ ENV_NAMES = {
     "stage_dir": "CKPT_STAGE_DIR",
 }
 FULL_EVERY_MAX = 64  # an image refers to at most this many earlier ones
-COMPRESS_MODES = ("none", "zstd", "auto")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,16 @@ class Config:
     # node-local directory the images are written to first, then copied
     # to ckpt_dir in the background; None: straight to ckpt_dir
     stage_dir: Path = None
+
+    def write_mode(self):
+        """How the job's checkpoints are written, as these settings say."""
+        return WriteMode(forked=self.forked_write, compress=self.compress,
+                         full_every=self.full_every if self.incremental else 0,
+                         stage_dir=self.stage_dir)
+
+
+# the defaults above by name (the CLI's help quotes them)
+DEFAULTS = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
 
 
 def default_config():

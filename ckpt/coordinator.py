@@ -15,16 +15,15 @@ from ckpt import auth
 from ckpt import manifest as manifests
 from ckpt.agent_link import AgentLink, describe_address
 from ckpt.barrier import PhaseError, barrier
-from ckpt.checkpoint import CheckpointRun
+from ckpt.checkpoint import CheckpointedJob, CheckpointRun
 from ckpt.errors import CkptError
 from ckpt.headers import load_headers
 from ckpt.local_processes import LocalProcesses, reply
+from ckpt.names import NameService
 from ckpt.pause import pause_before, pause_point
 from ckpt.wire import escape, split_line
+from ckpt.write_mode import COMPRESS_MODES, WriteMode
 
-# name-service keys that live for one checkpoint: open files and sockets,
-# shared memory, System V and message queue claims, thawed stopped processes
-SPENT_BY_NEXT_CHECKPOINT = ("file:", "sock:", "shm:", "sysv:", "mq:", "stopped:", "backlog:")
 FIRST_HELLO_WAIT = 5.0  # the shim registers asynchronously at process start
 TERMINATE_TIMEOUT = 2.0
 CLIENT_ANSWER_WAIT = 0.1  # a checkpoint's client gets its answer before the coordinator closes  # a process busy elsewhere is killed without it
@@ -37,20 +36,16 @@ def stderr_warning(message):
 class Coordinator:
     """One job's coordinator: registry of processes, barriers, name service."""
 
-    def __init__(self, *, job_id, socket_path, job_dir, command, barrier_timeout=120.0,
-                 keep=0, restarted_from=None, warn=stderr_warning, on_kill=None,
-                 headers=None, first_hello_wait=FIRST_HELLO_WAIT, forked_write=False, compress="none",
-                 secret=None, full_every=0, stage_dir=None):
+    def __init__(self, *, job_id, socket_path, job_dir, command, write_mode=WriteMode(),
+                 barrier_timeout=120.0, keep=0, restarted_from=None, warn=stderr_warning,
+                 on_kill=None, headers=None, first_hello_wait=FIRST_HELLO_WAIT, secret=None):
         self.job_id = job_id
         self.socket_path = str(socket_path)
         self.job_dir = Path(job_dir)
         self.command = list(command)
+        self.write_mode = write_mode      # the job's; a checkpoint may override some
         self.barrier_timeout = barrier_timeout
         self.keep = keep
-        self.forked_write = forked_write  # default for periodic checkpoints
-        self.compress = compress          # none, zstd or auto: the same
-        self.full_every = full_every      # incremental, a full one every K; 0: all full
-        self.stage_dir = stage_dir        # node-local first (--stage-dir), or None
         self.restarted_from = restarted_from
         self.warn = warn
         self.on_kill = on_kill
@@ -59,8 +54,7 @@ class Coordinator:
         self.protocol_version = self.headers.const("CKPT_PROTOCOL_VERSION")
         self.line_max = self.headers.const("CKPT_LINE_MAX")
         self.processes = []
-        self.names = {}
-        self._names_changed = asyncio.Event()
+        self.names = NameService()
         self.checkpoints_taken = 0
         self.last_checkpoint = None
         self.killed = asyncio.Event()
@@ -80,7 +74,7 @@ class Coordinator:
             socket_path, job_id=job_id, protocol_version=self.protocol_version,
             line_max=self.line_max, joined=self.add_process, left=self.remove_process,
             warned=lambda proc, message: self.note(f"{proc.describe()}: {message}"),
-            name_service=self.name_service, client=self._serve_client)
+            name_service=self.names.answer, client=self._serve_client)
 
     # ---- sockets ------------------------------------------------------
 
@@ -195,90 +189,6 @@ class Coordinator:
                 self.processes.remove(proc)
             self._registered.notify_all()
 
-    # ---- name service -----------------------------------------------------
-
-    def _put(self, key, value):
-        self.names[key] = value
-        self._names_changed.set()
-        self._names_changed = asyncio.Event()
-
-    def forget_names_of_checkpoint(self, number):
-        """Keys `<plugin>:<number>:...` belong to one checkpoint: an attempt
-        that failed must not leave its counters to the next one, which gets
-        the same number."""
-        infix = f":{number}:"
-        self.names = {k: v for k, v in self.names.items()
-                      if infix not in k or k.index(infix) != k.find(":")}
-
-    def _count(self, key):
-        try:
-            return int(self.names.get(key, "0"))
-        except ValueError:
-            return 0
-
-    async def _await_count(self, seconds, key, n):
-        """A barrier of the processes that count themselves in with INCR."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while self._count(key) < n:
-            left = deadline - loop.time()
-            if left <= 0:
-                return f"NONE {self._count(key)}"
-            try:
-                await asyncio.wait_for(self._names_changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-        return f"VAL {self._count(key)}"
-
-    async def name_service(self, word, rest):
-        """The answer to one name-service request (docs/PROTOCOL.md)."""
-        if word == "PUT":
-            key, _, value = rest.partition(" ")
-            self._put(key, value)
-            return "OK"
-        if word == "MPUT":  # k1 v1 k2 v2 ...: many ids in one round trip
-            fields = rest.split()
-            for key, value in zip(fields[0::2], fields[1::2]):
-                self._put(key, value)
-            return "OK"
-        if word == "CLAIM":  # PUT unless taken: the first process wins
-            key, _, value = rest.partition(" ")
-            if key not in self.names:
-                self._put(key, value)
-            owner = self.names[key]
-            return "OK" if owner == value else f"VAL {owner}"
-        if word == "GET":
-            value = self.names.get(rest.strip())
-            return "NONE" if value is None else f"VAL {value}"
-        if word == "INCR":  # a counter: processes count themselves in
-            key = rest.strip()
-            try:
-                count = int(self.names.get(key, "0")) + 1
-            except ValueError:
-                return f"ERR {key} is not a counter"
-            self._put(key, str(count))
-            return f"VAL {count}"
-        if word == "AWAIT":  # AWAIT seconds key n: until counter key reaches n
-            fields = rest.split()
-            if len(fields) != 3:
-                return "ERR malformed AWAIT"
-            return await self._await_count(float(fields[0]), fields[1], int(fields[2]))
-        # MWAIT seconds k1 k2 ...: every value, once all are there
-        fields = rest.split()
-        if not fields:
-            return "NONE"
-        deadline = asyncio.get_running_loop().time() + float(fields[0])
-        keys = fields[1:]
-        while not all(k in self.names for k in keys):
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return "NONE " + " ".join(k for k in keys if k not in self.names)
-            try:
-                await asyncio.wait_for(self._names_changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-        return "VAL " + " ".join(self.names[k] for k in keys)
-
     def host_lost(self, host, count):
         """host's agent went away while count processes of the job were
         there (the host died, or its network): unless the job is being
@@ -352,8 +262,7 @@ class Coordinator:
         forked: a copy-on-write child of each process writes its image
         while the job runs on (None: the job's default); compress: none,
         zstd or auto (None: the job's)."""
-        forked = self.forked_write if forked is None else forked
-        compress = self.compress if compress is None else compress
+        mode = self.write_mode.overridden(forked=forked, compress=compress)
         async with self._busy:
             if self.lost_hosts:   # what is left of the job is no whole job
                 host, count = next(iter(self.lost_hosts.items()))
@@ -363,13 +272,10 @@ class Coordinator:
             try:
                 procs = await self._first_processes()
                 # open files claimed, sockets named in the last checkpoint
-                # may have closed since; the claims and marks of earlier
-                # checkpoints are spent (a job checkpointed for days must
-                # not keep them all)
-                self.names = {k: v for k, v in self.names.items()
-                              if not k.startswith(SPENT_BY_NEXT_CHECKPOINT)}
-                final = await CheckpointRun(self, procs, kill, forked, compress).run()
-                warnings = self.checkpoint_warnings()
+                # may have closed since
+                self.names.forget_spent()
+                final = await self._checkpoint_run(procs, mode, kill).run()
+                warnings = list(self._warnings)
                 if kill:
                     await self._reset_connections()
             finally:
@@ -382,8 +288,13 @@ class Coordinator:
             manifests.prune(self.job_dir, self.keep)
         return final, warnings
 
-    def checkpoint_warnings(self):
-        return list(self._warnings or ())
+    def _checkpoint_run(self, procs, mode, kill):
+        job = CheckpointedJob(self.job_id, self.job_dir, self.command, self.restarted_from)
+        return CheckpointRun(
+            job, procs, mode, kill, barrier=self.barrier, pause_before=self.pause_before,
+            live_processes=self.live_processes, wait_for_ids=self.wait_for_ids,
+            names=self.names, note=self.note, warn=self.warn, warnings=self._warnings,
+            host_addresses=self.host_addresses, barrier_timeout=self.barrier_timeout)
 
     async def _first_processes(self):
         if not self._matching():
@@ -476,7 +387,7 @@ class Coordinator:
             # shielded: a client that goes away does not cut a checkpoint short
             forked = True if "forked" in args else False if "inplace" in args else None
             compress = next((a.split("=", 1)[1] for a in args if a.startswith("compress=")), None)
-            if compress not in (None, "none", "zstd", "auto"):
+            if compress not in COMPRESS_MODES:
                 compress = None  # a client of another version: the job's default
             task = self._spawn(self.checkpoint(kill="kill" in args, forked=forked,
                                                compress=compress))

@@ -13,6 +13,7 @@ from ckpt import ENGINE_VERSION
 from ckpt.errors import CkptError
 from ckpt.headers import load_headers
 from ckpt import manifest as manifests
+from ckpt import paths
 from ckpt.manifest import read_manifest
 
 # platform.machine() -> ELF e_machine, as the header's `arch`
@@ -184,7 +185,7 @@ def verify_checkpoint(directory, headers=None, checksum=True):
     for proc in manifest["processes"]:
         verify_process_image(directory, proc, headers, checksum)
     for number in sorted(manifests.needed_checkpoints(manifest)):
-        earlier = Path(directory).parent / manifests.checkpoint_name(number)
+        earlier = paths.checkpoint_dir(paths.job_dir_of(directory), number)
         if not (earlier / manifests.MANIFEST_NAME).is_file():
             raise CkptError(f"{directory} is incremental: it reads memory from {earlier.name}, "
                             "which is gone")

@@ -37,7 +37,7 @@ class JobEntry:
     socket: str
     launcher_pid: int
     command: list
-    ckpt_dir: str          # the job's directory: <ckpt-dir>/<job-id>
+    job_dir: str           # the job's directory: <ckpt-dir>/<job-id> (ckpt/paths.py)
     started: float = field(default_factory=time.time)
     restarted_from: str = ""
     launcher_start: int = 0  # /proc start time: tells a reused pid from ours
@@ -142,9 +142,18 @@ def launcher_alive(entry):
     return not entry.launcher_start or process_start_time(entry.launcher_pid) == entry.launcher_start
 
 
+# An entry's file keeps its old key for job_dir: a ckpt of an earlier
+# version on the same host reads the entries of this one (one it could not
+# read it would remove as stale), and this one reads theirs.
+JOB_DIR_ON_DISK = "ckpt_dir"
+
+
 def _read_entry(path):
     try:
-        return JobEntry(**json.loads(path.read_text()))
+        fields = json.loads(path.read_text())
+        if JOB_DIR_ON_DISK in fields and "job_dir" not in fields:
+            fields["job_dir"] = fields.pop(JOB_DIR_ON_DISK)
+        return JobEntry(**fields)
     except (OSError, ValueError, TypeError):
         return None
 
@@ -298,7 +307,9 @@ def rewrite(entry, directory=None):
 
 def _write_entry(entry, path):
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(entry)))
+    fields = asdict(entry)
+    fields[JOB_DIR_ON_DISK] = fields.pop("job_dir")
+    tmp.write_text(json.dumps(fields))
     os.replace(tmp, path)
 
 

@@ -8,6 +8,7 @@ import shutil
 import socket
 import struct
 
+from ckpt import paths
 from ckpt.config import Config
 from ckpt.errors import CkptError
 from ckpt.jobs import check_job_id
@@ -128,7 +129,7 @@ def launch(command, config: Config, job_id=None, on_session=None):
 
 
 async def _run(command, config, job_id, shim, on_session):
-    job_dir = config.ckpt_dir / job_id
+    job_dir = paths.job_dir(config.ckpt_dir, job_id)
     async with JobSession(job_id=job_id, job_dir=job_dir, command=command, config=config) as job:
         if on_session is not None:
             on_session(job)

@@ -1,8 +1,8 @@
 """A checkpoint directory's manifest.yaml and its atomic publication.
 
-Layout: <ckpt-dir>/<job-id>/ckpt-NNNN/ (manifest.yaml + one image per
-process), written as .ckpt-NNNN.tmp/ and renamed into place; `latest` is a
-symlink to the newest published checkpoint.
+A checkpoint directory holds manifest.yaml and one image per process; it
+is written as .ckpt-NNNN.tmp/ and renamed into place, and `latest` links to
+the newest published one (the paths: ckpt/paths.py).
 """
 
 import json
@@ -19,25 +19,10 @@ import yaml
 from ckpt import ENGINE_VERSION
 from ckpt.errors import CkptError
 from ckpt.jobs import JOB_ID_RE
+from ckpt.paths import CKPT_RE, LATEST, TMP_RE
 
 MANIFEST_NAME = "manifest.yaml"
 MANIFEST_FORMAT = 1
-LATEST = "latest"
-CKPT_RE = re.compile(r"^ckpt-(\d{4,})$")
-TMP_RE = re.compile(r"^\.ckpt-(\d{4,})\.tmp$")
-
-
-def checkpoint_name(number):
-    return f"ckpt-{number:04d}"
-
-
-def checkpoint_number(path):
-    return int(CKPT_RE.match(Path(path).name).group(1))
-
-
-def tmp_name(number):
-    return f".{checkpoint_name(number)}.tmp"
-
 
 def published_checkpoints(job_dir):
     """[(number, path)] of published checkpoints, oldest first."""

@@ -12,6 +12,7 @@ import shlex
 import socket
 from pathlib import Path
 
+from ckpt import paths
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
 from ckpt.jobs import this_host
@@ -167,8 +168,8 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     # ckpt-restart itself before it changes anything (one pass, not two).
     manifest = verify_checkpoint(checkpoint_dir, checksum=False)
     binary = restart_binary()
-    job_dir = checkpoint_dir.parent
-    config = config_for(job_dir.parent)
+    job_dir = paths.job_dir_of(checkpoint_dir)
+    config = config_for(paths.ckpt_dir_of(job_dir))
     if incremental is None and manifest.get("full_every"):
         # no word on the command line: an incremental job goes on so
         config = dataclasses.replace(config, incremental=True, full_every=manifest["full_every"])
@@ -189,14 +190,13 @@ class HostPlan:
     over: object        # over_ssh or over_srun
 
 
-def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, stage_dir):
+def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged):
     """One ckpt-restart per host; returns {pid we wait for: its host}
-    (ckpt-restart here, ssh or srun for other hosts).  stage_dir: the
-    checkpoint's --stage-dir, where each host may hold copies."""
+    (ckpt-restart here, ssh or srun for other hosts).  staged: where each
+    host may hold a copy of the checkpoint (--stage-dir), or None."""
     mapping = hosts.mapping
     env = job.environment()
     by_host = images_by_host(checkpoint_dir, processes)
-    staged = Path(stage_dir, job.entry.job_id, checkpoint_dir.name) if stage_dir else None
     here = this_host()
     pids = {}
     for old_host, images in by_host.items():
@@ -222,8 +222,9 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
         status_read, status_write = os.pipe()
         os.set_inheritable(status_write, True)
-        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write,
-                            manifest.get("stage_dir"))
+        stage_dir = manifest.get("stage_dir")
+        staged = paths.staged_dir(stage_dir, job_id, manifest["checkpoint"]) if stage_dir else None
+        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged)
         os.close(status_write)
         await _restore(job, pids, [proc["pid"] for proc in processes], hosts.over)
         announce(job_id)  # only once restored: a refused image says one line

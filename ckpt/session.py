@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-from ckpt import auth
+from ckpt import auth, paths
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
 from ckpt.jobs import (JobEntry, process_start_time, refuse_if_running, rewrite,
@@ -67,16 +66,13 @@ class JobSession:
         self.loop = asyncio.get_running_loop()
         self.directory = state_dir()
         self.socket_path = socket_path_for(os.getpid(), self.directory)
-        self.secret_file = secret_file_for(job_dir)
+        self.secret_file = paths.secret_file(job_dir, this_host(), os.getpid())
         self.coordinator = Coordinator(
             job_id=job_id, socket_path=self.socket_path, job_dir=job_dir, command=command,
-            barrier_timeout=config.barrier_timeout, keep=config.keep,
-            restarted_from=restarted_from, on_kill=self.kill_children,
-            forked_write=config.forked_write, compress=config.compress,
-            full_every=config.full_every if config.incremental else 0,
-            stage_dir=config.stage_dir)
+            write_mode=config.write_mode(), barrier_timeout=config.barrier_timeout,
+            keep=config.keep, restarted_from=restarted_from, on_kill=self.kill_children)
         self.entry = JobEntry(job_id=job_id, socket=self.socket_path, launcher_pid=os.getpid(),
-                              command=list(command), ckpt_dir=str(job_dir),
+                              command=list(command), job_dir=str(job_dir),
                               restarted_from=str(restarted_from or ""),
                               launcher_start=process_start_time(os.getpid()),
                               host=this_host(), secret_file=str(self.secret_file))
@@ -207,7 +203,7 @@ class JobSession:
         print(f"ckpt: job {job_id}: {what} exited with status {status}; {len(left)} of the "
               f"job's processes still run ({pids}): the job goes on until they end "
               f"(ckpt checkpoint|kill {job_id}; messages in "
-              f"{self.coordinator.job_dir / 'coordinator.log'})", file=sys.stderr)
+              f"{paths.coordinator_log(self.coordinator.job_dir)})", file=sys.stderr)
         return await self.go_on_without_launcher(status)
 
     async def still_running(self, ended_pid, settle=1.0, hello_wait=5.0):
@@ -233,7 +229,7 @@ class JobSession:
         goes on in a process of its own (a new session, its messages in
         the job's coordinator.log) until the last process of the job ends
         or `ckpt kill`."""
-        log = self.coordinator.job_dir / "coordinator.log"
+        log = paths.coordinator_log(self.coordinator.job_dir)
         log.parent.mkdir(parents=True, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -260,17 +256,11 @@ class JobSession:
         return status
 
 
-def secret_file_for(job_dir):
-    """This coordinator's secret, in the job's directory on the shared
-    filesystem: other hosts' agents read it there."""
-    return job_dir / f".secret-{this_host()}-{os.getpid()}"
-
-
 def remove_stale_secrets(job_dir):
-    """Every coordinator's secret in job_dir (`.secret-<host>-<pid>`): for
-    a job that runs nowhere, they are all stale."""
+    """Every coordinator's secret in job_dir: for a job that runs
+    nowhere, they are all stale."""
     try:
-        stale = list(Path(job_dir).glob(".secret-*"))
+        stale = paths.secret_files(job_dir)
     except OSError:
         return
     for path in stale:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+from ckpt import paths
 from ckpt.errors import CkptError
 from ckpt.jobs import forget_job, this_host
 from ckpt.manifest import read_manifest, resolve_checkpoint
@@ -173,7 +174,7 @@ def run(command, config):
 
     job_id = slurm_job_id()
     signals = SlurmSignals(job_id)
-    job_dir = config.ckpt_dir / job_id
+    job_dir = paths.job_dir(config.ckpt_dir, job_id)
     restarts = restart_count()
     if restarts > 0:
         forget_job(job_id)   # the run before this one is over, even if its host died

@@ -102,7 +102,7 @@ class FakeProcess:
 
     async def _phase(self, rest):
         name, seq, *arg = rest.split(" ")
-        arg = arg[0] if arg else None
+        arg = " ".join(arg) if arg else None   # WRITE: the directory, then its words
         self.phases.append((name, arg))
         self.seqs.append(int(seq))
         action = self.script.get(name if name != "RESUME" else f"RESUME {arg}", self.script.get(name))
@@ -124,7 +124,8 @@ class FakeProcess:
         if name == "WRITE":
             data = make_image(self.pid, self.payload)
             filename = f"proc-{self.pid}.img"
-            Path(unescape(arg), filename).write_bytes(data)
+            directory = arg.split(" ", 1)[0]  # WRITE's words follow it
+            Path(unescape(directory), filename).write_bytes(data)
             return (f"file={escape(filename)} size={len(data)} "
                     f"xxh3={bytes_xxh3(data)} write_ns=1000")
         if name == "RESUME":

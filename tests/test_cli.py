@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckpt import manifest as m
+from ckpt import paths
 from ckpt.cli import main
 from ckpt.image import bytes_xxh3
 from tests.fakeshim import make_image
@@ -118,7 +119,7 @@ def test_bad_config_file(env, tmp_path, monkeypatch):
 
 
 def make_checkpoint(job_dir, number=1, payload=b"z" * 3000):
-    directory = job_dir / m.checkpoint_name(number)
+    directory = paths.checkpoint_dir(job_dir, number)
     directory.mkdir(parents=True)
     data = make_image(7, payload)
     (directory / "proc-7.img").write_bytes(data)
@@ -314,3 +315,32 @@ def test_host_slots_forms_and_too_few_slots():
     check_slots(manifest, {"a": "x", "b": "y"}, {"x": 2, "y": 1})
     with pytest.raises(CkptError, match="host x has 1 slots; the checkpoint has 2 processes on a"):
         check_slots(manifest, {"a": "x", "b": "y"}, {"x": 1})
+
+
+def test_launch_and_slurm_run_take_the_same_options():
+    from ckpt import cli
+    params = lambda command: [p.name for p in command.params]
+    assert params(cli.launch) == ["job_id"] + params(cli.slurm_run)
+    assert "--stage-dir" in invoke("slurm", "run", "--help").output
+
+
+def test_launch_help_says_the_configs_defaults():
+    from ckpt.config import DEFAULTS
+    assert DEFAULTS["compress"] == "none"
+    text = " ".join(invoke("launch", "--help").output.split())
+    assert "default: none" in text and "(default: forked)" in text and "(default 8)" in text
+
+
+def test_launch_options_reach_the_settings(monkeypatch, tmp_path):
+    from ckpt import launch as launch_module
+    seen = {}
+    monkeypatch.setattr(launch_module, "launch",
+                        lambda command, config, job_id: seen.update(config=config, job=job_id) or 0)
+    result = invoke("launch", "--job-id", "j1", "--ckpt-dir", str(tmp_path), "--in-place",
+                    "--compress", "zstd", "--incremental", "--full-every", "3", "--keep", "2",
+                    "--", "app", "--keep", "x")
+    assert result.exit_code == 0, result.output
+    config = seen["config"]
+    assert seen["job"] == "j1" and config.ckpt_dir == tmp_path and config.keep == 2
+    assert (config.forked_write, config.compress, config.incremental, config.full_every) == (
+        False, "zstd", True, 3)

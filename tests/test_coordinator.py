@@ -17,6 +17,7 @@ from ckpt.errors import CkptError
 from tests.fakeshim import FakeProcess
 from ckpt.image import verify_checkpoint
 from ckpt.wire import unescape
+from ckpt.write_mode import WriteMode
 
 CHECKPOINT_PHASES = ["STOP", "RELEASE", "SUSPEND", "DRAIN", "FLUSH", "WRITE", "RESUME"]
 
@@ -107,6 +108,25 @@ def test_full_checkpoint_with_three_processes(workdir):
             assert fakes[0].phases[4][1] != fakes[0].phases[11][1], "the same marker twice"
             assert os.readlink(h.job_dir / "latest") == "ckpt-0002"
     run(scenario())
+
+
+def test_write_words_follow_the_jobs_write_mode(workdir, monkeypatch):
+    """The job's WriteMode reaches WRITE; a checkpoint overrides its
+    compression; --kill writes in place, unstaged."""
+    monkeypatch.setattr(coordinator_module.os, "kill", lambda pid, sig: None)  # the fake is us
+    mode = WriteMode(compress="zstd", full_every=4, stage_dir=workdir / "stage")
+
+    async def scenario():
+        async with Harness(workdir, write_mode=mode) as h:
+            fake = await h.process(7)
+            await h.coord.checkpoint(compress="none", kill=True)
+            directory, *words = fake.phases[5][1].split(" ")
+            assert unescape(directory) == str(h.job_dir / ".ckpt-0001.tmp")
+            assert words == ["incremental"]
+            manifest = m.read_manifest(h.job_dir / "ckpt-0001")
+            assert (manifest["full_every"], manifest["stage_dir"]) == (4, None)
+    run(scenario())
+    assert mode.write_words() == " zstd incremental"
 
 
 def test_fail_at_write_aborts_and_keeps_previous(workdir):

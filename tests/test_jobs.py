@@ -22,7 +22,20 @@ def state(monkeypatch):
 
 def entry(job_id, pid, state):
     return jobs.JobEntry(job_id=job_id, socket=jobs.socket_path_for(pid, state), launcher_pid=pid,
-                         command=["app"], ckpt_dir="/x", launcher_start=jobs.process_start_time(pid))
+                         command=["app"], job_dir="/x", launcher_start=jobs.process_start_time(pid))
+
+
+def test_entry_file_keeps_the_key_other_versions_read(state):
+    """The job directory is "ckpt_dir" in the file, whichever name it has here."""
+    mine = entry("j1", os.getpid(), state)
+    jobs.register(mine, state)
+    on_disk = json.loads((state / "j1.json").read_text())
+    assert on_disk["ckpt_dir"] == "/x" and "job_dir" not in on_disk
+    assert jobs.find_job("j1", state).job_dir == "/x"
+    # an entry that names it job_dir reads too
+    on_disk["job_dir"] = on_disk.pop("ckpt_dir")
+    (state / "j1.json").write_text(json.dumps(on_disk))
+    assert jobs.find_job("j1", state).job_dir == "/x"
 
 
 def test_state_dir_is_private(state):
@@ -90,7 +103,7 @@ def test_another_hosts_coordinator_is_gone_when_its_port_is_refused(state):
     secret = state / "secret"
     secret.write_bytes(os.urandom(32))
     os.chmod(secret, 0o600)
-    gone = jobs.JobEntry(job_id="j", socket="", launcher_pid=1, command=[], ckpt_dir="/x",
+    gone = jobs.JobEntry(job_id="j", socket="", launcher_pid=1, command=[], job_dir="/x",
                          host="elsewhere", address=f"127.0.0.1:{port}", secret_file=str(secret))
     assert jobs.coordinator_gone(gone)
     with socket.socket() as listener:    # someone listens who does not know the secret
@@ -105,7 +118,7 @@ def test_forget_job_removes_an_unreachable_hosts_entry_and_secret(state, monkeyp
     monkeypatch.setenv("CKPT_SHARED_STATE_DIR", str(shared))
     secret = state / ".secret-deadhost-12"
     secret.write_bytes(os.urandom(32))
-    gone = jobs.JobEntry(job_id="77", socket="", launcher_pid=12, command=[], ckpt_dir="/x",
+    gone = jobs.JobEntry(job_id="77", socket="", launcher_pid=12, command=[], job_dir="/x",
                          host="deadhost", address="198.51.100.1:9", secret_file=str(secret))
     shared.mkdir(mode=0o700)
     (shared / "77.json").write_text(json.dumps(gone.__dict__))

@@ -3,6 +3,7 @@ import os
 import pytest
 
 from ckpt import manifest as m
+from ckpt import paths
 from ckpt.errors import CkptError
 
 
@@ -14,14 +15,14 @@ def sample(number, processes=None):
 
 def write_checkpoint(job_dir, number, sources=None, chain=0):
     """sources: the checkpoints its (incremental) image reads from."""
-    tmp = job_dir / m.tmp_name(number)
+    tmp = paths.tmp_dir(job_dir, number)
     tmp.mkdir(parents=True)
     (tmp / "proc-7.img").write_bytes(b"abc")
     proc = {"pid": 7, "host": "h", "image": "proc-7.img", "size": 3, "xxh3": "00"}
     if sources is not None:
-        proc.update(own=1, referred=2, chain=chain, sources=[m.checkpoint_name(n) for n in sources])
+        proc.update(own=1, referred=2, chain=chain, sources=[paths.checkpoint_name(n) for n in sources])
     m.write_manifest(tmp, sample(number, [proc]))
-    return m.publish(tmp, job_dir / m.checkpoint_name(number))
+    return m.publish(tmp, paths.checkpoint_dir(job_dir, number))
 
 
 def test_write_read_roundtrip(tmp_path):
@@ -47,7 +48,7 @@ def test_publish_renames_and_points_latest_at_newest(tmp_path):
 def test_crash_before_publish_leaves_nothing_valid_looking(tmp_path):
     write_checkpoint(tmp_path, 1)
     # a checkpoint that died half-way: tmp dir with an image and a manifest
-    crashed = tmp_path / m.tmp_name(2)
+    crashed = paths.tmp_dir(tmp_path, 2)
     crashed.mkdir()
     (crashed / "proc-7.img").write_bytes(b"ab")
     m.write_manifest(crashed, sample(2))
