@@ -10,6 +10,7 @@ import time
 
 from ckpt import manifest as manifests
 from ckpt import stopped as stopped_processes
+from ckpt import verify
 from ckpt.barrier import PhaseError
 from ckpt.errors import CkptError
 from ckpt.wire import escape
@@ -95,6 +96,7 @@ class CheckpointRun:
             # tells where its peer stopped writing
             await self._phase("FLUSH", secrets.token_hex(16))
             written = await self._phase("WRITE", escape(self.tmp) + self._write_words())
+            await verify.after_write(self)  # still parked: what the kernel shows of them
             if not self.forked and not self.stage_dir:
                 entries = self._image_entries(written, threads)
             # the stopped ones' threads stop again before RESUME could wake them
@@ -279,7 +281,7 @@ class CheckpointRun:
         # an incremental image's page list, every image's block checksums
         images |= {name + suffix for name in images for suffix in (".pages", ".sum")}
         for leftover in self.tmp.iterdir():  # images of processes that were left out
-            if leftover.name not in images:
+            if leftover.name not in images and not verify.kept(leftover.name):
                 leftover.unlink()
         processes = []
         for proc, entry in entries.items():

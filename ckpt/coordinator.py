@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ckpt import auth
 from ckpt import manifest as manifests
+from ckpt import verify
 from ckpt.agent_link import AgentLink, describe_address
 from ckpt.barrier import PhaseError, barrier
 from ckpt.checkpoint import CheckpointRun
@@ -398,6 +399,8 @@ class Coordinator:
                 self.warn(f"restored processes {unknown} are not in the manifest")
             try:
                 for phase, arg in (("REBUILD", None), ("REFILL", None), ("RESUME", "ok")):
+                    if phase == "RESUME":  # rebuilt, still parked: as the checkpoint saw them?
+                        await verify.before_resume(self, procs)
                     _answers, gone = await self.barrier(phase, procs, arg, seq=self.restarted_from or 0)
                     if gone:
                         raise PhaseError(f"{gone[0].describe()} exited during {phase}")
