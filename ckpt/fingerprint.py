@@ -337,10 +337,15 @@ def _fd_facts(pid, real_pid, fd, sockets, pids, level):
         return facts
     facts.items["flags"] = describe_flags(flags)
     facts.items["position"] = pos
+    grouped = {}
     for line in kept:
         key, _, value = line.partition(" ")
-        name = f"fdinfo {key}"
-        facts.items[name] = (facts.items[name] + "; " + value) if name in facts.items else value
+        grouped.setdefault(f"fdinfo {key}", []).append(value)
+    for name, values in grouped.items():
+        # sorted: the kernel lists an epoll's interest list in the order of
+        # its tree, keyed by the targets' file addresses, and inotify watches
+        # and locks in orders of its own; the set is what the program made
+        facts.items[name] = "; ".join(sorted(values))
     if link == "anon_inode:[pidfd]":
         try:
             fields = _status(_read(f"{base}/fdinfo/{fd}"))
@@ -444,7 +449,7 @@ def _process_items(pid, real_pid, pids, own_tty):
         status = _status(_read(f"{base}/status"))
         stat_fields = _stat_fields(_read(f"{base}/stat"))
     except OSError as exc:
-        return {"process": _error(exc)}, 0
+        return {"process": _error(exc)}, 0, 0
     ns = [int(p) for p in status.get("NSpid", str(real_pid)).split()]
     level = len(ns) - 1
     ppid = int(stat_fields[1])
@@ -464,15 +469,20 @@ def _process_items(pid, real_pid, pids, own_tty):
         if tpgid > 0:
             fg = pids.translate(tpgid, level)
             items["foreground group"] = str(fg) if fg is not None else "outside"
-    items["state"] = stat_fields[0]
+    # the process's state (stat's third field) is left out: parked, every
+    # process sleeps; a stopped one is traced at a checkpoint ("t") and
+    # stops itself again only after RESUME at a restart
     items["nice"] = stat_fields[16]
     items["threads"] = status.get("Threads", "?")
     for number, name in STAT_LAYOUT.items():
         if len(stat_fields) > number - 3:
             items[f"layout {name}"] = hex(int(stat_fields[number - 3]))
+    dropped = _dropped_on_delivery(status)
     for key in STATUS_PROCESS:
         if key in status:
             value = status[key]
+            if key == "ShdPnd":
+                value = _without(value, dropped)
             items[key] = describe_sigset(value) if key in SIGNAL_MASKS else value
     for name, path in (("cwd", "cwd"), ("root", "root"), ("executable", "exe")):
         try:
@@ -497,7 +507,33 @@ def _process_items(pid, real_pid, pids, own_tty):
         items["auxv"] = auxv.hex()
     except OSError:
         pass
-    return items, level
+    return items, level, dropped
+
+
+# signals whose default action is to ignore them: SIGCHLD, SIGURG, SIGWINCH
+IGNORED_BY_DEFAULT = (1 << 16) | (1 << 22) | (1 << 27)
+
+
+def _dropped_on_delivery(status):
+    """The signals a pending set may hold that nobody will ever see: ignored
+    (SIG_IGN, or SIG_DFL of one whose default is to ignore).  The kernel
+    drops them as they are generated unless blocked; a restart blocks every
+    signal until its threads are back, so a child it recreates that ends
+    then (a stand-in, a daemon's middle process) leaves a SIGCHLD pending
+    that the checkpoint never had, and that the kernel drops unseen."""
+    try:
+        ignored = int(status.get("SigIgn", "0"), 16)
+        caught = int(status.get("SigCgt", "0"), 16)
+    except ValueError:
+        return 0
+    return ignored | (IGNORED_BY_DEFAULT & ~caught)
+
+
+def _without(hexmask, dropped):
+    try:
+        return f"{int(hexmask, 16) & ~dropped:016x}"
+    except ValueError:
+        return hexmask
 
 
 def _read_bytes(path):
@@ -505,7 +541,7 @@ def _read_bytes(path):
         return f.read()
 
 
-def _thread_items(real_pid, pids, level):
+def _thread_items(real_pid, pids, level, dropped=0):
     items = {}
     tids = []
     try:
@@ -531,6 +567,8 @@ def _thread_items(real_pid, pids, level):
         for key in STATUS_THREAD:
             if key in status:
                 value = status[key]
+                if key == "SigPnd":
+                    value = _without(value, dropped)
                 items[f"{prefix} {key}"] = describe_sigset(value) if key in SIGNAL_MASKS else value
         items[f"{prefix} nice"] = fields[16]
         if len(fields) > 38:
@@ -580,11 +618,21 @@ def _map_items(real_pid):
     return items
 
 
+VMFLAGS_LEFT_OUT = {
+    # soft-dirty: whether the map was written since soft-dirty bits were
+    # last cleared, which every new mapping starts with: the kernel's
+    # bookkeeping, not the process's state
+    "sd",
+    # VM_ACCOUNT: whether the map was charged to the commit limit, which
+    # depends on whether it was ever private and writable, not on what it
+    # is: a restore maps a private region writable to fill it, then
+    # protects it as it was
+    "ac",
+}
+
+
 def _vmflags(flags):
-    # "sd" (soft-dirty) says whether the map was written since soft-dirty
-    # bits were last cleared, which every new mapping starts with: the
-    # kernel's bookkeeping, not the process's state
-    return [f for f in flags if f != "sd"]
+    return [f for f in flags if f not in VMFLAGS_LEFT_OUT]
 
 
 # ---- the whole host -----------------------------------------------------------
@@ -601,8 +649,8 @@ def take(processes):
     all_fds = []
     socket_tables = {}
     for pid, real_pid in processes:
-        items, level = _process_items(pid, real_pid, pids, own_tty)
-        items.update(_thread_items(real_pid, pids, level))
+        items, level, dropped = _process_items(pid, real_pid, pids, own_tty)
+        items.update(_thread_items(real_pid, pids, level, dropped))
         try:
             netns = os.stat(f"/proc/{real_pid}/ns/net").st_ino
         except OSError:

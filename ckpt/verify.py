@@ -123,7 +123,7 @@ async def after_write(run):
         try:
             await loop.run_in_executor(None, _take_into, run.tmp / file_name(host), host,
                                        [(p.pid, p.real_pid) for p in procs])
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails for it
             coord.note(f"no fingerprint of host {host} (the restart cannot verify it): "
                        f"{getattr(exc, 'strerror', None) or exc}")
     for link, procs in remote.items():
@@ -158,8 +158,8 @@ async def before_resume(coord, procs):
         try:
             found, _took = await loop.run_in_executor(
                 None, _compare_with, path, [(p.pid, p.real_pid) for p in group])
-        except (OSError, ValueError) as exc:
-            raise PhaseError(f"verification: cannot read {path}: "
+        except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+            raise PhaseError(f"verification: cannot compare with {path}: "
                              f"{getattr(exc, 'strerror', None) or exc}")
         found = [d for d in found if _expected(d, group)]
         differences += [fingerprint.describe(d) + _on(host, remote) for d in found]
@@ -226,7 +226,7 @@ async def on_agent(agent, word, args):
             await loop.run_in_executor(None, _take_into, path, this_host(), processes)
             return {}
         found, _took = await loop.run_in_executor(None, _compare_with, path, processes)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001
         # the agent's _answer sends a PhaseError as the request's failure
         raise PhaseError(f"fingerprint: {getattr(exc, 'strerror', None) or exc}")
     found = [d for d in found if _expected(d, procs)]
