@@ -477,7 +477,7 @@ def _process_items(pid, real_pid, pids, own_tty):
     for number, name in STAT_LAYOUT.items():
         if len(stat_fields) > number - 3:
             items[f"layout {name}"] = hex(int(stat_fields[number - 3]))
-    dropped = _dropped_on_delivery(status)
+    dropped = _dropped_on_delivery(status) | _timer_signals(base)
     for key in STATUS_PROCESS:
         if key in status:
             value = status[key]
@@ -527,6 +527,28 @@ def _dropped_on_delivery(status):
     except ValueError:
         return 0
     return ignored | (IGNORED_BY_DEFAULT & ~caught)
+
+
+ITIMER_SIGNALS = (1 << 13) | (1 << 25) | (1 << 26)  # SIGALRM, SIGVTALRM, SIGPROF
+
+
+def _timer_signals(base):
+    """The signals the process's timers send (POSIX timers from
+    /proc/<pid>/timers; the itimers', which /proc does not show, always).
+    A timer goes on while the job is parked, so its signal may become
+    pending after the image was taken, and a restored timer (re-armed with
+    what it had left) may fire before RESUME: whether one is pending at
+    either moment is timing, and left out of the pending sets."""
+    mask = ITIMER_SIGNALS
+    try:
+        for line in _read(f"{base}/timers").splitlines():
+            if line.startswith("signal:"):
+                number = int(line.split(":", 1)[1].strip().split("/", 1)[0])
+                if 1 <= number <= 64:
+                    mask |= 1 << (number - 1)
+    except (OSError, ValueError):
+        pass
+    return mask
 
 
 def _without(hexmask, dropped):
@@ -673,7 +695,39 @@ def take(processes):
         items = result[str(facts.pid)]
         for key, value in facts.items.items():
             items[f"fd {facts.fd} {key}"] = value
+    _number_ptys(result)
     return result
+
+
+PTS_KIND = re.compile(r"^character device (13[6-9]|14[0-3]):(\d+)$")
+PTS_PATH = re.compile(r"^/dev/pts/(\d+)$")
+PTS_TTY = re.compile(r"^(13[6-9]|14[0-3]):(\d+)$")
+
+
+def _number_ptys(result):
+    """Pty numbers as the job's own: the first pty seen is pty 1, and so on
+    (processes by pid, items in order).  A restart opens its ptys anew from
+    /dev/ptmx and gets the numbers free then (another program may hold the
+    old one), as it gets new inode numbers; which fds, masters and
+    controlling terminals are one pty is kept."""
+    numbers = {}
+
+    def ours(number):
+        return f"pty {numbers.setdefault(number, len(numbers) + 1)}"
+
+    for pid in sorted(result, key=int):
+        items = result[pid]
+        for key, value in items.items():
+            if key == "controlling terminal" and PTS_TTY.match(value):
+                major, minor = map(int, value.split(":"))
+                items[key] = ours((major - 136) * 256 + minor)
+            elif key.endswith(" kind") and PTS_KIND.match(value):
+                major, minor = map(int, PTS_KIND.match(value).groups())
+                items[key] = "pty slave " + ours((major - 136) * 256 + minor)
+            elif key.endswith(" path") and PTS_PATH.match(value):
+                items[key] = "/dev/pts/(" + ours(int(PTS_PATH.match(value).group(1))) + ")"
+            elif key.endswith(" fdinfo tty-index") and value.isdigit():
+                items[key] = ours(int(value))
 
 
 # ---- comparing -----------------------------------------------------------------
@@ -694,7 +748,8 @@ def compare(before, after):
                                 "present" if new is not None else ABSENT))
             continue
         for item, value in old.items():
-            if new.get(item, ABSENT) != value and not _scratch(item, value, new.get(item, ABSENT)):
+            if not _same(item, value, new.get(item, ABSENT)) and \
+                    not _scratch(item, value, new.get(item, ABSENT)):
                 differences.append((pid, item, value, new.get(item, ABSENT)))
         for item, value in new.items():
             if item not in old:
@@ -708,6 +763,19 @@ def compare(before, after):
 GROUP_ITEMS = ("shared with", "same object as")
 
 
+def _same(item, old, new):
+    if old == new:
+        return True
+    if item.startswith("map "):
+        # VM_NORESERVE ("nr", MAP_NORESERVE) only says that the map is not
+        # charged to the commit limit (glibc's thread arenas are made so): a
+        # restore maps regions without it.  Kept in the record: it tells
+        # the shim's scratch buffers (below) from a restored map
+        return _NORESERVE.sub("", old) == _NORESERVE.sub("", new)
+    return False
+
+
+_NORESERVE = re.compile(r" nr\b")
 SCRATCH = re.compile(r"^rw-p \[[^]]*\bnr\b[^]]*\]$")
 
 

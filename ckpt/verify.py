@@ -148,7 +148,7 @@ async def before_resume(coord, procs):
     checkpoint_dir, mapping = plan
     old_of = {new: old for old, new in mapping.items()}
     loop = asyncio.get_running_loop()
-    differences, count, missing = [], 0, []
+    differences, count, missing, took = [], 0, [], 0
     local, remote = _by_host(procs)
     for host, group in local.items():
         path = checkpoint_dir / file_name(old_of.get(host, host))
@@ -156,8 +156,9 @@ async def before_resume(coord, procs):
             missing.append(old_of.get(host, host))
             continue
         try:
-            found, _took = await loop.run_in_executor(
+            found, took_here = await loop.run_in_executor(
                 None, _compare_with, path, [(p.pid, p.real_pid) for p in group])
+            took += took_here
         except Exception as exc:  # noqa: BLE001 - one line, never a traceback
             raise PhaseError(f"verification: cannot compare with {path}: "
                              f"{getattr(exc, 'strerror', None) or exc}")
@@ -176,6 +177,8 @@ async def before_resume(coord, procs):
         count += int(answer.get("count", 0))
     for host in missing:
         coord.warn(f"the checkpoint has no fingerprint of host {host}: its restore is not verified")
+    _record(coord, checkpoint_dir, {"mode": mode, "differences": count, "took_ns": took,
+                                    "hosts_missing": missing})
     if count:
         _report(coord, checkpoint_dir, mode, differences, count)
 
@@ -192,6 +195,16 @@ def _expected(difference, group):
 
 def _on(host, remote):
     return f" (on {host})" if remote else ""
+
+
+def _record(coord, checkpoint_dir, summary):
+    """`verify-<checkpoint>.json` in the job's directory: how the last
+    restart of that checkpoint was verified (took_ns: this host's
+    fingerprint and comparison)."""
+    try:
+        _write_atomically(Path(coord.job_dir) / f"verify-{checkpoint_dir.name}.json", summary)
+    except OSError:
+        pass
 
 
 def _report(coord, checkpoint_dir, mode, differences, count):
