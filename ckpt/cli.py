@@ -141,8 +141,8 @@ def kill(job_id):
 @STAGE_DIR
 @click.option("--verify", type=click.Choice(["on", "warn", "off"]), default=None,
               help="Compare the restored processes with the checkpoint's fingerprint of them "
-                   "before they run on: a difference fails the restart (on, the default), is "
-                   "a warning (warn), or no comparison is made (off).")
+                   "before they run on: a difference fails the restart (on), is "
+                   "a warning (warn, the default), or no comparison is made (off).")
 def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir, verify):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import host_spec, restart as run_restart

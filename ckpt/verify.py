@@ -28,7 +28,6 @@ from ckpt.jobs import this_host
 from ckpt.wire import escape, unescape
 
 MODES = ("on", "warn", "off")
-DEFAULT = "on"
 AGENT_WORDS = ("FINGERPRINT", "VERIFY")
 FILE_PREFIX = "fingerprint-"
 ANSWER_DIFFERENCES = 20   # differences an agent sends back (all are in its count)
