@@ -432,7 +432,12 @@ SIGNAL_MASKS = ("ShdPnd", "SigIgn", "SigCgt", "SigPnd", "SigBlk")
 STAT_LAYOUT = {26: "start_code", 27: "end_code", 28: "start_stack", 45: "start_data",
                46: "end_data", 47: "start_brk", 48: "arg_start", 49: "arg_end",
                50: "env_start", 51: "env_end"}
-CHECKPOINT_THREAD = "ckpt"  # the shim's checkpoint thread's name (PR_SET_NAME)
+CHECKPOINT_THREAD = "ckpt"
+# read where /proc lets us: compared only when both sides could read them
+# (reading another process's timerslack_ns takes CAP_SYS_NICE, which an
+# unprivileged restart's coordinator has over its own user namespace's
+# processes and not over the launched job's)
+OPTIONAL = ("oom_score_adj", "personality", "loginuid", "timerslack_ns")  # the shim's checkpoint thread's name (PR_SET_NAME)
 
 
 def _own_tty():
@@ -497,7 +502,7 @@ def _process_items(pid, real_pid, pids, own_tty):
                 items[f"limit {parts[0]}"] = f"{parts[1]} {parts[2]}"
     except OSError as exc:
         items["limits"] = _error(exc)
-    for name in ("oom_score_adj", "personality", "loginuid", "timerslack_ns"):
+    for name in OPTIONAL:
         try:
             items[name] = _read(f"{base}/{name}").strip()
         except OSError:
@@ -748,11 +753,13 @@ def compare(before, after):
                                 "present" if new is not None else ABSENT))
             continue
         for item, value in old.items():
+            if item in OPTIONAL and item not in new:
+                continue
             if not _same(item, value, new.get(item, ABSENT)) and \
                     not _scratch(item, value, new.get(item, ABSENT)):
                 differences.append((pid, item, value, new.get(item, ABSENT)))
         for item, value in new.items():
-            if item not in old:
+            if item not in old and item not in OPTIONAL:
                 differences.append((pid, item, ABSENT, value))
     # per process, what an fd is before whom it shares with: the first
     # difference is the one a failed restart names
