@@ -185,6 +185,10 @@ def _socket_table(real_pid):
             state = int(fields[3], 16)
             if proto.startswith("tcp"):
                 state_name = TCP_STATES.get(state, str(state))
+                if state_name in ("FIN_WAIT1", "FIN_WAIT2"):
+                    # shut down for writing: whether the peer's ACK of the FIN
+                    # came yet (1 or 2) is timing, and a restart sends the FIN anew
+                    state_name = "FIN_WAIT"
             else:  # a connected datagram socket is ESTABLISHED, else CLOSE
                 state_name = "connected" if state == 1 else "unconnected"
             table[fields[9]] = f"{proto} {state_name}"
@@ -394,6 +398,14 @@ def _groups(all_facts, launcher_fds):
                 others = sorted((f.pid, f.fd) for ofd in descriptions if facts not in ofd
                                 for f in ofd)
                 facts.items["same object as"] = _pairs(others)
+    for facts in all_facts:
+        if facts.key is not None and "position" in facts.items and any(
+                kcmp_file(os.getpid(), own, facts.real_pid, facts.fd) == 0 for own in launcher_fds):
+            # one open file description with our own stdio (the launcher's,
+            # at a restart the restarter's): we write through it too (this
+            # checkpoint's warnings, after the image took its offset), and a
+            # restart gives the restarter's or reopens it
+            facts.items["position"] = LAUNCHERS_POSITION
     for facts in all_facts:
         # a terminal from outside the job (the launcher's, at a restart the
         # restarter's: a restart may run on another terminal) is named as
@@ -606,6 +618,7 @@ def _thread_items(real_pid, pids, level, dropped=0):
 
 # ---- mappings -------------------------------------------------------------------
 
+RESERVE = (0x7f000000, 0xff000000)  # CKPT_RESERVE_START, _END (native/include)
 VDSO_NAMES = ("[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]")
 SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) \S+ \d+ ?(.*)$")
 
@@ -618,7 +631,7 @@ def _map_items(real_pid):
         text = _read(f"/proc/{real_pid}/smaps")
     except OSError as exc:
         return {"maps": _error(exc)}
-    current = None
+    current, reserve = None, False
     for line in text.splitlines():
         match = SMAPS_HEADER.match(line)
         if match:
@@ -636,11 +649,17 @@ def _map_items(real_pid):
                 items[current] = perms
                 continue
             current = f"map {start}-{end}"
+            reserve = (int(start, 16), int(end, 16)) == RESERVE
             shown_offset = "" if not path or path.startswith("[") else f" at {int(offset, 16):#x}"
             items[current] = f"{perms}{shown_offset}" + (f" {path}" if path else "")
         elif line.startswith("VmFlags:") and current is not None:
             flags = line.split(":", 1)[1].split()
             if not current.startswith("map ["):
+                if reserve:
+                    # the shim's reserved range (PROT_NONE, never saved): a
+                    # restart maps it again once the program's own
+                    # mlockall(MCL_FUTURE) is back, which locks it (on fault)
+                    flags = [f for f in flags if f not in ("lo", "lf")]
                 items[current] += " [" + " ".join(_vmflags(flags)) + "]"
     return items
 
@@ -770,8 +789,13 @@ def compare(before, after):
 GROUP_ITEMS = ("shared with", "same object as")
 
 
+LAUNCHERS_POSITION = "moved by the launcher too"
+
+
 def _same(item, old, new):
     if old == new:
+        return True
+    if item.endswith(" position") and LAUNCHERS_POSITION in (old, new):
         return True
     if item.startswith("map "):
         # VM_NORESERVE ("nr", MAP_NORESERVE) only says that the map is not
