@@ -632,6 +632,7 @@ def _map_items(real_pid):
     except OSError as exc:
         return {"maps": _error(exc)}
     current, reserve = None, False
+    spans = {}
     for line in text.splitlines():
         match = SMAPS_HEADER.match(line)
         if match:
@@ -652,6 +653,7 @@ def _map_items(real_pid):
             reserve = (int(start, 16), int(end, 16)) == RESERVE
             shown_offset = "" if not path or path.startswith("[") else f" at {int(offset, 16):#x}"
             items[current] = f"{perms}{shown_offset}" + (f" {path}" if path else "")
+            spans[current] = (int(start, 16), int(end, 16), int(offset, 16), perms, path)
         elif line.startswith("VmFlags:") and current is not None:
             flags = line.split(":", 1)[1].split()
             if not current.startswith("map ["):
@@ -661,7 +663,36 @@ def _map_items(real_pid):
                     # mlockall(MCL_FUTURE) is back, which locks it (on fault)
                     flags = [f for f in flags if f not in ("lo", "lf")]
                 items[current] += " [" + " ".join(_vmflags(flags)) + "]"
-    return items
+    return _merged(items, spans)
+
+
+def _merged(items, spans):
+    """Adjacent maps that are alike as one (anonymous ones, or a file's at
+    contiguous offsets, with the same protections, flags and VmFlags).
+    Whether the kernel merged two such regions depends on their history
+    (anon_vma: a fork, a region written before its neighbour was mapped),
+    which a restore does not repeat: it maps them afresh, and merged."""
+    merged, last = {}, None
+    for key, value in items.items():
+        span = spans.get(key)
+        if span is not None and last is not None:
+            start, end, offset, perms, path = span
+            l_key, (l_start, l_end, l_offset, l_perms, l_path), l_value = last
+            contiguous = not path or path.startswith("[") or offset == l_offset + (l_end - l_start)
+            if start == l_end and perms == l_perms and path == l_path and contiguous and \
+                    _without_offset(value) == _without_offset(l_value) and \
+                    not (RESERVE[0] <= start < RESERVE[1]):
+                del merged[l_key]
+                key = f"map {l_start:x}-{end:x}"
+                span = (l_start, end, l_offset, perms, path)
+                value = l_value
+        merged[key] = value
+        last = (key, span, value) if span is not None else None
+    return merged
+
+
+def _without_offset(value):
+    return re.sub(r" at 0x[0-9a-f]+", "", value)
 
 
 VMFLAGS_LEFT_OUT = {
