@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ckpt import auth
 from ckpt import stopped as stopped_processes
+from ckpt import verify
 from ckpt.barrier import PhaseError, barrier
 from ckpt.errors import CkptError
 from ckpt.headers import integer_constants
@@ -164,6 +165,9 @@ class HostAgent:
             self._spawn(self._answer(ident=rest, work=stopped_processes.freeze_app(self.thawed)))
         elif word == "FREEZE":
             self._spawn(self._answer(ident=rest, work=self._freeze()))
+        elif word in verify.AGENT_WORDS:  # FINGERPRINT|VERIFY id tags path
+            ident, _, args = rest.partition(" ")
+            self._spawn(self._answer(ident, verify.on_agent(self, word, args)))
 
     async def _barrier(self, ident, timeout, tags, line):
         """One barrier over the host's processes named by tags; one answer."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from ckpt import manifest as manifests
 from ckpt import paths
 from ckpt import stopped as stopped_processes
+from ckpt import verify
 from ckpt.barrier import PhaseError
 from ckpt.errors import CkptError
 from ckpt.wire import escape
@@ -73,7 +74,7 @@ class CheckpointRun:
 
     def __init__(self, job, procs, mode, kill=False, *, barrier, pause_before,
                  live_processes, wait_for_ids, names, note, warn, warnings, host_addresses,
-                 barrier_timeout):
+                 barrier_timeout, fingerprint):
         """job: a CheckpointedJob; procs: its processes registered now;
         mode: a WriteMode; kill: the job is killed once it is taken.
         What the coordinator lends it: barrier(phase, procs, arg, timeout=,
@@ -82,7 +83,9 @@ class CheckpointRun:
         registry; names, its NameService; note(message) for stderr and
         `warnings`, the list this checkpoint's manifest and reply carry;
         warn(message) for stderr only; host_addresses() for the manifest;
-        barrier_timeout, how long a forked writer's result is waited for."""
+        barrier_timeout, how long a forked writer's result is waited for;
+        fingerprint(procs, directory), the processes' fingerprints taken
+        while they are parked (ckpt/verify.py)."""
         self.job = job
         self.procs = list(procs)
         self.kill = kill
@@ -97,6 +100,7 @@ class CheckpointRun:
         self.warnings = warnings
         self.host_addresses = host_addresses
         self.barrier_timeout = barrier_timeout
+        self.fingerprint = fingerprint
         self.number, self.tmp = prepare_directory(job.job_dir)
         # node-local first, copied to the checkpoint directory while the job runs on
         self.staged = None if not self.mode.stage_dir else \
@@ -127,6 +131,7 @@ class CheckpointRun:
             await self._phase("FLUSH", secrets.token_hex(16))
             written = await self._phase(
                 "WRITE", escape(self.tmp) + self.mode.write_words(self.staged, self.parent))
+            await self.fingerprint(self.procs, self.tmp)  # still parked: what the kernel shows
             # written in place and unstaged: complete once WRITE is done
             images_done = not self.mode.forked and not self.staged
             if images_done:
@@ -300,7 +305,7 @@ class CheckpointRun:
         # an incremental image's page list, every image's block checksums
         images |= {name + suffix for name in images for suffix in (".pages", ".sum")}
         for leftover in self.tmp.iterdir():  # images of processes that were left out
-            if leftover.name not in images:
+            if leftover.name not in images and not verify.kept(leftover.name):
                 leftover.unlink()
         processes = []
         for proc, entry in entries.items():

@@ -151,13 +151,17 @@ def kill(job_id):
                    "checkpoint's job took them).")
 @FULL_EVERY
 @STAGE_DIR
-def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir):
+@click.option("--verify", type=click.Choice(["on", "warn", "off"]), default=None,
+              help="Compare the restored processes with the checkpoint's fingerprint of them "
+                   "before they run on: a difference fails the restart (on), is "
+                   "a warning (warn, the default), or no comparison is made (off).")
+def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir, verify):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import host_spec, restart as run_restart
 
     def config_for(ckpt_dir):
         return load_config(ckpt_dir=str(ckpt_dir), interval=interval, incremental=incremental,
-                           full_every=full_every, stage_dir=stage_dir)
+                           full_every=full_every, stage_dir=stage_dir, verify=verify)
     if hosts and hostfile:
         raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
     if hosts:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ckpt import auth
 from ckpt import manifest as manifests
+from ckpt import verify
 from ckpt.agent_link import AgentLink, describe_address
 from ckpt.barrier import PhaseError, barrier
 from ckpt.checkpoint import CheckpointedJob, CheckpointRun
@@ -294,7 +295,8 @@ class Coordinator:
             job, procs, mode, kill, barrier=self.barrier, pause_before=self.pause_before,
             live_processes=self.live_processes, wait_for_ids=self.wait_for_ids,
             names=self.names, note=self.note, warn=self.warn, warnings=self._warnings,
-            host_addresses=self.host_addresses, barrier_timeout=self.barrier_timeout)
+            host_addresses=self.host_addresses, barrier_timeout=self.barrier_timeout,
+            fingerprint=lambda procs, directory: verify.after_write(self, procs, directory))
 
     async def _first_processes(self):
         if not self._matching():
@@ -319,6 +321,8 @@ class Coordinator:
                 self.warn(f"restored processes {unknown} are not in the manifest")
             try:
                 for phase, arg in (("REBUILD", None), ("REFILL", None), ("RESUME", "ok")):
+                    if phase == "RESUME":  # rebuilt, still parked: as the checkpoint saw them?
+                        await verify.before_resume(self, procs)
                     _answers, gone = await self.barrier(phase, procs, arg, seq=self.restarted_from or 0)
                     if gone:
                         raise PhaseError(f"{gone[0].describe()} exited during {phase}")

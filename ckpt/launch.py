@@ -8,7 +8,7 @@ import shutil
 import socket
 import struct
 
-from ckpt import paths
+from ckpt import paths, verify
 from ckpt.config import Config
 from ckpt.errors import CkptError
 from ckpt.jobs import check_job_id
@@ -133,6 +133,7 @@ async def _run(command, config, job_id, shim, on_session):
     async with JobSession(job_id=job_id, job_dir=job_dir, command=command, config=config) as job:
         if on_session is not None:
             on_session(job)
+        verify.prepare(job.coordinator, config.verify)
         env = job_environment(shim, job.environment())
         announce(job_id)
         pid = job.spawn(remote_wrapped(command), env)

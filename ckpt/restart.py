@@ -12,7 +12,7 @@ import shlex
 import socket
 from pathlib import Path
 
-from ckpt import paths
+from ckpt import paths, verify
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
 from ckpt.jobs import this_host
@@ -219,6 +219,7 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
                           config=config, restarted_from=manifest["checkpoint"]) as job:
         if on_session is not None:
             on_session(job)
+        verify.prepare(job.coordinator, config.verify, checkpoint_dir, hosts.mapping)
         job.signal_targets = lambda: _signal_targets(job, processes[0]["pid"])
         status_read, status_write = os.pipe()
         os.set_inheritable(status_write, True)
