@@ -53,6 +53,15 @@ async def simulated_host(address, secret, host, first_pid, count):
     writer.write("".join(f"JOIN {tag} {pid} 0 {host} {pid}\n" for tag, pid in pids.items()).encode())
     while line := await reader.readline():
         word, rest = split_line(line)
+        if word in ("STOPPED", "THAW"):     # STOPPED|THAW id tags
+            # as ckpt/agent.py answers: the tags of the stopped (none here;
+            # a thaw thaws none of them)
+            ident = rest.partition(" ")[0]
+            writer.write(f'ANSWERS {ident} {{"stopped":[],"fail":null}}\n'.encode())
+            continue
+        if word in ("FREEZE-APP", "FREEZE"):  # FREEZE-APP|FREEZE id
+            writer.write(f'ANSWERS {rest.strip()} {{"fail":null}}\n'.encode())
+            continue
         if word != "BARRIER":
             continue
         ident, _timeout, tags, phase_line = rest.split(" ", 3)
