@@ -10,7 +10,9 @@ restart).  Baselines in the same run: one sequential write()+fsync and a
 read() of the same bytes on the same filesystem (no job running), and the
 first run's start to READY (a launch from scratch that fills its memory).
 
-    python3 bench/slurm_bench.py [--reps 2] [--mib 512]
+    python3 bench/slurm_bench.py [--reps 2] [--mib 512] [--smoke]
+
+--smoke: 16 MiB per rank, one requeue: that the benchmark still runs.
 """
 import argparse
 import statistics
@@ -95,7 +97,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--smoke", action="store_true",
+                        help="smallest size, once: does it still run (make bench-smoke)")
     args = parser.parse_args()
+    if args.smoke:
+        args.reps, args.mib = 1, 16
     from cluster import Cluster, ClusterUnavailable
     from slurm_cluster import SlurmCluster, why_unavailable
     reason = why_unavailable()
