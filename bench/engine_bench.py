@@ -21,7 +21,8 @@ same filesystem, because absolute times drift on these machines:
                                   [--stage-dir DIR] [--smoke]
 
 --smoke: every table at its smallest size (64 MiB, loops a thousandth as
-long, one thread), once: that the benchmarks still run, in seconds.
+long, one thread; the stopped time against this shim itself unless
+--baseline-ref is given), once: that the benchmarks still run, in seconds.
 """
 import argparse
 import os
@@ -375,10 +376,12 @@ def stopped_ms(env, work, job, threads, reps):
 def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
     """Stopped time of checkpoints (written in place) of processes whose
     threads are blocked in poll: this shim against the one of commit ref
-    (the parking notes each thread's system call, and takes it up again)."""
-    tree = build_baseline(ref, work)
+    (the parking notes each thread's system call, and takes it up again).
+    ref None: this shim against itself (--smoke: no worktree, no build)."""
+    tree = build_baseline(ref, work) if ref else None
+    ref = ref or "this shim"
     try:
-        base_env = dict(env, CKPT_NATIVE_DIR=str(tree / "native"))
+        base_env = dict(env, CKPT_NATIVE_DIR=str(tree / "native")) if tree else env
         rows = []
         for n in threads:
             base, now = [], []
@@ -388,7 +391,8 @@ def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
             b, c = statistics.median(base), statistics.median(now)
             rows.append([n, f"{b:.2f}", f"{c:.2f}", f"{c / b:.2f}"])
     finally:
-        remove_baseline(tree)
+        if tree:
+            remove_baseline(tree)
     table(f"App stopped by a checkpoint, threads blocked in poll (median ms; baseline: "
           f"shim of {ref})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
 
@@ -429,8 +433,9 @@ def main():
             bench_sparse(env, work, *sparse)
         if args.only in (None, "overhead"):
             bench_overhead(env, args.reps, loop_scale)
-        ref = args.baseline_ref or previous_shim_commit()
-        if args.only in (None, "stopped") and ref:
+        # --smoke: against itself unless a ref is given (no worktree to build)
+        ref = args.baseline_ref or (None if args.smoke else previous_shim_commit())
+        if args.only in (None, "stopped") and (ref or args.smoke):
             bench_stopped(env, work, args.reps, ref, threads)
 
 
