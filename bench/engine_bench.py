@@ -379,7 +379,8 @@ def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
     (the parking notes each thread's system call, and takes it up again).
     ref None: this shim against itself (--smoke: no worktree, no build)."""
     tree = build_baseline(ref, work) if ref else None
-    ref = ref or "this shim"
+    baseline_name = f"shim of {ref}" if ref else "this shim itself"
+    ref = ref or "baseline"
     try:
         base_env = dict(env, CKPT_NATIVE_DIR=str(tree / "native")) if tree else env
         rows = []
@@ -394,7 +395,7 @@ def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
         if tree:
             remove_baseline(tree)
     table(f"App stopped by a checkpoint, threads blocked in poll (median ms; baseline: "
-          f"shim of {ref})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
+          f"{baseline_name})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
 
 
 def main():
