@@ -12,7 +12,8 @@ from harness import REPO, Session, User, become_subreaper, reap_orphans
 UNPRIVILEGED_UID = 4242
 
 # The quick tier (`./run-tests.sh --quick`, marker `quick`; every unit test
-# is in it too): a few end-to-end tests of each area, a few minutes in all.
+# is in it too): a few end-to-end tests of each area, a few minutes in all
+# (3-4 min on 2 cores; the stress tests, 20-40 s each, stay in the full run).
 # file -> test -> the parameter ids in the tier (None: the test as a whole).
 QUICK = {
     "test_engine.py": {
@@ -20,7 +21,6 @@ QUICK = {
             ["threads", "files", "sockets", "proctree", "pipe_states", "sharedmem", "ptys"],
         "test_restart_twice_in_a_chain": ["counter"],
         "test_unprivileged_user": ["counter"],
-        "test_children_forked_during_the_checkpoint": None,
     },
     "test_mpi.py": {"test_mpi_checkpoint_kill_restart": ["mpich-2-ring"]},
     "test_ib.py": {"test_pingpong_checkpoint_kill_restart": ["ud--18600"]},
