@@ -1,6 +1,6 @@
 # ckpt: build the native parts and the test programs; run the demo,
 # the tests and the benchmarks.
-.PHONY: all native plugins apps mpi softverbs demo test bench bench-load clean
+.PHONY: all native plugins apps mpi softverbs demo test bench bench-smoke bench-load clean
 
 all: native plugins apps mpi softverbs
 
@@ -34,6 +34,17 @@ bench: all
 	python3 bench/multihost_bench.py
 	python3 bench/slurm_bench.py
 	python3 bench/ib_bench.py
+
+# every benchmark above at its smallest size, once (seconds each): fails if
+# one fails (a missed target is no failure: no timing is checked); CI runs it
+BENCHES = engine compress softverbs mpi mpi_verbs multihost slurm ib
+bench-smoke: all
+	@failed=""; for b in $(BENCHES); do \
+		echo "== bench/$${b}_bench.py --smoke"; start=$$(date +%s); \
+		python3 bench/$${b}_bench.py --smoke || failed="$$failed $$b"; \
+		echo "== $${b}_bench: $$(($$(date +%s) - start)) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "bench-smoke: failed:$$failed" >&2; exit 1; fi
 
 # twenty minutes: a checkpoint a second of a 16-rank job, each MPI stack
 bench-load: all

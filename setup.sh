@@ -5,7 +5,7 @@
 set -eu
 cd "$(dirname "$0")"
 
-DEBS="gcc make libc6-dev libxxhash-dev libzstd-dev util-linux procps
+DEBS="gcc make libc6-dev libxxhash-dev libzstd-dev zstd util-linux procps
 python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
 python3-xxhash python3-pytest libibverbs-dev ibverbs-utils rdma-core ibverbs-providers
 libucx0 ucx-utils perftest

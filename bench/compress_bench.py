@@ -11,6 +11,9 @@ uncompressed image's bytes is the reference for size and speed: to a
 pipe (compression alone), and to a file fsynced (durable, as ckpt's).
 
     python3 bench/compress_bench.py [--mib 2048] [--reps 3] [--dir DIR] [--only KIND]
+                                    [--smoke]
+
+--smoke: every kind at 32 MiB, once: that the benchmark still runs.
 """
 import argparse
 import os
@@ -113,7 +116,10 @@ def main():
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", choices=KINDS)
+    ap.add_argument("--smoke", action="store_true", help="smallest sizes, once: does it still run (seconds; make bench-smoke)")
     args = ap.parse_args()
+    if args.smoke:
+        args.mib, args.reps = 32, 1
     subprocess.run(["make", "-s", "-C", REPO / "native"], check=True)
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -18,7 +18,11 @@ same filesystem, because absolute times drift on these machines:
     default: the previous commit that changed native/shim).
 
     python3 bench/engine_bench.py [--mib 2048] [--dir DIR] [--reps 5] [--only TABLE]
-                                  [--stage-dir DIR]
+                                  [--stage-dir DIR] [--smoke]
+
+--smoke: every table at its smallest size (64 MiB, loops a thousandth as
+long, one thread; the stopped time against this shim itself unless
+--baseline-ref is given), once: that the benchmarks still run, in seconds.
 """
 import argparse
 import os
@@ -304,14 +308,14 @@ def fmt(values):
     return "/".join(f"{v:.2f}" for v in values)
 
 
-def bench_sparse(env, work):
-    proc, _ = launch(env, work, "sparse", BIN / "bigproc", 8192, 64)
+def bench_sparse(env, work, mapped=8192, touched=64):
+    proc, _ = launch(env, work, "sparse", BIN / "bigproc", mapped, touched)
     image_dir, wall, info = checkpoint(env, "sparse")
     kill(env, "sparse", proc)
-    table("Untouched memory costs nothing: 8 GiB mapped, 64 MiB touched",
+    table(f"Untouched memory costs nothing: {mapped / 1024:g} GiB mapped, {touched} MiB touched",
           ["checkpoint wall s", "image write s", "image MiB", "touched MiB"],
           [[f"{wall:.3f}", f"{info['write_ns'] / 1e9:.3f}",
-            f"{info['size'] / 2**20:.1f}", "64"]])
+            f"{info['size'] / 2**20:.1f}", str(touched)]])
 
 
 def run_loop(env, kind, n, shim):
@@ -324,12 +328,13 @@ def run_loop(env, kind, n, shim):
     return float(proc.stdout)
 
 
-def bench_overhead(env, reps):
+def bench_overhead(env, reps, scale=1):
     loops = {"compute": 1_000_000_000, "syscalls": 3_000_000, "clock": 60_000_000,
              "malloc": 60_000_000, "poll": 5_000_000, "poll0": 5_000_000,
              "epoll": 5_000_000, "epoll0": 5_000_000}
     rows = []
     for kind, n in loops.items():
+        n = max(1, int(n * scale))
         plain, shim = [], []
         for _ in range(reps):       # interleaved, so drift hits both alike
             plain.append(run_loop(env, kind, n, False))
@@ -368,15 +373,18 @@ def stopped_ms(env, work, job, threads, reps):
     return statistics.median(stops)
 
 
-def bench_stopped(env, work, reps, ref):
+def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
     """Stopped time of checkpoints (written in place) of processes whose
     threads are blocked in poll: this shim against the one of commit ref
-    (the parking notes each thread's system call, and takes it up again)."""
-    tree = build_baseline(ref, work)
+    (the parking notes each thread's system call, and takes it up again).
+    ref None: this shim against itself (--smoke: no worktree, no build)."""
+    tree = build_baseline(ref, work) if ref else None
+    baseline_name = f"shim of {ref}" if ref else "this shim itself"
+    ref = ref or "baseline"
     try:
-        base_env = dict(env, CKPT_NATIVE_DIR=str(tree / "native"))
+        base_env = dict(env, CKPT_NATIVE_DIR=str(tree / "native")) if tree else env
         rows = []
-        for n in (1, 16, 64):
+        for n in threads:
             base, now = [], []
             for i in range(reps):      # interleaved, so drift hits both alike
                 base.append(stopped_ms(base_env, work, f"b{n}-{i}", n, 3))
@@ -384,9 +392,10 @@ def bench_stopped(env, work, reps, ref):
             b, c = statistics.median(base), statistics.median(now)
             rows.append([n, f"{b:.2f}", f"{c:.2f}", f"{c / b:.2f}"])
     finally:
-        remove_baseline(tree)
+        if tree:
+            remove_baseline(tree)
     table(f"App stopped by a checkpoint, threads blocked in poll (median ms; baseline: "
-          f"shim of {ref})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
+          f"{baseline_name})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
 
 
 def main():
@@ -401,7 +410,13 @@ def main():
                     help="DMTCP's bin dir for the big table (default: on PATH or /opt/dmtcp/bin)")
     ap.add_argument("--baseline-ref", default=None,
                     help="commit whose shim the stopped-time table compares with")
+    ap.add_argument("--smoke", action="store_true", help="smallest sizes, once: does it still run (seconds; make bench-smoke)")
     args = ap.parse_args()
+    if args.smoke:
+        args.mib, args.reps = 64, 1
+    sparse = (512, 16) if args.smoke else (8192, 64)
+    loop_scale = 0.001 if args.smoke else 1
+    threads = (1,) if args.smoke else (1, 16, 64)
     subprocess.run(["make", "-s", "-C", REPO / "native"], check=True)
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -416,12 +431,13 @@ def main():
         if args.only in (None, "staging"):
             bench_staging(env, work, args.mib, args.reps, args.stage_dir)
         if not args.only:
-            bench_sparse(env, work)
+            bench_sparse(env, work, *sparse)
         if args.only in (None, "overhead"):
-            bench_overhead(env, args.reps)
-        ref = args.baseline_ref or previous_shim_commit()
-        if args.only in (None, "stopped") and ref:
-            bench_stopped(env, work, args.reps, ref)
+            bench_overhead(env, args.reps, loop_scale)
+        # --smoke: against itself unless a ref is given (no worktree to build)
+        ref = args.baseline_ref or (None if args.smoke else previous_shim_commit())
+        if args.only in (None, "stopped") and (ref or args.smoke):
+            bench_stopped(env, work, args.reps, ref, threads)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@
     the same two-process shape with little in flight;
   - runtime overhead of the shim on an MPI ping-pong and an allreduce loop.
 
-    python3 bench/mpi_bench.py [--ranks 4] [--mib 512] [--reps 3]
+    python3 bench/mpi_bench.py [--ranks 4] [--mib 512] [--reps 3] [--smoke]
+
+--smoke: 2 ranks x 16 MiB, loops a hundredth as long, once: that the
+benchmarks still run, in seconds.
 """
 import argparse
 import os
@@ -123,7 +126,7 @@ def run_loop(env, kind, n, shim):
     return float(out.split()[-1])
 
 
-def bench_overhead(env, reps):
+def bench_overhead(env, reps, scale=1):
     """Two ranks that busy-poll share this machine's 2 cores with everything
     else, so one run can take twice another: the best of several
     interleaved runs is the cost of the loop itself, the median shows the
@@ -131,6 +134,7 @@ def bench_overhead(env, reps):
     loops = {"pingpong": 2_000_000, "allreduce": 2_000_000}   # over a second each
     rows = []
     for kind, n in loops.items():
+        n = max(1, int(n * scale))
         plain, shim = [], []
         for _ in range(reps):
             plain.append(run_loop(env, kind, n, False))
@@ -152,7 +156,10 @@ def main():
     ap.add_argument("--loop-reps", type=int, default=7, help="runs of each overhead loop")
     ap.add_argument("--only-overhead", action="store_true")
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /tmp)")
+    ap.add_argument("--smoke", action="store_true", help="smallest sizes, once: does it still run (seconds; make bench-smoke)")
     args = ap.parse_args()
+    if args.smoke:
+        args.ranks, args.mib, args.reps, args.loop_reps = 2, 16, 1, 1
     if not shutil.which("mpirun.mpich"):
         print("mpi_bench: MPICH is not installed (./setup.sh installs it)")
         return
@@ -167,7 +174,7 @@ def main():
         if not args.only_overhead:
             bench_job(env, work, args.ranks, args.mib, args.reps)
             bench_tcp_flush(env, work, args.reps)
-        bench_overhead(env, args.loop_reps)
+        bench_overhead(env, args.loop_reps, 0.01 if args.smoke else 1)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ The MPI libraries are Debian's, over UCX's `ud_verbs` on softverbs' device
   - the rebuild against the number of ranks (each rank has an address
     handle per peer; bench/ib_bench.py takes one process to 1024 of them).
 
-    python3 bench/mpi_verbs_bench.py [--reps 7] [--mib 512] [--only-pingpong]
+    python3 bench/mpi_verbs_bench.py [--reps 7] [--mib 512] [--only-pingpong] [--smoke]
+
+--smoke: ping-pongs a hundredth as long, a 2-rank job of 16 MiB per rank,
+rebuilds at 2 ranks, once: that the benchmarks still run, in seconds.
 """
 import argparse
 import os
@@ -272,9 +275,9 @@ def bench_checkpoint(env, work, ranks, mib, reps):
           "rebuilds)", ["phase", "median ms", "max ms", "of the app's stopped time"], rows)
 
 
-def bench_rebuild_by_ranks(env, work, reps):
+def bench_rebuild_by_ranks(env, work, reps, sizes=(2, 4, 8)):
     rows = []
-    for ranks in (2, 4, 8):
+    for ranks in sizes:
         job = VerbsJob(env, work, f"r{ranks}", ranks, 16)
         for i in range(reps):
             time.sleep(0.2)
@@ -296,7 +299,13 @@ def main():
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir in /var/tmp)")
     ap.add_argument("--only-pingpong", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="smallest sizes, once: does it still run (seconds; make bench-smoke)")
     args = ap.parse_args()
+    if args.smoke:
+        args.reps, args.ckpt_reps, args.ranks, args.mib = 1, 1, 2, 16
+        for table_ in (PINGPONG, COST_ROUND_TRIPS):
+            for size in table_:
+                table_[size] //= 100
     if not UCT_IB.exists() or not shutil.which("mpirun.mpich"):
         print("mpi_verbs_bench: MPICH and UCX's verbs transports are needed (./setup.sh)")
         return
@@ -312,7 +321,7 @@ def main():
         bench_plugin_cost(env, work, plain_best, args.reps)
         if not args.only_pingpong:
             bench_checkpoint(env, work, args.ranks, args.mib, args.ckpt_reps)
-            bench_rebuild_by_ranks(env, work, args.ckpt_reps)
+            bench_rebuild_by_ranks(env, work, args.ckpt_reps, (2,) if args.smoke else (2, 4, 8))
 
 
 if __name__ == "__main__":

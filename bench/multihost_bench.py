@@ -14,6 +14,10 @@
     and each rank's stopped time.  Target: ratios at least 0.8.
 
     python3 bench/multihost_bench.py [--reps 3] [--mib 512] [--only barrier|job]
+                                     [--smoke]
+
+--smoke: the smallest size of each (1,024 processes on 16 hosts; a 16 MiB
+job), once: that the benchmark still runs, in seconds (`make bench-smoke`).
 """
 import argparse
 import asyncio
@@ -53,6 +57,15 @@ async def simulated_host(address, secret, host, first_pid, count):
     writer.write("".join(f"JOIN {tag} {pid} 0 {host} {pid}\n" for tag, pid in pids.items()).encode())
     while line := await reader.readline():
         word, rest = split_line(line)
+        if word in ("STOPPED", "THAW"):     # STOPPED|THAW id tags
+            # as ckpt/agent.py answers: the tags of the stopped (none here;
+            # a thaw thaws none of them)
+            ident = rest.partition(" ")[0]
+            writer.write(f'ANSWERS {ident} {{"stopped":[],"fail":null}}\n'.encode())
+            continue
+        if word in ("FREEZE-APP", "FREEZE"):  # FREEZE-APP|FREEZE id
+            writer.write(f'ANSWERS {rest.strip()} {{"fail":null}}\n'.encode())
+            continue
         if word != "BARRIER":
             continue
         ident, _timeout, tags, phase_line = rest.split(" ", 3)
@@ -107,10 +120,10 @@ async def barrier_round_times(processes, hosts, reps, work):
         agents.wait()
 
 
-def barrier_scale(reps):
+def barrier_scale(reps, scales=SCALES):
     rows = []
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
-        for processes, hosts in SCALES:
+        for processes, hosts in scales:
             times = asyncio.run(barrier_round_times(processes, hosts, reps, Path(tmp)))
             median = statistics.median(times)
             rows.append([f"{processes:,}", str(hosts), f"{median:.3f}",
@@ -266,10 +279,15 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--only", choices=["barrier", "job"])
+    parser.add_argument("--smoke", action="store_true",
+                        help="smallest sizes, once: does it still run (seconds)")
     args = parser.parse_args()
+    scales = SCALES
+    if args.smoke:
+        args.reps, args.mib, scales = 1, 16, SCALES[:1]
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
     if args.only in (None, "barrier"):
-        barrier_scale(args.reps)
+        barrier_scale(args.reps, scales)
     if args.only in (None, "job"):
         for part in ("mpi", "apps"):   # the job, and the baselines' io_baseline
             subprocess.run(["make", "-s", "-C", str(REPO / "bench" / part)], check=True)

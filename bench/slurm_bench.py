@@ -15,7 +15,9 @@ srun ring requeued once, each rank's barrier from its request to its
 answer, relayed to slurmstepd before the restart and answered through
 ckpt's name service after it (CKPT_PMI_TRACE).
 
-    python3 bench/slurm_bench.py [--reps 2] [--mib 512]
+    python3 bench/slurm_bench.py [--reps 2] [--mib 512] [--smoke]
+
+--smoke: 16 MiB per rank, one requeue: that the benchmark still runs.
 """
 import argparse
 import statistics
@@ -118,7 +120,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--smoke", action="store_true",
+                        help="smallest size, once: does it still run (make bench-smoke)")
     args = parser.parse_args()
+    if args.smoke:
+        args.reps, args.mib = 1, 16
     from cluster import Cluster, ClusterUnavailable
     from slurm_cluster import SlurmCluster, why_unavailable
     reason = why_unavailable()

@@ -11,6 +11,46 @@ from harness import REPO, Session, User, become_subreaper, reap_orphans
 
 UNPRIVILEGED_UID = 4242
 
+# The quick tier (`./run-tests.sh --quick`, marker `quick`; every unit test
+# is in it too): a few end-to-end tests of each area, a few minutes in all
+# (3-4 min on 2 cores; the stress tests, 20-40 s each, stay in the full run).
+# file -> test -> the parameter ids in the tier (None: the test as a whole).
+QUICK = {
+    "test_engine.py": {
+        "test_checkpointed_runs_on_unchanged_and_restarts_from_first_and_last":
+            ["threads", "files", "sockets", "proctree", "pipe_states", "sharedmem", "ptys"],
+        "test_restart_twice_in_a_chain": ["counter"],
+        "test_unprivileged_user": ["counter"],
+    },
+    "test_mpi.py": {"test_mpi_checkpoint_kill_restart": ["mpich-2-ring"]},
+    "test_ib.py": {"test_pingpong_checkpoint_kill_restart": ["ud--18600"]},
+    "test_mpi_verbs.py": {"test_over_verbs_checkpoint_restart": ["mpich-ud_verbs-ring"]},
+    "test_multihost.py": {"test_restart_on_same_other_and_swapped_hosts": ["mpich"]},
+    "test_fuzz_images.py": {"test_fuzzed_checkpoints_fail_cleanly": None},
+    "test_incremental.py": {"test_incremental_checkpoints_restart": ["threads"]},
+    "test_compression.py": {"test_compressed_checkpoints_restart": ["counter-zstd"]},
+    "test_staging.py": {"test_staged_checkpoints_restart": ["proctree"]},
+    "test_faults.py": {"test_corrupt_image_is_refused_before_restoring": None,
+                       "test_full_disk_abandons_checkpoint_and_job_keeps_running": None},
+    "test_fault_matrix.py": {"test_fault_during_checkpoint": ["STOP-rank"]},
+}
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)     # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.parent != HERE or path.name not in QUICK:
+            continue
+        name = getattr(item, "originalname", item.name)
+        if name not in QUICK[path.name]:
+            continue
+        ids = QUICK[path.name][name]
+        callspec = getattr(item, "callspec", None)
+        if ids is None or (callspec is not None and callspec.id in ids):
+            item.add_marker(pytest.mark.quick)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def built():
