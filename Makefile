@@ -34,10 +34,11 @@ bench: all
 	python3 bench/multihost_bench.py
 	python3 bench/slurm_bench.py
 	python3 bench/ib_bench.py
+	python3 bench/verify_bench.py
 
 # every benchmark above at its smallest size, once (seconds each): fails if
 # one fails (a missed target is no failure: no timing is checked); CI runs it
-BENCHES = engine compress softverbs mpi mpi_verbs multihost slurm ib
+BENCHES = engine compress softverbs mpi mpi_verbs multihost slurm ib verify
 bench-smoke: all
 	@failed=""; for b in $(BENCHES); do \
 		echo "== bench/$${b}_bench.py --smoke"; start=$$(date +%s); \
