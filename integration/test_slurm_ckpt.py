@@ -457,6 +457,39 @@ def test_srun_mpich_pmi2_programs_restart_on_other_nodes(slurm, jobs, program):
     assert state == "COMPLETED", text
 
 
+def test_srun_pmi_barriers_and_gets_go_on_across_two_requeues(slurm, jobs):
+    """A PMI-1 client of its own (apps/pmi_steps: put, barrier, get of every
+    task's value, checked, at each step) under srun --mpi=pmi2, requeued
+    twice onto other nodes: barrier after barrier and get after get are
+    relayed to slurmstepd before the first requeue and answered by ckpt's
+    name service after each one; every value checks and the job COMPLETES
+    with the result of an uninterrupted run."""
+    prog = str(REPO / "integration" / "apps" / "bin" / "pmi_steps")
+    srun = ["srun", "-N", "2", "-n", "2", "--mpi=pmi2", prog]
+    r = slurm.run("h4", srun + ["1500", "0"], timeout=120)
+    expected = [line for line in r.stdout.splitlines() if line.startswith("RESULT")]
+    assert r.returncode == 0 and len(expected) == 1, r.stdout + r.stderr
+    trace = slurm.cluster.shared_dir / "pmi-steps.trace"
+    job = jobs("pmi", (1500, 20), command=["env", f"CKPT_PMI_TRACE={trace}"] + srun +
+               ["1500", "20"]).submit()
+    assert job.wait_running(0) == ["h1", "h2"]
+    job.wait_text("READY")
+    for restarts, (away, to) in enumerate(MOVES, start=1):
+        time.sleep(2)
+        job.usr1()
+        job.wait_pending(restarts)
+        job.keep_off(away)
+        assert job.wait_running(restarts) == to
+        job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
+    job.release()
+    state = slurm.wait_job(job.id, ("COMPLETED", "FAILED", "CANCELLED"), timeout=180)
+    text, lines = job.text(), trace.read_text()
+    assert state["JobState"] == "COMPLETED", text
+    assert job.results() == expected and "FAIL" not in text, text
+    # several barriers answered after the restarts, by every task
+    assert lines.count(" <<local cmd=barrier_out") >= 2 * 2, lines[-2000:]
+
+
 def test_srun_pmix_is_refused_at_checkpoint_time_in_one_line(slurm, jobs):
     """Open MPI under `srun --mpi=pmix`: its ranks talk PMIx to slurmstepd,
     which no restart can answer yet.  USR1's checkpoint is refused with one

@@ -477,6 +477,7 @@ static void answer_locally(pid_t task)
 	block_signals(&old);
 	if (passed) {
 		pmi.barriers_done++;
+		pmi.counted_epoch = 0;	/* the next barrier is counted anew */
 		append(&pmi.to_app, "cmd=barrier_out\n");
 	}
 	append(&pmi.to_app, reply);
