@@ -31,7 +31,6 @@ MODES = ("on", "warn", "off")
 AGENT_WORDS = ("FINGERPRINT", "VERIFY")
 FILE_PREFIX = "fingerprint-"
 ANSWER_DIFFERENCES = 20   # differences an agent sends back (all are in its count)
-SHOWN_WARNINGS = 10       # differences shown as warnings in warn mode
 
 
 def file_name(host):
@@ -216,10 +215,8 @@ def _report(coord, checkpoint_dir, mode, differences, count):
     more = f" (and {count - 1} more difference{'s' if count > 2 else ''}{where})" if count > 1 else ""
     if mode == "on":
         raise PhaseError(f"the restored processes differ from the checkpoint: {differences[0]}{more}")
-    for line in differences[:SHOWN_WARNINGS]:
-        coord.warn(f"restore differs: {line}")
-    if count > SHOWN_WARNINGS:
-        coord.warn(f"restore differs in {count - SHOWN_WARNINGS} more items{where}")
+    # one line, as every warning: the file has them all
+    coord.warn(f"restore differs: {differences[0]}{more}")
 
 
 # ---- an agent, for its host ------------------------------------------------------
