@@ -57,6 +57,7 @@ static struct {
 	int kv;				/* the name service, after a restart */
 	int local;			/* answering ourselves (after a restart) */
 	int raw;			/* PMI-2's wire protocol: bytes relayed unread */
+	int restarted;			/* for the main thread: drop the old connections */
 	int app_eof, real_eof;
 	char step[64];			/* "<job>.<step>": the keys' namespace */
 	unsigned epoch;			/* the checkpoint restarted from, in keys */
@@ -312,10 +313,13 @@ static int read_into(int fd, struct line_buffer *lb)
 
 /* The main thread's own name-service connection, made when first needed
  * and kept out of the images (a restart's coordinator is another). */
+static void drop_old_connections(void);
+
 static const struct kv_client *kv(void)
 {
 	static struct kv_client client = { kv_fd_request, &pmi.kv };
 
+	drop_old_connections();
 	if (pmi.kv < 0 && coordinator_path) {
 		pmi.kv = kv_connect(coordinator_path());
 		mark_left_outside(pmi.kv, 1);
@@ -329,6 +333,25 @@ static void kv_drop(void)
 	if (pmi.kv >= 0)
 		close(pmi.kv);
 	pmi.kv = -1;
+}
+
+/*
+ * After a restart, in the main thread: slurmstepd's connection and the old
+ * coordinator's came back unconnected.  Not closed by the REBUILD hook:
+ * the checkpoint thread has an fd table of its own, where these numbers
+ * are other files.
+ */
+static void drop_old_connections(void)
+{
+	if (!pmi.restarted)
+		return;
+	pmi.restarted = 0;
+	if (pmi.real >= 0) {
+		mark_left_outside(pmi.real, 0);
+		close(pmi.real);
+		pmi.real = -1;
+	}
+	kv_drop();
 }
 
 /* A request to the name service; the connection is made again when it
@@ -429,16 +452,17 @@ static int barrier(pid_t task)
 	char key[128], n[16];
 	unsigned k = pmi.barriers_done + 1;
 
-	barrier_key(key, sizeof(key), k);
-	if (pmi.counted_epoch != pmi.epoch + 1) {
-		if (kv_retry(call_incr, key, NULL, NULL, 0))
-			die("PMI barrier %u: the name service failed", k);
-		pmi.counted_epoch = pmi.epoch + 1;
-	}
 	snprintf(n, sizeof(n), "%u", pmi.ntasks);
 	for (;;) {
-		int err = kv_retry(call_await, key, n, NULL, 0);
+		int err;
 
+		barrier_key(key, sizeof(key), k);
+		if (pmi.counted_epoch != pmi.epoch + 1) {	/* a restart came meanwhile */
+			if (kv_retry(call_incr, key, NULL, NULL, 0))
+				die("PMI barrier %u: the name service failed", k);
+			pmi.counted_epoch = pmi.epoch + 1;
+		}
+		err = kv_retry(call_await, key, n, NULL, 0);
 		if (!err)
 			return 0;
 		if (err != ETIMEDOUT)
@@ -540,6 +564,7 @@ int pmi_proxy_pollfds(struct pollfd *p)
 
 	if (!pmi.active)
 		return 0;
+	drop_old_connections();
 	if (!pmi.app_eof || pmi.to_app.len)
 		p[n++] = (struct pollfd){ .fd = pmi.app, .events = (pmi.app_eof ? 0 : POLLIN) |
 						 (pmi.to_app.len ? POLLOUT : 0) };
@@ -677,15 +702,10 @@ int pmi_proxy_restarted(unsigned seq, char *why, size_t size)
 		return 0;
 	pmi.local = 1;
 	pmi.epoch = seq;
-	if (pmi.real >= 0) {
-		mark_left_outside(pmi.real, 0);
-		close(pmi.real);	/* an unconnected socket now */
-		pmi.real = -1;
-	}
+	pmi.restarted = 1;	/* the main thread drops the old connections */
 	pmi.to_real.len = 0;
 	pmi.from_real.len = 0;
 	pmi.raw = 0;
-	kv_drop();			/* the old coordinator's */
 	fd = coordinator_path ? kv_connect(coordinator_path()) : -ENOTCONN;
 	if (fd < 0) {
 		snprintf(why, size, "PMI: cannot reach the name service: %s", strerror(-fd));
