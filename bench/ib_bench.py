@@ -54,7 +54,10 @@ def build_plugin_path(tmp):
                     os.path.join(tmp, "plugin_path"),
                     os.path.join(ROOT, "bench", "ib", "plugin_path.c")] +
                    sorted(os.path.join(plugin_src, f) for f in os.listdir(plugin_src)
-                          if f.endswith(".c")) + ["-ldl", "-lpthread", "-lm"], check=True)
+                          if f.endswith(".c")) +
+                   # what the plugin's Makefile takes from native/common too
+                   [os.path.join(ROOT, "native", "common", f) for f in ("proc.c", "kv.c")] +
+                   ["-ldl", "-lpthread", "-lm"], check=True)
 
 
 def plugin_path_costs(tmp, reps):
