@@ -144,6 +144,17 @@ class BatchJob:
         return self.slurm.check("h1", ["scontrol", "show", "hostnames",
                                        job["NodeList"]]).split()
 
+    def requeue_along(self, moves):
+        """USR1 (checkpoint and requeue) once per (away, to) of moves: the
+        requeued job is kept off away, runs on to, and is restored there."""
+        for restarts, (away, to) in enumerate(moves, start=1):
+            time.sleep(2)
+            self.usr1()
+            self.wait_pending(restarts)
+            self.keep_off(away)
+            assert self.wait_running(restarts) == to
+            self.wait_text(f"ckpt: job {self.id}\n", count=restarts + 1)   # restored
+
     def release(self):
         """The programs end once their steps are done."""
         self.hold.unlink(missing_ok=True)
@@ -418,13 +429,7 @@ def _srun_mpich_restarts(slurm, jobs, layout, program, args, moves):
                _srun_mpi("mpich", "pmi2", *args, layout=srun_options, program=program)).submit()
     assert job.wait_running(0) == ["h1", "h2"]
     job.wait_text("READY")
-    for restarts, (away, to) in enumerate(moves, start=1):
-        time.sleep(2)
-        job.usr1()
-        job.wait_pending(restarts)
-        job.keep_off(away)
-        assert job.wait_running(restarts) == to
-        job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
+    job.requeue_along(moves)
     state = job.finish()
     text, lines = job.text(), trace.read_text()
     assert "connected outside the job" not in text and "reconnected" not in text, text
@@ -473,13 +478,7 @@ def test_srun_pmi_barriers_and_gets_go_on_across_two_requeues(slurm, jobs):
                ["1500", "20"]).submit()
     assert job.wait_running(0) == ["h1", "h2"]
     job.wait_text("READY")
-    for restarts, (away, to) in enumerate(MOVES, start=1):
-        time.sleep(2)
-        job.usr1()
-        job.wait_pending(restarts)
-        job.keep_off(away)
-        assert job.wait_running(restarts) == to
-        job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
+    job.requeue_along(MOVES)
     job.release()
     state = slurm.wait_job(job.id, ("COMPLETED", "FAILED", "CANCELLED"), timeout=180)
     text, lines = job.text(), trace.read_text()
