@@ -434,11 +434,15 @@ def _srun_mpich_restarts(slurm, jobs, layout, program, args, moves):
     text, lines = job.text(), trace.read_text()
     assert "connected outside the job" not in text and "reconnected" not in text, text
     assert job.results() == reference(slurm, "mpich", args, ranks, program), text
-    # every rank's finalize barrier (and finalize, if it got there) answered
-    # by its server after the restarts
-    assert lines.count(" app>> cmd=barrier_in") >= ranks - 1, lines
+    # the finalize barrier goes to the ranks' servers after the restarts.
+    # Every rank gets there when the job completes; under UCX's finalize
+    # hang (openucx/ucx#8738, ended by `ckpt kill`) the ranks of one node
+    # may spin in UCX and never reach it, but the others do.
     if state == "COMPLETED":
+        assert lines.count(" app>> cmd=barrier_in") >= ranks, lines
         assert lines.count(" <<local cmd=finalize_ack") == ranks, lines
+    else:
+        assert lines.count(" app>> cmd=barrier_in") >= 1, lines
     return state, text, lines
 
 
