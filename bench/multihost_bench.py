@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -103,7 +104,7 @@ async def barrier_round_times(processes, hosts, reps, work):
                         warn=lambda message: None, barrier_timeout=300)
     await coord.start()
     agents = subprocess.Popen([sys.executable, __file__, "--simulate",
-                               f"127.0.0.1:{coord.tcp_port}", str(secret_file), str(hosts),
+                               f"{socket.gethostname()}:{coord.tcp_port}", str(secret_file), str(hosts),
                                str(processes // hosts)])
     try:
         if not await coord.wait_for_processes(processes, 120):

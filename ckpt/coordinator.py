@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ckpt import auth
+from ckpt import auth, listen
 from ckpt import manifest as manifests
 from ckpt import verify
 from ckpt.agent_link import AgentLink, describe_address
@@ -69,7 +69,7 @@ class Coordinator:
         self.pause_point = pause_point()  # CKPT_PAUSE_BEFORE (ckpt/pause.py)
         self.tcp_port = None
         self.agents = []
-        self._tcp_server = None
+        self._tcp_servers = []
         self._tasks = set()
         self.local = LocalProcesses(
             socket_path, job_id=job_id, protocol_version=self.protocol_version,
@@ -83,17 +83,16 @@ class Coordinator:
         await self.local.start()
         if self.secret is not None:
             # every host's agent connects at once when a big job starts
-            self._tcp_server = await asyncio.start_server(
-                self._on_tcp_connect, host="0.0.0.0", port=0, limit=16 * self.line_max,
+            self._tcp_servers, self.tcp_port = await listen.start_servers(
+                self._on_tcp_connect, socket.gethostname(), limit=16 * self.line_max,
                 backlog=4096)
-            self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
 
     async def close(self):
         self.closing = True
         await self._finish_checkpoint_under_way()
-        if self._tcp_server is not None:
-            self._tcp_server.close()
-            self._tcp_server = None
+        for server in self._tcp_servers:
+            server.close()
+        self._tcp_servers = []
         for agent in list(self.agents):
             agent.close()
         await self.local.close()

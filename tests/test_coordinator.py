@@ -5,12 +5,14 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from ckpt import coordinator as coordinator_module
+from ckpt import listen
 from ckpt import manifest as m
 from ckpt.coordinator import Coordinator
 from ckpt.errors import CkptError
@@ -83,6 +85,28 @@ def test_socket_is_private(workdir):
         async with Harness(workdir) as h:
             assert os.stat(h.coord.socket_path).st_mode & 0o777 == 0o600
     run(scenario())
+
+
+def test_tcp_listens_where_other_hosts_reach_it_not_on_every_interface(workdir):
+    """Other hosts reach the coordinator by its host name: it listens on the
+    addresses that name resolves to, all on one port, never on 0.0.0.0."""
+    async def scenario():
+        async with Harness(workdir, secret=b"s" * 32) as h:
+            bound = {s.getsockname() for server in h.coord._tcp_servers
+                     for s in server.sockets}
+            expected = listen.reachable_addresses(socket.gethostname())
+            assert bound == {(address, h.coord.tcp_port) for address in expected}
+            assert ("0.0.0.0", h.coord.tcp_port) not in bound
+            # and it answers there: the authentication handshake starts
+            reader, writer = await asyncio.open_connection(expected[0], h.coord.tcp_port)
+            writer.close()
+        assert h.coord._tcp_servers == []
+    run(scenario())
+
+
+def test_a_name_that_does_not_resolve_listens_everywhere():
+    assert listen.reachable_addresses("no-such-host.invalid") == ["0.0.0.0"]
+    assert listen.reachable_addresses("localhost") == ["127.0.0.1"]
 
 
 def test_full_checkpoint_with_three_processes(workdir):
