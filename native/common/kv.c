@@ -13,23 +13,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include "ckpt_kv.h"
+#include "ckpt_io.h"
 
 #define KV_REQUEST_MAX 4096
-
-static int write_all(int fd, const char *p, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? errno : EPIPE;
-		p += w;
-		n -= w;
-	}
-	return 0;
-}
 
 int kv_connect(const char *path)
 {
@@ -47,7 +33,7 @@ int kv_connect(const char *path)
 		close(fd);
 		return -err;
 	}
-	err = write_all(fd, "KV\n", 3);
+	err = ckpt_write_all(fd, "KV\n", 3);
 	if (err) {
 		close(fd);
 		return -err;
@@ -82,10 +68,10 @@ static int read_line(int fd, char *buf, size_t size)
 int kv_fd_request(void *conn, const char *request, char *answer, size_t size)
 {
 	int fd = *(int *)conn;
-	int err = write_all(fd, request, strlen(request));
+	int err = ckpt_write_all(fd, request, strlen(request));
 
 	if (!err)
-		err = write_all(fd, "\n", 1);
+		err = ckpt_write_all(fd, "\n", 1);
 	return err ? err : read_line(fd, answer, size);
 }
 

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "ckpt_image.h"
+#include "ckpt_io.h"
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include "fast_hash.h"
@@ -55,21 +56,6 @@ static int64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int write_all(int fd, const char *p, size_t len)
-{
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? errno : EIO;
-		p += n;
-		len -= n;
-	}
-	return 0;
 }
 
 /*
@@ -103,7 +89,7 @@ static int copy_blocks(int in, int out, uint64_t size, uint64_t *xxh3)
 		size_t len = size - off < CKPT_CHECKSUM_BLOCK ? size - off : CKPT_CHECKSUM_BLOCK;
 
 		digests[i] = fast_xxh3_64(src + off, len);
-		err = write_all(out, src + off, len);
+		err = ckpt_write_all(out, src + off, len);
 		/* the disk starts on each block while the next is read */
 		if (!err)
 			sync_file_range(out, off, len, SYNC_FILE_RANGE_WRITE);
@@ -192,7 +178,7 @@ static void drop_older_copies(const char *stage_dir, const char *name)
 
 static void report(const char *line)
 {
-	if (write_all(REPORT_FD, line, strlen(line)))
+	if (ckpt_write_all(REPORT_FD, line, strlen(line)))
 		exit(1);
 }
 
@@ -203,7 +189,7 @@ static void leave_result(int dest, const char *image, const char *keys)
 
 	snprintf(tmp, sizeof(tmp), "%s.done.tmp", image);
 	snprintf(done, sizeof(done), "%s.done", image);
-	if (write_all(RESULT_FD, keys, strlen(keys)) || renameat(dest, tmp, dest, done))
+	if (ckpt_write_all(RESULT_FD, keys, strlen(keys)) || renameat(dest, tmp, dest, done))
 		unlinkat(dest, tmp, 0);
 }
 

@@ -181,8 +181,8 @@ static pid_t start_shell(const char *program, char **args, char *remote, const c
 		k++;
 	args[k] = remote;
 	/* the token waits in the pipe: no write to a pipe whose reader failed */
-	if (pipe2(tok, O_CLOEXEC) || net_write_all(tok[1], token, TOKEN_LEN) ||
-	    net_write_all(tok[1], "\n", 1))
+	if (pipe2(tok, O_CLOEXEC) || ckpt_write_all(tok[1], token, TOKEN_LEN) ||
+	    ckpt_write_all(tok[1], "\n", 1))
 		die("cannot start %s: %s", program, strerror(errno));
 	close(tok[1]);
 	pid = spawn_outside(path, args, env, tok[0]);
@@ -389,7 +389,7 @@ static void forward_signal(int sig)
 
 	for (unsigned t = 0; t < ntasks; t++)
 		if (tasks[t].conns[ROLE_CONTROL] >= 0)
-			net_write_all(tasks[t].conns[ROLE_CONTROL], &b, 1);
+			ckpt_write_all(tasks[t].conns[ROLE_CONTROL], &b, 1);
 	signal(sig, SIG_DFL);
 	raise(sig);
 }

@@ -1,25 +1,9 @@
-/* Byte moving for ckpt-remote: whole writes, timed reads, one relay step. */
+/* Byte moving for ckpt-remote: timed reads, one relay step (whole writes:
+ * ckpt_write_all, include/ckpt_io.h). */
 #include <errno.h>
 #include <poll.h>
 #include <unistd.h>
 #include "remote.h"
-
-int net_write_all(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -1;
-		p += n;
-		len -= n;
-	}
-	return 0;
-}
 
 /* Reads exactly len bytes; -1 on error, end of file or timeout (ms, -1: none). */
 int net_read_all(int fd, void *buf, size_t len, int timeout_ms)
@@ -58,5 +42,5 @@ int net_relay(int from, int to)
 	while (n < 0 && errno == EINTR);
 	if (n <= 0)
 		return n == 0 ? 0 : -1;
-	return net_write_all(to, buf, n) ? -1 : 1;
+	return ckpt_write_all(to, buf, n) ? -1 : 1;
 }

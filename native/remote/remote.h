@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <sys/types.h>
+#include "ckpt_io.h"
 
 #define TOKEN_LEN 32		/* hex digits of a 128-bit random token */
 #define TOKEN_VARIABLE "CKPT_REMOTE_TOKEN"	/* how srun hands it to its tasks */
@@ -63,7 +64,6 @@ int server_task_main(const char *back, char **argv);
 void host_join_job(char **argv);
 
 /* net.c */
-int net_write_all(int fd, const void *buf, size_t len);
 int net_read_all(int fd, void *buf, size_t len, int timeout_ms);
 int net_relay(int from, int to);
 

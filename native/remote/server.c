@@ -84,7 +84,7 @@ static int connect_role(const struct sockaddr_in *addr, const char *token, int r
 	if (fd < 0)
 		return -1;
 	if (connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) ||
-	    net_write_all(fd, hello, HELLO_LEN)) {
+	    ckpt_write_all(fd, hello, HELLO_LEN)) {
 		int err = errno;
 
 		close(fd);
@@ -249,11 +249,11 @@ static int start_server(const struct sockaddr_in *addrs, int naddrs, const char 
 	connect_back(addrs, naddrs, token, only, conns);
 	pid = run_command(conns, command, NULL);
 	remote_set_starting(0);
-	if (net_write_all(handed[1], "k", 1))
+	if (ckpt_write_all(handed[1], "k", 1))
 		_exit(255);
 	close(handed[1]);
 	status = serve(pid, conns[ROLE_CONTROL]);
-	net_write_all(conns[ROLE_CONTROL], &status, sizeof(status));
+	ckpt_write_all(conns[ROLE_CONTROL], &status, sizeof(status));
 	_exit(0);
 }
 
@@ -312,6 +312,6 @@ int server_task_main(const char *back, char **argv)
 	pmi_proxy_started();
 	remote_set_starting(0);
 	status = serve(pid, conns[ROLE_CONTROL]);
-	net_write_all(conns[ROLE_CONTROL], &status, sizeof(status));
+	ckpt_write_all(conns[ROLE_CONTROL], &status, sizeof(status));
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
