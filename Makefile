@@ -1,6 +1,6 @@
 # ckpt: build the native parts and the test programs; run the demo,
 # the tests and the benchmarks.
-.PHONY: all native plugins apps mpi softverbs demo test bench bench-smoke bench-load clean
+.PHONY: all native plugins apps mpi softverbs demo test bench bench-smoke bench-load fuzz clean
 
 all: native plugins apps mpi softverbs
 
@@ -50,6 +50,13 @@ bench-smoke: all
 # twenty minutes: a checkpoint a second of a 16-rank job, each MPI stack
 bench-load: all
 	python3 bench/load_bench.py
+
+# the image fuzzer, longer than in the suite: 20,000 mutants of a new seed
+# (FUZZ_SEED=N repeats one); every finding listed in fuzz-report.txt
+fuzz: all
+	CKPT_FUZZ_MUTANTS=$${FUZZ_MUTANTS:-20000} CKPT_FUZZ_SEED=$${FUZZ_SEED:-} \
+	CKPT_FUZZ_REPORT=$$PWD/fuzz-report.txt \
+		python3 -m pytest -q -s integration/test_fuzz_images.py -k fuzzed_checkpoints
 
 clean:
 	$(MAKE) -C native clean

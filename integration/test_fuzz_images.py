@@ -3,9 +3,10 @@
 `ckpt images`, the restart's verification and, when that accepts it,
 ckpt-restart itself.  Each must end in one clear line and a non-zero exit
 (or restore, when the change is harmless), never a traceback, a signal, a
-hang or a restored process left behind.  CKPT_FUZZ_SEED repeats a run,
-CKPT_FUZZ_MUTANTS sets how many, CKPT_FUZZ_REPORT names a file for every
-finding.
+hang or a restored process left behind.  Each run draws a new seed, so
+that every CI run searches further (a failure names its seed);
+CKPT_FUZZ_SEED repeats a run, CKPT_FUZZ_MUTANTS sets how many (`make fuzz`
+runs many more), CKPT_FUZZ_REPORT names a file for every finding.
 
 Also: a manifest or image that points outside its checkpoint directory
 is refused, named in one line."""
@@ -30,7 +31,7 @@ from cluster import kill_pids
 from harness import APPS, Job, reap_orphans, restart_and_finish
 from image_fuzz import Fuzzer, write_mutant
 
-SEED = int(os.environ.get("CKPT_FUZZ_SEED", "16"))
+SEED = int(os.environ.get("CKPT_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
 MUTANTS = int(os.environ.get("CKPT_FUZZ_MUTANTS", "1200"))
 BATCH = 50                 # mutants per `ckpt images JOB_DIR`
 CLI_RESTARTS = 40          # of them also through the whole `ckpt restart`
@@ -219,7 +220,8 @@ def test_fuzzed_checkpoints_fail_cleanly(session, checkpoint, tmp_path):
     if os.environ.get("CKPT_FUZZ_REPORT"):     # every finding, for a longer run
         Path(os.environ["CKPT_FUZZ_REPORT"]).write_text("\n".join(failures) + "\n")
     assert sum(tally.values()) == MUTANTS
-    assert not failures, f"{len(failures)} of {MUTANTS} mutants misbehaved:\n" + "\n".join(failures[:30])
+    assert not failures, (f"fuzz seed {SEED} (CKPT_FUZZ_SEED={SEED} repeats it): {len(failures)} "
+                          f"of {MUTANTS} mutants misbehaved:\n" + "\n".join(failures[:30]))
 
 
 def restart_whole(session, directory):
