@@ -9,7 +9,7 @@ line.  So the coordinator has one connection per host, not per process."""
 import asyncio
 import json
 
-from ckpt.barrier import AGENT_MARGIN, PhaseError, Process
+from ckpt.barrier import AGENT_MARGIN, NO_KEYS, PhaseError, Process
 from ckpt.wire import split_line, unescape
 
 
@@ -121,13 +121,16 @@ class AgentLink:
 
     async def barrier(self, phase_line, group, timeout):
         """`phase_line` to the group's processes through the agent:
-        [(proc, DONE keys or None if it disconnected)]."""
-        tags = ",".join(p.tag for p in group)
+        ({proc: DONE keys}, [procs that disconnected])."""
+        tags = ",".join([p.tag for p in group])
         answer = await self._ask_or_fail("BARRIER", f"{timeout:g} {tags} {phase_line}")
         if answer.get("all"):
-            return [(proc, {}) for proc in group]
+            return dict.fromkeys(group, NO_KEYS), []
         done = answer.get("done", {})
-        return [(proc, done.get(proc.tag)) for proc in group]
+        answers = {proc: done[proc.tag] or NO_KEYS for proc in group if proc.tag in done}
+        if len(answers) == len(group):
+            return answers, []
+        return answers, [proc for proc in group if proc.tag not in done]
 
     # stopped processes (ckpt/stopped.py): the agent thaws its host's own,
     # in the time a barrier has

@@ -121,7 +121,8 @@ class CheckpointRun:
             manifests.discard(self.tmp)
             raise CkptError(f"checkpoint {self.number} of job {self.job.job_id} failed: {exc}")
         try:
-            threads = await self._suspend([p for p in self.procs if p not in held])
+            held_set = set(held)  # membership tests over the whole job: sets, not lists
+            threads = await self._suspend([p for p in self.procs if p not in held_set])
             if held:
                 threads.update(await self._suspend_stopped(held))
             threads.update(await self._take_in_newcomers(threads))
@@ -177,7 +178,9 @@ class CheckpointRun:
             raise PhaseError(f"{gone[0].describe()} died while suspended, during {phase}")
         for proc in gone:
             self.note(f"{proc.describe()} exited during the checkpoint; it is left out")
-        self.procs = [p for p in self.procs if p not in gone]
+        if gone:
+            left_out = set(gone)
+            self.procs = [p for p in self.procs if p not in left_out]
         if not self.procs:
             raise PhaseError("every process of the job exited during the checkpoint")
         return answers
@@ -188,7 +191,10 @@ class CheckpointRun:
         if not group:
             return {}
         for phase in SUSPENDING_PHASES:
-            answers = await self._phase(phase, procs=[p for p in group if p in self.procs])
+            # those of group still in the checkpoint (a set: a list made it
+            # quadratic in the job's size, issue 33)
+            still = set(self.procs)
+            answers = await self._phase(phase, procs=[p for p in group if p in still])
         return answers
 
     async def _suspend_stopped(self, held):
@@ -196,7 +202,8 @@ class CheckpointRun:
         They are thawed only once the others are parked: a thread the
         tracer takes or lets go shows as running for a moment, which a
         parent that still ran could see."""
-        self.to_abort = [p for p in self.to_abort if p not in held]
+        held_set = set(held)
+        self.to_abort = [p for p in self.to_abort if p not in held_set]
         self.thawed = await stopped_processes.thaw(held)
         for proc in (proc for t in self.thawed for proc in t.procs):
             self.names.put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")

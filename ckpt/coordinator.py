@@ -54,7 +54,10 @@ class Coordinator:
         self.headers = headers or load_headers()
         self.protocol_version = self.headers.const("CKPT_PROTOCOL_VERSION")
         self.line_max = self.headers.const("CKPT_LINE_MAX")
-        self.processes = []
+        # {process: None}, in the order they joined: a dict, so that a
+        # process leaves in constant time (a big job's end is no quadratic)
+        self.processes = {}
+        self._restored_count = 0          # of them, restored ones
         self.names = NameService()
         self.checkpoints_taken = 0
         self.last_checkpoint = None
@@ -179,15 +182,15 @@ class Coordinator:
 
     async def add_process(self, proc):
         async with self._registered:
-            self.processes.append(proc)
+            self.processes[proc] = None
+            self._restored_count += proc.restored
             self._registered.notify_all()
 
     async def remove_process(self, proc):
-        proc.alive = False
-        proc.replies.put_nowait(None)  # wakes a barrier waiting on it
+        proc.wake()  # a barrier waiting on it learns it is gone
         async with self._registered:
-            if proc in self.processes:
-                self.processes.remove(proc)
+            if self.processes.pop(proc, False) is None:
+                self._restored_count -= proc.restored
             self._registered.notify_all()
 
     def host_lost(self, host, count):
@@ -218,15 +221,21 @@ class Coordinator:
                 return False
         return True
 
+    def _live_count(self, restored=None):
+        # counted as they come and go: a wait for a big job's processes
+        # looks at no list on each of their arrivals
+        if restored is None:
+            return len(self.processes)
+        return self._restored_count if restored else len(self.processes) - self._restored_count
+
     async def wait_for_processes(self, count, timeout, restored=None):
         """Wait until `count` live processes registered; False on timeout."""
-        return await self._wait_registered(
-            lambda: len(self._matching(restored)) >= count, timeout)
+        return await self._wait_registered(lambda: self._live_count(restored) >= count, timeout)
 
     async def wait_for_ids(self, ids, timeout):
         """Wait until every (host, pid) in ids registered; False on timeout."""
         return await self._wait_registered(
-            lambda: ids <= {(p.host, p.pid) for p in self._matching()}, timeout)
+            lambda: not ids or ids <= {(p.host, p.pid) for p in self._matching()}, timeout)
 
     def live_processes(self):
         return self._matching()
@@ -237,9 +246,9 @@ class Coordinator:
         HELLO."""
         while True:
             async with self._registered:
-                await self._registered.wait_for(lambda: not self._matching())
+                await self._registered.wait_for(lambda: not self.processes)
             await asyncio.sleep(settle)
-            if not self._matching():
+            if not self.processes:
                 return
 
     def _matching(self, restored=None):
@@ -299,7 +308,7 @@ class Coordinator:
             fingerprint=lambda procs, directory: verify.after_write(self, procs, directory))
 
     async def _first_processes(self):
-        if not self._matching():
+        if not self.processes:
             await self.wait_for_processes(1, self.first_hello_wait)
         procs = self._matching()
         if not procs:

@@ -91,10 +91,12 @@ def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
     `hosts` lists the coordinator's host first: a restart maps them in
     this order onto its new hosts."""
     here = socket.gethostname()
-    seen = [proc["host"] for proc in processes]
+    # each host once, in the order its first process comes (a dict: a list's
+    # index() per host made this hosts x processes)
+    seen = list(dict.fromkeys(proc["host"] for proc in processes))
     needs = sorted({int(name.split("-")[1]) for proc in processes
                     for name in proc.get("sources", ())})
-    hosts = sorted(set(seen), key=lambda host: (host != here, seen.index(host))) or [here]
+    hosts = sorted(seen, key=lambda host: host != here) or [here]
     return {
         "format": MANIFEST_FORMAT,
         "engine_version": ENGINE_VERSION,
