@@ -31,13 +31,16 @@ class AgentLink:
         return f"AgentLink({self.host})"
 
     async def send(self, line):
+        self.coord.agent_messages["sent"] += 1
         self.writer.write(line.encode() + b"\n")
         await self.writer.drain()
 
     async def serve(self):
         """Until the agent goes away: then its host's processes are gone too."""
+        messages = self.coord.agent_messages
         try:
             while line := await self.reader.readline():
+                messages["received"] += 1
                 await self._handle(*split_line(line))
         finally:
             self.lost = True
@@ -163,6 +166,7 @@ class AgentLink:
         Not waited for: the transport sends queued lines in order even
         when the coordinator closes right after."""
         if not self.lost:
+            self.coord.agent_messages["sent"] += 1
             self.writer.write(f"SIGNAL {int(signum)}\n".encode())
 
     def close(self):

@@ -7,6 +7,8 @@ restart phase is one barrier over the job's registered processes.
 import asyncio
 import os
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 from types import MappingProxyType
 
 from ckpt.wire import parse_keys, unescape
@@ -57,6 +59,9 @@ class Process:
         return f"process {self.pid}" + (f" (pid {self.real_pid})" if self.real_pid != self.pid else "") + where
 
 
+_agent_of = attrgetter("agent")
+
+
 async def barrier(phase, procs, *, timeout, arg=None, seq=0):
     """Send `PHASE <phase> <seq> [arg]` to procs and wait for every answer.
 
@@ -68,13 +73,16 @@ async def barrier(phase, procs, *, timeout, arg=None, seq=0):
     line = f"PHASE {phase} {seq}" + (f" {arg}" if arg is not None else "")
     waits = {}
     by_agent = {}
-    for proc in procs:
-        if proc.agent is not None:
-            by_agent.setdefault(proc.agent, []).append(proc)
+    # a host's processes come one after another (they joined so): grouped
+    # a run at a time, not looked at one by one in Python
+    for agent, run in groupby(procs, key=_agent_of):
+        if agent is not None:
+            by_agent.setdefault(agent, []).extend(run)
             continue
-        _drop_stale_answers(proc)
-        await _send_or_mark_gone(proc, line)
-        waits[asyncio.ensure_future(_answer(proc, phase))] = [proc]
+        for proc in run:
+            _drop_stale_answers(proc)
+            await _send_or_mark_gone(proc, line)
+            waits[asyncio.ensure_future(_answer(proc, phase))] = [proc]
     for agent, group in by_agent.items():
         waits[asyncio.ensure_future(agent.barrier(line, group, timeout))] = group
     # an agent's own timeout names its late processes: it answers first

@@ -254,7 +254,7 @@ class CheckpointRun:
         taken, answers = {}, suspended
         for _ in range(NEWCOMER_ROUNDS):
             children = {(proc.host, pid) for proc, keys in answers.items()
-                        for pid in _pids(keys.get("children", ""))}
+                        if "children" in keys for pid in _pids(keys["children"])}
             # one that exits before its HELLO is a zombie now: not waited for long
             if not await self.wait_for_ids(children, CHILD_HELLO_WAIT):
                 self.note("a child forked just before the checkpoint did not register "
@@ -309,11 +309,13 @@ class CheckpointRun:
 
     def _publish(self, entries, stopped):
         images = {entry["image"] for entry in entries.values()}
-        # an incremental image's page list, every image's block checksums
-        images |= {name + suffix for name in images for suffix in (".pages", ".sum")}
-        for leftover in self.tmp.iterdir():  # images of processes that were left out
-            if leftover.name not in images and not verify.kept(leftover.name):
-                leftover.unlink()
+        for name in os.listdir(self.tmp):  # images of processes that were left out
+            # an incremental image's page list, every image's block checksums
+            stem, _, suffix = name.rpartition(".")
+            if name in images or (suffix in ("pages", "sum") and stem in images) \
+                    or verify.kept(name):
+                continue
+            os.unlink(self.tmp / name)
         processes = []
         for proc, entry in entries.items():
             entry["stopped_ns"] = int(stopped.get(proc, {}).get("stopped_ns", 0))

@@ -4,6 +4,8 @@ it on a Unix socket; other hosts' agents and the CLI of any host over TCP,
 authenticated by the job's secret before anything else."""
 
 import asyncio
+import contextlib
+import gc
 import json
 import os
 import signal
@@ -72,6 +74,9 @@ class Coordinator:
         self.pause_point = pause_point()  # CKPT_PAUSE_BEFORE (ckpt/pause.py)
         self.tcp_port = None
         self.agents = []
+        # lines to and from the agents (ckpt/agent_link.py): what a checkpoint
+        # costs in messages grows with hosts, not with their processes
+        self.agent_messages = {"sent": 0, "received": 0}
         self._tcp_server = None
         self._tasks = set()
         self.local = LocalProcesses(
@@ -284,7 +289,8 @@ class Coordinator:
                 # open files claimed, sockets named in the last checkpoint
                 # may have closed since
                 self.names.forget_spent()
-                final = await self._checkpoint_run(procs, mode, kill).run()
+                with registry_frozen():
+                    final = await self._checkpoint_run(procs, mode, kill).run()
                 warnings = list(self._warnings)
                 if kill:
                     await self._reset_connections()
@@ -435,6 +441,19 @@ class Coordinator:
             "busy": self._busy.locked(),
             "restarted_from": self.restarted_from,
         }
+
+
+@contextlib.contextmanager
+def registry_frozen():
+    """During a round, the garbage collector's full collections leave alone
+    what existed before it (a big job's registry: hundreds of thousands of
+    objects, walked again by each of them, a cost per process that grew
+    with the job); what the round makes and drops is collected as ever."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _consume_exception(task):
