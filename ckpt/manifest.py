@@ -128,7 +128,11 @@ def write_manifest(directory, manifest):
     path = Path(directory) / MANIFEST_NAME
     head = {key: value for key, value in manifest.items() if key != "processes"}
     lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
-    procs = ",\n  ".join(json.dumps(proc) for proc in manifest.get("processes", ()))
+    # one encoding of the whole list (a call per process costs half as much
+    # again), then a line per process: `{"` never occurs inside a JSON
+    # string, so this only ever changes white space outside them
+    procs = json.dumps(list(manifest.get("processes", ())))[1:-1]
+    procs = procs.replace('}, {"pid": ', '},\n  {"pid": ')
     with open(path, "w") as out:
         out.write("{\n" + "\n".join(lines) + f'\n "processes": [\n  {procs}\n ]\n}}\n')
         out.flush()

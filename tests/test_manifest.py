@@ -35,6 +35,17 @@ def test_write_read_roundtrip(tmp_path):
     assert data["hosts"] == ["h"]
 
 
+def test_a_line_per_process_whatever_their_names(tmp_path):
+    # a name that looks like the boundary between two processes' entries
+    tricky = 'x}, {"pid": 9.img'
+    processes = [{"pid": pid, "host": "h", "image": f"{tricky}{pid}", "size": 3, "xxh3": "00"}
+                 for pid in (7, 8, 9)]
+    m.write_manifest(tmp_path, sample(4, processes))
+    assert m.read_manifest(tmp_path)["processes"] == processes
+    lines = (tmp_path / m.MANIFEST_NAME).read_text().splitlines()
+    assert [line.strip().startswith('{"pid": ') for line in lines].count(True) == 3
+
+
 def test_publish_renames_and_points_latest_at_newest(tmp_path):
     first = write_checkpoint(tmp_path, 1)
     second = write_checkpoint(tmp_path, 2)
