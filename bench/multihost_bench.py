@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from ckpt import auth  # noqa: E402
 from ckpt.coordinator import Coordinator  # noqa: E402
+from ckpt.write_mode import WriteMode  # noqa: E402
 from engine_bench import baseline, fmt, table  # noqa: E402
 
 MPIMEM = REPO / "bench" / "mpi" / "bin" / "mpimem"
@@ -119,6 +120,65 @@ def barrier_scale(reps, scales):
           "  run in another process on the same cores); messages: lines between the\n"
           "  coordinator and the agents in one round (2 per host and request).\n"
           "  Targets: 32,768 processes under 0.5 s, 131,072 under 2 s.")
+
+
+# ---- a long history: --keep and incremental parents ---------------------------
+
+HISTORY = 1000          # checkpoints of one job
+HISTORY_WINDOW = 20     # rounds timed at its start and at its end
+HISTORY_SIZE = (256, 4)
+
+
+async def history_rounds(label, count, work, keep, full_every):
+    """The round times of checkpoints 1..count of one job (256 simulated
+    processes on 4 hosts), kept `keep` (0: all), incremental every
+    `full_every` (0: not)."""
+    processes, hosts = HISTORY_SIZE
+    work = work / label
+    work.mkdir()
+    secret_file = work / "secret"
+    secret = auth.create_secret_file(secret_file)
+    coord = Coordinator(job_id="history", socket_path=work / "c.sock", job_dir=work / "job",
+                        command=["simulated"], secret=secret, warn=lambda message: None,
+                        barrier_timeout=300, keep=keep, write_mode=WriteMode(full_every=full_every))
+    await coord.start()
+    agents = subprocess.Popen([sys.executable, "-m", "tests.simulated_hosts",
+                               f"127.0.0.1:{coord.tcp_port}", str(secret_file), str(hosts),
+                               str(processes // hosts)], cwd=REPO)
+    try:
+        if not await coord.wait_for_processes(processes, 120):
+            raise RuntimeError("the simulated processes did not join")
+        times = []
+        for _ in range(count):
+            start = time.perf_counter()
+            await coord.checkpoint()
+            times.append(time.perf_counter() - start)
+        return times
+    finally:
+        await coord.close()
+        agents.kill()
+        agents.wait()
+
+
+def history(count):
+    """A round at checkpoint 1,000 costs what it did at checkpoint 1: --keep
+    pruning and the incremental parent's lookup do not grow with the job's
+    history."""
+    window = min(HISTORY_WINDOW, count // 2)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
+        for label, keep, full_every in (("every one kept", 0, 0), ("--keep 5", 5, 0),
+                                        ("--keep 5, incremental", 5, 8)):
+            times = asyncio.run(history_rounds(label.replace(" ", "_").replace(",", ""),
+                                               count, Path(tmp), keep, full_every))
+            first = statistics.median(times[1:window + 1])   # the first has no parent yet
+            last = statistics.median(times[-window:])
+            rows.append([label, f"{first * 1e3:.1f}", f"{last * 1e3:.1f}", f"{last / first:.2f}"])
+    processes, hosts = HISTORY_SIZE
+    table(f"{count:,} checkpoints of one job ({processes} simulated processes on {hosts} hosts): "
+          f"median round of {window} at its start and at its end",
+          ["job", "first ms", "last ms", "ratio"], rows)
+    print("  incremental: --full-every 8 (the parent is looked up and read at each round).")
 
 
 # ---- a real 2-host job on the test cluster ----------------------------------
@@ -261,7 +321,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mib", type=int, default=512)
-    parser.add_argument("--only", choices=["barrier", "job"])
+    parser.add_argument("--only", choices=["barrier", "history", "job"])
+    parser.add_argument("--history", type=int, default=HISTORY, metavar="N",
+                        help=f"checkpoints of the history benchmark (default {HISTORY})")
     parser.add_argument("--scales", type=parse_scales,
                         default=SCALES, metavar="P/H,P/H,...",
                         help="barrier sizes, processes/hosts (default: "
@@ -271,10 +333,12 @@ def main():
     args = parser.parse_args()
     scales = args.scales
     if args.smoke:
-        args.reps, args.mib, scales = 1, 16, SMOKE_SCALES
+        args.reps, args.mib, scales, args.history = 1, 16, SMOKE_SCALES, 20
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
     if args.only in (None, "barrier"):
         barrier_scale(args.reps, scales)
+    if args.only in (None, "history"):
+        history(args.history)
     if args.only in (None, "job"):
         for part in ("mpi", "apps"):   # the job, and the baselines' io_baseline
             subprocess.run(["make", "-s", "-C", str(REPO / "bench" / part)], check=True)

@@ -98,6 +98,25 @@ def test_prune_spares_what_kept_incremental_checkpoints_read(tmp_path):
     assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 4, 5]
 
 
+def test_prune_reads_a_kept_manifest_again_once_it_changed(tmp_path):
+    """What a kept checkpoint needs is remembered by its manifest file: one
+    rewritten since (by hand) is read again, and a corrupt one stops it."""
+    write_checkpoint(tmp_path, 1, sources=[])
+    write_checkpoint(tmp_path, 2, sources=[])
+    kept = write_checkpoint(tmp_path, 3, sources=[], chain=0)
+    m.prune(tmp_path, 5)                       # 3 read (and remembered): needs nothing
+    manifest = m.read_manifest(kept)
+    manifest["processes"][0]["sources"] = ["ckpt-0001"]
+    m.write_manifest(kept, m.build_manifest(**{
+        key: manifest[key] for key in ("job_id", "command", "processes", "start_ns", "end_ns")},
+        number=3))
+    m.prune(tmp_path, 1)
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 3]
+    (kept / m.MANIFEST_NAME).write_text("{{{")
+    assert m.prune(tmp_path, 1) == []          # cannot tell what 3 needs now: nothing goes
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 3]
+
+
 def test_incremental_parent_and_full_every(tmp_path):
     assert m.incremental_parent(tmp_path, 4) == (None, 0)
     write_checkpoint(tmp_path, 1, sources=[])
