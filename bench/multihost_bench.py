@@ -18,12 +18,21 @@
     reading the same bytes on the same (shared) filesystem in the same run,
     and each rank's stopped time.  Target: ratios at least 0.8.
 
-    python3 bench/multihost_bench.py [--reps 3] [--mib 512] [--only barrier|job]
-                                     [--scales 1024/16,8192/128,...] [--smoke]
+  - history: a round at a job's 1,000th checkpoint against its first
+    (every checkpoint kept, --keep 5, --keep 5 incremental), 256 simulated
+    processes on 4 hosts.  Target: ratio 1.
+
+  - names: a restart's cross-host connections (1,024 to 32,768) met
+    through the coordinator's name service.  Target: flat per connection.
+
+    python3 bench/multihost_bench.py [--reps 3] [--mib 512]
+                                     [--only barrier|history|names|job]
+                                     [--scales 1024/16,8192/128,...] [--history N] [--smoke]
 
 --smoke: the smallest and a middle barrier size (1,024 processes on 16
-hosts, 8,192 on 128) and a 16 MiB job, once: that the benchmark still
-runs, in seconds (`make bench-smoke`).
+hosts, 8,192 on 128), 20 checkpoints of history, 1,024 and 8,192
+connections met, and a 16 MiB job, once: that the benchmark still runs,
+in seconds (`make bench-smoke`).
 """
 import argparse
 import asyncio
@@ -41,7 +50,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from ckpt import auth  # noqa: E402
-from ckpt.coordinator import Coordinator  # noqa: E402
+from ckpt.coordinator import Coordinator, no_cycle_collection  # noqa: E402
+from ckpt.names import NameService  # noqa: E402
 from ckpt.write_mode import WriteMode  # noqa: E402
 from engine_bench import baseline, fmt, table  # noqa: E402
 
@@ -179,6 +189,47 @@ def history(count):
           f"median round of {window} at its start and at its end",
           ["job", "first ms", "last ms", "ratio"], rows)
     print("  incremental: --full-every 8 (the parent is looked up and read at each round).")
+
+
+# ---- a restart's connections met through the name service -------------------
+
+MEETINGS = (1024, 8192, 32768)
+
+
+async def meet(connections):
+    """A restart's cross-host TCP connections met through the coordinator's
+    name service (native/restart/state/cross_host.c): each end waits
+    (MWAIT) for its peer's key, which the peer PUTs; requests arrive
+    interleaved, as from many hosts."""
+    names = NameService()
+    start = time.perf_counter()
+    with no_cycle_collection():      # as the coordinator during a restart
+        await _meet(names, connections)
+    return time.perf_counter() - start
+
+
+async def _meet(names, connections):
+    waits = [asyncio.ensure_future(names.answer("MWAIT", f"60 sock:1:{i}:peer"))
+             for i in range(connections)]
+    await asyncio.sleep(0)
+    for i in range(connections):
+        await names.answer("PUT", f"sock:1:{i}:peer 198.18.0.2:{i}")
+        if i % 64 == 0:
+            await asyncio.sleep(0)     # the waiters' turns come between requests
+    answers = await asyncio.gather(*waits)
+    if answers != [f"VAL 198.18.0.2:{i}" for i in range(connections)]:
+        raise RuntimeError("a connection met the wrong peer")
+
+
+def meetings(sizes):
+    rows, base = [], None
+    for connections in sizes:
+        elapsed = asyncio.run(meet(connections))
+        per = elapsed / connections * 1e6
+        base = base or per
+        rows.append([f"{connections:,}", f"{elapsed:.3f}", f"{per:.1f}", f"{per / base:.2f}"])
+    table("A restart's cross-host connections met through the coordinator's name service "
+          "(MWAIT for the peer's key, its PUT)", ["connections", "s", "us/connection", "ratio"], rows)
 
 
 # ---- a real 2-host job on the test cluster ----------------------------------
@@ -321,7 +372,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mib", type=int, default=512)
-    parser.add_argument("--only", choices=["barrier", "history", "job"])
+    parser.add_argument("--only", choices=["barrier", "history", "names", "job"])
     parser.add_argument("--history", type=int, default=HISTORY, metavar="N",
                         help=f"checkpoints of the history benchmark (default {HISTORY})")
     parser.add_argument("--scales", type=parse_scales,
@@ -339,6 +390,8 @@ def main():
         barrier_scale(args.reps, scales)
     if args.only in (None, "history"):
         history(args.history)
+    if args.only in (None, "names"):
+        meetings(MEETINGS[:2] if args.smoke else MEETINGS)
     if args.only in (None, "job"):
         for part in ("mpi", "apps"):   # the job, and the baselines' io_baseline
             subprocess.run(["make", "-s", "-C", str(REPO / "bench" / part)], check=True)

@@ -326,23 +326,26 @@ class Coordinator:
     async def restart(self, expected_pids, timeout=None):
         """Wait for every restored process, then REBUILD, REFILL, RESUME ok."""
         timeout = self.barrier_timeout if timeout is None else timeout
+        # a round too: the processes' arrivals, their cross-host connections
+        # met through the name service (a pending request each), the phases
         async with self._busy:
-            if not await self.wait_for_processes(len(expected_pids), timeout, restored=True):
-                have = len(self._matching(restored=True))
-                raise CkptError(f"only {have} of {len(expected_pids)} restored processes connected within {timeout:g} s")
-            procs = self._matching(restored=True)
-            unknown = sorted({p.pid for p in procs} - set(expected_pids))
-            if unknown:
-                self.warn(f"restored processes {unknown} are not in the manifest")
-            try:
-                for phase, arg in (("REBUILD", None), ("REFILL", None), ("RESUME", "ok")):
-                    if phase == "RESUME":  # rebuilt, still parked: as the checkpoint saw them?
-                        await verify.before_resume(self, procs)
-                    _answers, gone = await self.barrier(phase, procs, arg, seq=self.restarted_from or 0)
-                    if gone:
-                        raise PhaseError(f"{gone[0].describe()} exited during {phase}")
-            except PhaseError as exc:
-                raise CkptError(f"restart of job {self.job_id} failed: {exc}")
+            with no_cycle_collection():
+                if not await self.wait_for_processes(len(expected_pids), timeout, restored=True):
+                    have = len(self._matching(restored=True))
+                    raise CkptError(f"only {have} of {len(expected_pids)} restored processes connected within {timeout:g} s")
+                procs = self._matching(restored=True)
+                unknown = sorted({p.pid for p in procs} - set(expected_pids))
+                if unknown:
+                    self.warn(f"restored processes {unknown} are not in the manifest")
+                try:
+                    for phase, arg in (("REBUILD", None), ("REFILL", None), ("RESUME", "ok")):
+                        if phase == "RESUME":  # rebuilt, still parked: as the checkpoint saw them?
+                            await verify.before_resume(self, procs)
+                        _answers, gone = await self.barrier(phase, procs, arg, seq=self.restarted_from or 0)
+                        if gone:
+                            raise PhaseError(f"{gone[0].describe()} exited during {phase}")
+                except PhaseError as exc:
+                    raise CkptError(f"restart of job {self.job_id} failed: {exc}")
 
     # ---- periodic checkpoints and kill ------------------------------------
 
@@ -445,11 +448,11 @@ class Coordinator:
 
 @contextlib.contextmanager
 def no_cycle_collection():
-    """No cyclic garbage collection during a round: what it makes per
-    process (answers, manifest entries) lives until its manifest is
-    written, and each collection walked it again, and the job's registry
-    with it (at 131,072 processes, a quarter of the round's time for
-    nothing).  Reference counting frees the rest as ever; cycles wait for
+    """No cyclic garbage collection during a round (a checkpoint, a
+    restart): what it makes per process (answers, manifest entries, pending
+    name-service requests) lives until it ends, and each collection walked
+    it again, and the job's registry with it (at 131,072 processes, a
+    quarter of the round's time for nothing).  Reference counting frees the rest as ever; cycles wait for
     the end of the round."""
     enabled = gc.isenabled()
     gc.disable()
