@@ -18,6 +18,10 @@
     reading the same bytes on the same (shared) filesystem in the same run,
     and each rank's stopped time.  Target: ratios at least 0.8.
 
+  - restart: the coordinator's side of a restart (its REBUILD, REFILL and
+    RESUME rounds, once every restored process joined) with the same
+    simulated hosts, up to 32,768 processes.  Target: flat per process.
+
   - history: a round at a job's 1,000th checkpoint against its first
     (every checkpoint kept, --keep 5, --keep 5 incremental), 256 simulated
     processes on 4 hosts.  Target: ratio 1.
@@ -26,7 +30,7 @@
     through the coordinator's name service.  Target: flat per connection.
 
     python3 bench/multihost_bench.py [--reps 3] [--mib 512]
-                                     [--only barrier|history|names|job]
+                                     [--only barrier|restart|history|names|job]
                                      [--scales 1024/16,8192/128,...] [--history N] [--smoke]
 
 --smoke: the smallest and a middle barrier size (1,024 processes on 16
@@ -60,6 +64,7 @@ CKPT = str(REPO / "bin" / "ckpt")
 
 SCALES = ((1024, 16), (8192, 128), (32768, 512), (131072, 2048))
 SMOKE_SCALES = SCALES[:2]    # the smallest and a middle size
+RESTART_MAX = 32768          # the restart's rounds: up to this size
 
 
 # ---- the coordinator, timed, with simulated hosts -------------------------------
@@ -78,8 +83,18 @@ def parse_scales(text):
     return scales
 
 
-async def barrier_rounds(processes, hosts, reps, work):
-    """[(wall s, coordinator CPU s, messages)] of `reps` checkpoint rounds."""
+async def barrier_rounds(processes, hosts, reps, work, restart=False):
+    """[(wall s, coordinator CPU s, messages)] of `reps` checkpoint rounds
+    (restart: the restart's rounds, REBUILD, REFILL and RESUME, once every
+    restored process joined; a new job each)."""
+    rounds = []
+    for _ in range(reps if restart else 1):
+        rounds += await _rounds(processes, hosts, 1 if restart else reps, work, restart)
+    return rounds
+
+
+async def _rounds(processes, hosts, reps, work, restart):
+    work = Path(tempfile.mkdtemp(dir=work))   # a job of its own
     job_dir = work / f"job-{processes}"
     secret_file = work / f"secret-{processes}"
     secret = auth.create_secret_file(secret_file)
@@ -89,7 +104,8 @@ async def barrier_rounds(processes, hosts, reps, work):
     await coord.start()
     agents = subprocess.Popen([sys.executable, "-m", "tests.simulated_hosts",
                                f"127.0.0.1:{coord.tcp_port}", str(secret_file), str(hosts),
-                               str(processes // hosts)], cwd=REPO)
+                               str(processes // hosts)] + (["restored"] if restart else []),
+                              cwd=REPO)
     try:
         if not await coord.wait_for_processes(processes, 600):
             raise RuntimeError(f"only {len(coord.live_processes())} processes joined")
@@ -97,7 +113,10 @@ async def barrier_rounds(processes, hosts, reps, work):
         for _ in range(reps):
             messages = sum(coord.agent_messages.values())
             start, cpu = time.perf_counter(), time.process_time()
-            await coord.checkpoint()
+            if restart:
+                await coord.restart([p.pid for p in coord.live_processes()])
+            else:
+                await coord.checkpoint()
             rounds.append((time.perf_counter() - start, time.process_time() - cpu,
                            sum(coord.agent_messages.values()) - messages))
         return rounds
@@ -107,12 +126,12 @@ async def barrier_rounds(processes, hosts, reps, work):
         agents.wait()
 
 
-def barrier_scale(reps, scales):
+def barrier_scale(reps, scales, restart=False):
     rows = []
     base = None
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
         for processes, hosts in scales:
-            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp)))
+            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp), restart))
             walls = [wall for wall, _, _ in rounds]
             median = statistics.median(walls)
             cpu = statistics.median(c for _, c, _ in rounds)
@@ -121,15 +140,17 @@ def barrier_scale(reps, scales):
             rows.append([f"{processes:,}", str(hosts), f"{median:.3f}", f"{min(walls):.3f}",
                          f"{per_process:.1f}", f"{per_process / base:.2f}", f"{cpu:.3f}",
                          f"{cpu / processes * 1e6:.1f}", str(rounds[0][2])])
-    table("One checkpoint round of the coordinator with simulated hosts (no image data; "
-          f"median of {reps})",
+    what = ("A restart's rounds (REBUILD, REFILL, RESUME, once every restored process "
+            "joined)" if restart else "One checkpoint round") + " of the coordinator"
+    table(f"{what} with simulated hosts (no image data; median of {reps})",
           ["processes", "hosts", "round s", "best s", "us/process", "ratio", "coord CPU s",
            "CPU us/process", "messages"], rows)
     print("  ratio: us per process against the first size of this run (target: within 1.25);\n"
           "  coord CPU: the coordinator's own process time in the round (the simulated hosts\n"
           "  run in another process on the same cores); messages: lines between the\n"
           "  coordinator and the agents in one round (2 per host and request).\n"
-          "  Targets: 32,768 processes under 0.5 s, 131,072 under 2 s.")
+          + ("  Target: flat per process." if restart else
+             "  Targets: 32,768 processes under 0.5 s, 131,072 under 2 s."))
 
 
 # ---- a long history: --keep and incremental parents ---------------------------
@@ -372,7 +393,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mib", type=int, default=512)
-    parser.add_argument("--only", choices=["barrier", "history", "names", "job"])
+    parser.add_argument("--only", choices=["barrier", "restart", "history", "names", "job"])
     parser.add_argument("--history", type=int, default=HISTORY, metavar="N",
                         help=f"checkpoints of the history benchmark (default {HISTORY})")
     parser.add_argument("--scales", type=parse_scales,
@@ -388,6 +409,8 @@ def main():
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
     if args.only in (None, "barrier"):
         barrier_scale(args.reps, scales)
+    if args.only in (None, "restart"):
+        barrier_scale(args.reps, [s for s in scales if s[0] <= RESTART_MAX], restart=True)
     if args.only in (None, "history"):
         history(args.history)
     if args.only in (None, "names"):

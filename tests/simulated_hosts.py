@@ -4,7 +4,8 @@ processes of its host and speaks the agent's side of docs/PROTOCOL.md
 each request in one line for all of its processes.  No process exists: a
 WRITE creates an empty image file per process, and no process is ever
 stopped.  Used by bench/multihost_bench.py (in a process of its own:
-`python3 -m tests.simulated_hosts ADDRESS SECRET_FILE HOSTS PER_HOST`) and
+`python3 -m tests.simulated_hosts ADDRESS SECRET_FILE HOSTS PER_HOST
+[restored]`) and
 by the coordinator's message-count test (in its own event loop).
 """
 
@@ -47,9 +48,9 @@ def _barrier_answer(host, pids, rest):
     return _answer(ident, {"done": done, "fail": None} if done else {"all": True, "fail": None})
 
 
-async def simulated_host(address, secret, host, first_pid, count):
-    """One host's agent with `count` processes (pids from first_pid), until
-    the coordinator closes the connection."""
+async def simulated_host(address, secret, host, first_pid, count, restored=False):
+    """One host's agent with `count` processes (pids from first_pid; restored:
+    as after a restart), until the coordinator closes the connection."""
     name, _, port = address.rpartition(":")
     reader, writer = await asyncio.open_connection(name, int(port), limit=1 << 24)
     try:
@@ -57,7 +58,7 @@ async def simulated_host(address, secret, host, first_pid, count):
         writer.write(f"AGENT {host} 1\n".encode())
         await reader.readline()   # WELCOME
         pids = {str(i + 1): first_pid + i for i in range(count)}
-        writer.write("".join(f"JOIN {tag} {pid} 0 {host} {pid}\n"
+        writer.write("".join(f"JOIN {tag} {pid} {int(restored)} {host} {pid}\n"
                              for tag, pid in pids.items()).encode())
         while line := await reader.readline():
             word, rest = split_line(line)
@@ -73,19 +74,25 @@ async def simulated_host(address, secret, host, first_pid, count):
         writer.close()
 
 
-async def simulated_hosts(address, secret, hosts, per_host):
+def first_pid(host, per_host):
+    return 100 + host * per_host
+
+
+async def simulated_hosts(address, secret, hosts, per_host, restored=False):
     """`hosts` hosts of `per_host` processes each, until the coordinator closes."""
-    await asyncio.gather(*(simulated_host(address, secret, host_name(h), 100 + h * per_host,
-                                          per_host) for h in range(hosts)))
+    await asyncio.gather(*(simulated_host(address, secret, host_name(h), first_pid(h, per_host),
+                                          per_host, restored) for h in range(hosts)))
 
 
 def main(argv):
-    if len(argv) != 4:
-        print("usage: python3 -m tests.simulated_hosts ADDRESS SECRET_FILE HOSTS PER_HOST",
-              file=sys.stderr)
+    restored = argv[4:] == ["restored"]
+    if len(argv) != 4 and not restored:
+        print("usage: python3 -m tests.simulated_hosts ADDRESS SECRET_FILE HOSTS PER_HOST "
+              "[restored]", file=sys.stderr)
         return 2
-    address, secret_file, hosts, per_host = argv
-    asyncio.run(simulated_hosts(address, auth.load_secret(secret_file), int(hosts), int(per_host)))
+    address, secret_file, hosts, per_host = argv[:4]
+    asyncio.run(simulated_hosts(address, auth.load_secret(secret_file), int(hosts),
+                                int(per_host), restored))
     return 0
 
 
