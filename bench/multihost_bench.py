@@ -1,23 +1,42 @@
-"""Benchmarks of multi-host jobs (issue 11), printed as tables.
+"""Benchmarks of multi-host jobs (issues 11 and 33), printed as tables.
 
   - barrier scale: one checkpoint round (every phase, STOP to RESUME, the
     manifest and its publication; no image data) of the real coordinator,
-    with 1,024 to 32,768 simulated processes on 16 to 512 simulated hosts.
-    The hosts are lightweight agents in a process of their own, speaking
-    the real protocol over TCP (authenticated): they answer each barrier
-    for all of their processes at once, as a host's agent does, and write
-    an empty image per process.  Target: under 1 s at 32,768.
+    with 1,024 to 131,072 simulated processes on 16 to 2,048 simulated
+    hosts (64 per host).  The hosts (tests/simulated_hosts.py) are
+    lightweight agents in a process of their own, speaking the real
+    protocol over TCP (authenticated): they answer each request for all of
+    their processes at once, as a host's agent does, and write an empty
+    image per process.  Printed: the round's wall time, microseconds per
+    process and their ratio to the smallest size of the same run, the
+    coordinator's CPU time, and the messages it exchanged with the agents.
+    Targets: 32,768 under 0.5 s, 131,072 under 2 s, the cost per process
+    flat (ratio within 1.25).
 
   - a 2-host MPICH job on the test cluster (integration/cluster.py; root),
     4 ranks x 512 MiB: checkpoint and restart as ratios to writing and
     reading the same bytes on the same (shared) filesystem in the same run,
     and each rank's stopped time.  Target: ratios at least 0.8.
 
-    python3 bench/multihost_bench.py [--reps 3] [--mib 512] [--only barrier|job]
-                                     [--smoke]
+  - restart: the coordinator's side of a restart (its REBUILD, REFILL and
+    RESUME rounds, once every restored process joined) with the same
+    simulated hosts, up to 32,768 processes.  Target: flat per process.
 
---smoke: the smallest size of each (1,024 processes on 16 hosts; a 16 MiB
-job), once: that the benchmark still runs, in seconds (`make bench-smoke`).
+  - history: a round at a job's 1,000th checkpoint against its first
+    (every checkpoint kept, --keep 5, --keep 5 incremental), 256 simulated
+    processes on 4 hosts.  Target: ratio 1.
+
+  - names: a restart's cross-host connections (1,024 to 32,768) met
+    through the coordinator's name service.  Target: flat per connection.
+
+    python3 bench/multihost_bench.py [--reps 3] [--mib 512]
+                                     [--only barrier|restart|history|names|job]
+                                     [--scales 1024/16,8192/128,...] [--history N] [--smoke]
+
+--smoke: the smallest and a middle barrier size (1,024 processes on 16
+hosts, 8,192 on 128), 20 checkpoints of history, 1,024 and 8,192
+connections met, and a 16 MiB job, once: that the benchmark still runs,
+in seconds (`make bench-smoke`).
 """
 import argparse
 import asyncio
@@ -36,66 +55,47 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from ckpt import auth  # noqa: E402
-from ckpt.coordinator import Coordinator  # noqa: E402
-from ckpt.wire import split_line, unescape  # noqa: E402
+from ckpt.coordinator import Coordinator, no_cycle_collection  # noqa: E402
+from ckpt.names import NameService  # noqa: E402
+from ckpt.write_mode import WriteMode  # noqa: E402
 from engine_bench import baseline, fmt, table  # noqa: E402
 
 MPIMEM = REPO / "bench" / "mpi" / "bin" / "mpimem"
 CKPT = str(REPO / "bin" / "ckpt")
 
-SCALES = ((1024, 16), (8192, 128), (32768, 512))
+SCALES = ((1024, 16), (8192, 128), (32768, 512), (131072, 2048))
+SMOKE_SCALES = SCALES[:2]    # the smallest and a middle size
+RESTART_MAX = 32768          # the restart's rounds: up to this size
 
 
-# ---- the simulated hosts (a process of their own) -------------------------
+# ---- the coordinator, timed, with simulated hosts -------------------------------
 
-async def simulated_host(address, secret, host, first_pid, count):
-    name, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(name, int(port), limit=1 << 24)
-    await auth.client_handshake_async(reader, writer, secret)
-    writer.write(f"AGENT {host} 1\n".encode())
-    await reader.readline()   # WELCOME
-    pids = {str(i + 1): first_pid + i for i in range(count)}
-    writer.write("".join(f"JOIN {tag} {pid} 0 {host} {pid}\n" for tag, pid in pids.items()).encode())
-    while line := await reader.readline():
-        word, rest = split_line(line)
-        if word in ("STOPPED", "THAW"):     # STOPPED|THAW id tags
-            # as ckpt/agent.py answers: the tags of the stopped (none here;
-            # a thaw thaws none of them)
-            ident = rest.partition(" ")[0]
-            writer.write(f'ANSWERS {ident} {{"stopped":[],"fail":null}}\n'.encode())
-            continue
-        if word in ("FREEZE-APP", "FREEZE"):  # FREEZE-APP|FREEZE id
-            writer.write(f'ANSWERS {rest.strip()} {{"fail":null}}\n'.encode())
-            continue
-        if word != "BARRIER":
-            continue
-        ident, _timeout, tags, phase_line = rest.split(" ", 3)
-        _, phase, _seq, *arg = phase_line.split(" ", 3)
-        done = {}
-        for tag in tags.split(","):
-            if phase == "SUSPEND":
-                done[tag] = {"threads": "1"}
-            elif phase == "WRITE":
-                image = f"{host}-{pids[tag]}.img"
-                Path(unescape(arg[0].split(" ")[0]), image).touch()
-                done[tag] = {"file": image, "size": "0", "xxh3": "0" * 16}
-            elif phase == "RESUME":
-                done[tag] = {"stopped_ns": "1000000"}
-        # as ckpt/agent.py answers: "all" when no process has anything to say
-        answer = json.dumps({"done": done, "fail": None} if done else {"all": True, "fail": None},
-                            separators=(",", ":"))
-        writer.write(f"ANSWERS {ident} {answer}\n".encode())
+def parse_scales(text):
+    """'1024/16,8192/128': [(processes, hosts)], each a multiple of its hosts."""
+    scales = []
+    for item in text.split(","):
+        try:
+            processes, hosts = (int(n) for n in item.split("/"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not PROCESSES/HOSTS")
+        if hosts <= 0 or processes < hosts or processes % hosts:
+            raise argparse.ArgumentTypeError(f"{item}: processes must be a multiple of hosts")
+        scales.append((processes, hosts))
+    return scales
 
 
-async def simulated_hosts(address, secret_file, hosts, per_host):
-    secret = auth.load_secret(secret_file)
-    await asyncio.gather(*(simulated_host(address, secret, f"sim{h:03d}", 100 + h * per_host,
-                                          per_host) for h in range(hosts)))
+async def barrier_rounds(processes, hosts, reps, work, restart=False):
+    """[(wall s, coordinator CPU s, messages)] of `reps` checkpoint rounds
+    (restart: the restart's rounds, REBUILD, REFILL and RESUME, once every
+    restored process joined; a new job each)."""
+    rounds = []
+    for _ in range(reps if restart else 1):
+        rounds += await _rounds(processes, hosts, 1 if restart else reps, work, restart)
+    return rounds
 
 
-# ---- the coordinator, timed ---------------------------------------------------
-
-async def barrier_round_times(processes, hosts, reps, work):
+async def _rounds(processes, hosts, reps, work, restart):
+    work = Path(tempfile.mkdtemp(dir=work))   # a job of its own
     job_dir = work / f"job-{processes}"
     secret_file = work / f"secret-{processes}"
     secret = auth.create_secret_file(secret_file)
@@ -103,14 +103,85 @@ async def barrier_round_times(processes, hosts, reps, work):
                         job_dir=job_dir, command=["simulated"], secret=secret,
                         warn=lambda message: None, barrier_timeout=300)
     await coord.start()
-    agents = subprocess.Popen([sys.executable, __file__, "--simulate",
+    agents = subprocess.Popen([sys.executable, "-m", "tests.simulated_hosts",
                                f"{socket.gethostname()}:{coord.tcp_port}", str(secret_file), str(hosts),
-                               str(processes // hosts)])
+                               str(processes // hosts)] + (["restored"] if restart else []),
+                              cwd=REPO)
+    try:
+        if not await coord.wait_for_processes(processes, 600):
+            raise RuntimeError(f"only {len(coord.live_processes())} processes joined")
+        rounds = []
+        for _ in range(reps):
+            messages = sum(coord.agent_messages.values())
+            start, cpu = time.perf_counter(), time.process_time()
+            if restart:
+                await coord.restart([p.pid for p in coord.live_processes()])
+            else:
+                await coord.checkpoint()
+            rounds.append((time.perf_counter() - start, time.process_time() - cpu,
+                           sum(coord.agent_messages.values()) - messages))
+        return rounds
+    finally:
+        await coord.close()
+        agents.kill()
+        agents.wait()
+
+
+def barrier_scale(reps, scales, restart=False):
+    rows = []
+    base = None
+    with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
+        for processes, hosts in scales:
+            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp), restart))
+            walls = [wall for wall, _, _ in rounds]
+            median = statistics.median(walls)
+            cpu = statistics.median(c for _, c, _ in rounds)
+            per_process = median / processes * 1e6
+            base = base or per_process
+            rows.append([f"{processes:,}", str(hosts), f"{median:.3f}", f"{min(walls):.3f}",
+                         f"{per_process:.1f}", f"{per_process / base:.2f}", f"{cpu:.3f}",
+                         f"{cpu / processes * 1e6:.1f}", str(rounds[0][2])])
+    what = ("A restart's rounds (REBUILD, REFILL, RESUME, once every restored process "
+            "joined)" if restart else "One checkpoint round") + " of the coordinator"
+    table(f"{what} with simulated hosts (no image data; median of {reps})",
+          ["processes", "hosts", "round s", "best s", "us/process", "ratio", "coord CPU s",
+           "CPU us/process", "messages"], rows)
+    print("  ratio: us per process against the first size of this run (target: within 1.25);\n"
+          "  coord CPU: the coordinator's own process time in the round (the simulated hosts\n"
+          "  run in another process on the same cores); messages: lines between the\n"
+          "  coordinator and the agents in one round (2 per host and request).\n"
+          + ("  Target: flat per process." if restart else
+             "  Targets: 32,768 processes under 0.5 s, 131,072 under 2 s."))
+
+
+# ---- a long history: --keep and incremental parents ---------------------------
+
+HISTORY = 1000          # checkpoints of one job
+HISTORY_WINDOW = 20     # rounds timed at its start and at its end
+HISTORY_SIZE = (256, 4)
+
+
+async def history_rounds(label, count, work, keep, full_every):
+    """The round times of checkpoints 1..count of one job (256 simulated
+    processes on 4 hosts), kept `keep` (0: all), incremental every
+    `full_every` (0: not)."""
+    processes, hosts = HISTORY_SIZE
+    work = work / label
+    work.mkdir()
+    secret_file = work / "secret"
+    secret = auth.create_secret_file(secret_file)
+    coord = Coordinator(job_id="history", socket_path=work / "c.sock", job_dir=work / "job",
+                        command=["simulated"], secret=secret, warn=lambda message: None,
+                        barrier_timeout=300, keep=keep, write_mode=WriteMode(full_every=full_every))
+    await coord.start()
+    agents = subprocess.Popen([sys.executable, "-m", "tests.simulated_hosts",
+                               f"{socket.gethostname()}:{coord.tcp_port}", str(secret_file), str(hosts),
+                               str(processes // hosts)], cwd=REPO)
     try:
         if not await coord.wait_for_processes(processes, 120):
-            raise RuntimeError(f"only {len(coord.live_processes())} processes joined")
+            raise RuntimeError("the simulated processes did not join")
         times = []
-        for _ in range(reps):
+        for _ in range(count):
             start = time.perf_counter()
             await coord.checkpoint()
             times.append(time.perf_counter() - start)
@@ -121,18 +192,66 @@ async def barrier_round_times(processes, hosts, reps, work):
         agents.wait()
 
 
-def barrier_scale(reps, scales=SCALES):
+def history(count):
+    """A round at checkpoint 1,000 costs what it did at checkpoint 1: --keep
+    pruning and the incremental parent's lookup do not grow with the job's
+    history."""
+    window = min(HISTORY_WINDOW, count // 2)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
-        for processes, hosts in scales:
-            times = asyncio.run(barrier_round_times(processes, hosts, reps, Path(tmp)))
-            median = statistics.median(times)
-            rows.append([f"{processes:,}", str(hosts), f"{median:.3f}",
-                         f"{min(times):.3f}", f"{median / processes * 1e6:.1f}",
-                         "yes" if median < 1.0 else "no"])
-    table("One checkpoint round of the coordinator with simulated hosts (no image data; "
-          f"median of {reps})",
-          ["processes", "hosts", "round s", "best s", "us per process", "under 1 s"], rows)
+        for label, keep, full_every in (("every one kept", 0, 0), ("--keep 5", 5, 0),
+                                        ("--keep 5, incremental", 5, 8)):
+            times = asyncio.run(history_rounds(label.replace(" ", "_").replace(",", ""),
+                                               count, Path(tmp), keep, full_every))
+            first = statistics.median(times[1:window + 1])   # the first has no parent yet
+            last = statistics.median(times[-window:])
+            rows.append([label, f"{first * 1e3:.1f}", f"{last * 1e3:.1f}", f"{last / first:.2f}"])
+    processes, hosts = HISTORY_SIZE
+    table(f"{count:,} checkpoints of one job ({processes} simulated processes on {hosts} hosts): "
+          f"median round of {window} at its start and at its end",
+          ["job", "first ms", "last ms", "ratio"], rows)
+    print("  incremental: --full-every 8 (the parent is looked up and read at each round).")
+
+
+# ---- a restart's connections met through the name service -------------------
+
+MEETINGS = (1024, 8192, 32768)
+
+
+async def meet(connections):
+    """A restart's cross-host TCP connections met through the coordinator's
+    name service (native/restart/state/cross_host.c): each end waits
+    (MWAIT) for its peer's key, which the peer PUTs; requests arrive
+    interleaved, as from many hosts."""
+    names = NameService()
+    start = time.perf_counter()
+    with no_cycle_collection():      # as the coordinator during a restart
+        await _meet(names, connections)
+    return time.perf_counter() - start
+
+
+async def _meet(names, connections):
+    waits = [asyncio.ensure_future(names.answer("MWAIT", f"60 sock:1:{i}:peer"))
+             for i in range(connections)]
+    await asyncio.sleep(0)
+    for i in range(connections):
+        await names.answer("PUT", f"sock:1:{i}:peer 198.18.0.2:{i}")
+        if i % 64 == 0:
+            await asyncio.sleep(0)     # the waiters' turns come between requests
+    answers = await asyncio.gather(*waits)
+    if answers != [f"VAL 198.18.0.2:{i}" for i in range(connections)]:
+        raise RuntimeError("a connection met the wrong peer")
+
+
+def meetings(sizes):
+    rows, base = [], None
+    for connections in sizes:
+        elapsed = asyncio.run(meet(connections))
+        per = elapsed / connections * 1e6
+        base = base or per
+        rows.append([f"{connections:,}", f"{elapsed:.3f}", f"{per:.1f}", f"{per / base:.2f}"])
+    table("A restart's cross-host connections met through the coordinator's name service "
+          "(MWAIT for the peer's key, its PUT)", ["connections", "s", "us/connection", "ratio"], rows)
 
 
 # ---- a real 2-host job on the test cluster ----------------------------------
@@ -272,23 +391,31 @@ def _two_host_job(cluster, mib, reps):
 
 
 def main():
-    if len(sys.argv) == 6 and sys.argv[1] == "--simulate":
-        address, secret_file, hosts, per_host = sys.argv[2:]
-        asyncio.run(simulated_hosts(address, secret_file, int(hosts), int(per_host)))
-        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mib", type=int, default=512)
-    parser.add_argument("--only", choices=["barrier", "job"])
+    parser.add_argument("--only", choices=["barrier", "restart", "history", "names", "job"])
+    parser.add_argument("--history", type=int, default=HISTORY, metavar="N",
+                        help=f"checkpoints of the history benchmark (default {HISTORY})")
+    parser.add_argument("--scales", type=parse_scales,
+                        default=SCALES, metavar="P/H,P/H,...",
+                        help="barrier sizes, processes/hosts (default: "
+                             + ",".join(f"{p}/{h}" for p, h in SCALES) + ")")
     parser.add_argument("--smoke", action="store_true",
                         help="smallest sizes, once: does it still run (seconds)")
     args = parser.parse_args()
-    scales = SCALES
+    scales = args.scales
     if args.smoke:
-        args.reps, args.mib, scales = 1, 16, SCALES[:1]
+        args.reps, args.mib, scales, args.history = 1, 16, SMOKE_SCALES, 20
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
     if args.only in (None, "barrier"):
         barrier_scale(args.reps, scales)
+    if args.only in (None, "restart"):
+        barrier_scale(args.reps, [s for s in scales if s[0] <= RESTART_MAX], restart=True)
+    if args.only in (None, "history"):
+        history(args.history)
+    if args.only in (None, "names"):
+        meetings(MEETINGS[:2] if args.smoke else MEETINGS)
     if args.only in (None, "job"):
         for part in ("mpi", "apps"):   # the job, and the baselines' io_baseline
             subprocess.run(["make", "-s", "-C", str(REPO / "bench" / part)], check=True)

@@ -123,8 +123,7 @@ class HostAgent:
         self._send(f"JOIN {proc.tag} {proc.pid} {int(proc.restored)} {proc.host} {proc.real_pid}")
 
     async def _left(self, proc):
-        proc.alive = False
-        proc.replies.put_nowait(None)
+        proc.wake()
         if self.procs.pop(proc.tag, None) is not None:
             self._send(f"LEAVE {proc.tag}")
 

@@ -9,7 +9,7 @@ line.  So the coordinator has one connection per host, not per process."""
 import asyncio
 import json
 
-from ckpt.barrier import AGENT_MARGIN, PhaseError, Process
+from ckpt.barrier import AGENT_MARGIN, NO_KEYS, PhaseError, Process
 from ckpt.wire import split_line, unescape
 
 
@@ -31,13 +31,16 @@ class AgentLink:
         return f"AgentLink({self.host})"
 
     async def send(self, line):
+        self.coord.agent_messages["sent"] += 1
         self.writer.write(line.encode() + b"\n")
         await self.writer.drain()
 
     async def serve(self):
         """Until the agent goes away: then its host's processes are gone too."""
+        messages = self.coord.agent_messages
         try:
             while line := await self.reader.readline():
+                messages["received"] += 1
                 await self._handle(*split_line(line))
         finally:
             self.lost = True
@@ -121,13 +124,16 @@ class AgentLink:
 
     async def barrier(self, phase_line, group, timeout):
         """`phase_line` to the group's processes through the agent:
-        [(proc, DONE keys or None if it disconnected)]."""
-        tags = ",".join(p.tag for p in group)
+        ({proc: DONE keys}, [procs that disconnected])."""
+        tags = ",".join([p.tag for p in group])
         answer = await self._ask_or_fail("BARRIER", f"{timeout:g} {tags} {phase_line}")
         if answer.get("all"):
-            return [(proc, {}) for proc in group]
+            return dict.fromkeys(group, NO_KEYS), []
         done = answer.get("done", {})
-        return [(proc, done.get(proc.tag)) for proc in group]
+        answers = {proc: done[proc.tag] or NO_KEYS for proc in group if proc.tag in done}
+        if len(answers) == len(group):
+            return answers, []
+        return answers, [proc for proc in group if proc.tag not in done]
 
     # stopped processes (ckpt/stopped.py): the agent thaws its host's own,
     # in the time a barrier has
@@ -160,6 +166,7 @@ class AgentLink:
         Not waited for: the transport sends queued lines in order even
         when the coordinator closes right after."""
         if not self.lost:
+            self.coord.agent_messages["sent"] += 1
             self.writer.write(f"SIGNAL {int(signum)}\n".encode())
 
     def close(self):

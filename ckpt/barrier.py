@@ -6,19 +6,25 @@ restart phase is one barrier over the job's registered processes.
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
+from types import MappingProxyType
 
 from ckpt.wire import parse_keys, unescape
 
 
 AGENT_MARGIN = 5.0  # the link's own delay on top of an agent's timeout
+# the DONE keys of a process that had nothing to say: one shared, read-only
+# mapping (a job of 100,000 processes makes no 100,000 empty dicts per phase)
+NO_KEYS = MappingProxyType({})
 
 
 class PhaseError(Exception):
     """A barrier failed: a FAIL answer, a timeout, or nobody left."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Process:
     """One registered process: the shim's checkpoint thread on the other end."""
 
@@ -27,10 +33,22 @@ class Process:
     host: str
     restored: bool
     writer: asyncio.StreamWriter = None  # None: on another host, behind agent
-    replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # DONE/FAIL lines
+    # its DONE/FAIL lines; None behind an agent (which answers for its
+    # host): a big job's coordinator keeps no queue per process
+    replies: asyncio.Queue = None
     alive: bool = True
     agent: object = None   # the AgentLink of its host, None on the coordinator's host
     tag: str = ""          # its name on the agent's link
+
+    def __post_init__(self):
+        if self.agent is None and self.replies is None:
+            self.replies = asyncio.Queue()
+
+    def wake(self):
+        """It went away: a barrier waiting for its answer learns it."""
+        self.alive = False
+        if self.replies is not None:
+            self.replies.put_nowait(None)
 
     async def send(self, line):
         self.writer.write(line.encode() + b"\n")
@@ -41,23 +59,30 @@ class Process:
         return f"process {self.pid}" + (f" (pid {self.real_pid})" if self.real_pid != self.pid else "") + where
 
 
+_agent_of = attrgetter("agent")
+
+
 async def barrier(phase, procs, *, timeout, arg=None, seq=0):
     """Send `PHASE <phase> <seq> [arg]` to procs and wait for every answer.
 
     Processes on other hosts get it through their host's agent, which
     answers for all of them at once (ckpt/agent_link.py).
     Returns ({process: DONE keys}, [processes that disconnected]); raises
-    PhaseError on the first FAIL or when `timeout` seconds pass."""
+    PhaseError on the first FAIL or when `timeout` seconds pass.  Its cost
+    is one task per local process and per host, never per remote process."""
     line = f"PHASE {phase} {seq}" + (f" {arg}" if arg is not None else "")
     waits = {}
     by_agent = {}
-    for proc in procs:
-        if proc.agent is not None:
-            by_agent.setdefault(proc.agent, []).append(proc)
+    # a host's processes come one after another (they joined so): grouped
+    # a run at a time, not looked at one by one in Python
+    for agent, run in groupby(procs, key=_agent_of):
+        if agent is not None:
+            by_agent.setdefault(agent, []).extend(run)
             continue
-        _drop_stale_answers(proc)
-        await _send_or_mark_gone(proc, line)
-        waits[asyncio.ensure_future(_answer(proc, phase))] = [proc]
+        for proc in run:
+            _drop_stale_answers(proc)
+            await _send_or_mark_gone(proc, line)
+            waits[asyncio.ensure_future(_answer(proc, phase))] = [proc]
     for agent, group in by_agent.items():
         waits[asyncio.ensure_future(agent.barrier(line, group, timeout))] = group
     # an agent's own timeout names its late processes: it answers first
@@ -82,11 +107,11 @@ async def _send_or_mark_gone(proc, line):
 
 
 async def _answer(proc, phase):
-    """[(proc, its DONE keys for `phase`, or None if it disconnected)]."""
+    """({proc: its DONE keys for `phase`}, []), or ({}, [proc]) if it disconnected."""
     while True:
         answer = await proc.replies.get()
         if answer is None:
-            return [(proc, None)]
+            return {}, [proc]
         word, rest = answer
         name, _, tail = rest.partition(" ")
         if name != phase:
@@ -96,7 +121,7 @@ async def _answer(proc, phase):
             reason = unescape(message) or (os.strerror(int(err)) if err.isdigit() else err)
             raise PhaseError(f"{phase} failed in {proc.describe()}: {reason}")
         _status, _, keys = tail.partition(" ")
-        return [(proc, parse_keys(keys.split()))]
+        return {proc: parse_keys(keys.split())}, []
 
 
 async def _collect(phase, waits, timeout):
@@ -113,11 +138,9 @@ async def _collect(phase, waits, timeout):
         raise PhaseError(f"{phase} timed out after {timeout:g} s waiting for {late}")
     answers, gone = {}, []
     for task in done:
-        for proc, keys in task.result():
-            if keys is None:
-                gone.append(proc)
-            else:
-                answers[proc] = keys
+        some, left = task.result()
+        answers.update(some)
+        gone.extend(left)
     return answers, gone
 
 

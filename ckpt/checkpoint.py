@@ -121,7 +121,8 @@ class CheckpointRun:
             manifests.discard(self.tmp)
             raise CkptError(f"checkpoint {self.number} of job {self.job.job_id} failed: {exc}")
         try:
-            threads = await self._suspend([p for p in self.procs if p not in held])
+            held_set = set(held)  # membership tests over the whole job: sets, not lists
+            threads = await self._suspend([p for p in self.procs if p not in held_set])
             if held:
                 threads.update(await self._suspend_stopped(held))
             threads.update(await self._take_in_newcomers(threads))
@@ -177,7 +178,9 @@ class CheckpointRun:
             raise PhaseError(f"{gone[0].describe()} died while suspended, during {phase}")
         for proc in gone:
             self.note(f"{proc.describe()} exited during the checkpoint; it is left out")
-        self.procs = [p for p in self.procs if p not in gone]
+        if gone:
+            left_out = set(gone)
+            self.procs = [p for p in self.procs if p not in left_out]
         if not self.procs:
             raise PhaseError("every process of the job exited during the checkpoint")
         return answers
@@ -188,7 +191,10 @@ class CheckpointRun:
         if not group:
             return {}
         for phase in SUSPENDING_PHASES:
-            answers = await self._phase(phase, procs=[p for p in group if p in self.procs])
+            # those of group still in the checkpoint (a set: a list made it
+            # quadratic in the job's size, issue 33)
+            still = set(self.procs)
+            answers = await self._phase(phase, procs=[p for p in group if p in still])
         return answers
 
     async def _suspend_stopped(self, held):
@@ -196,7 +202,8 @@ class CheckpointRun:
         They are thawed only once the others are parked: a thread the
         tracer takes or lets go shows as running for a moment, which a
         parent that still ran could see."""
-        self.to_abort = [p for p in self.to_abort if p not in held]
+        held_set = set(held)
+        self.to_abort = [p for p in self.to_abort if p not in held_set]
         self.thawed = await stopped_processes.thaw(held)
         for proc in (proc for t in self.thawed for proc in t.procs):
             self.names.put(f"stopped:{self.number}:{proc.host}:{proc.pid}", "1")
@@ -247,7 +254,7 @@ class CheckpointRun:
         taken, answers = {}, suspended
         for _ in range(NEWCOMER_ROUNDS):
             children = {(proc.host, pid) for proc, keys in answers.items()
-                        for pid in _pids(keys.get("children", ""))}
+                        if "children" in keys for pid in _pids(keys["children"])}
             # one that exits before its HELLO is a zombie now: not waited for long
             if not await self.wait_for_ids(children, CHILD_HELLO_WAIT):
                 self.note("a child forked just before the checkpoint did not register "
@@ -302,11 +309,13 @@ class CheckpointRun:
 
     def _publish(self, entries, stopped):
         images = {entry["image"] for entry in entries.values()}
-        # an incremental image's page list, every image's block checksums
-        images |= {name + suffix for name in images for suffix in (".pages", ".sum")}
-        for leftover in self.tmp.iterdir():  # images of processes that were left out
-            if leftover.name not in images and not verify.kept(leftover.name):
-                leftover.unlink()
+        for name in os.listdir(self.tmp):  # images of processes that were left out
+            # an incremental image's page list, every image's block checksums
+            stem, _, suffix = name.rpartition(".")
+            if name in images or (suffix in ("pages", "sum") and stem in images) \
+                    or verify.kept(name):
+                continue
+            os.unlink(self.tmp / name)
         processes = []
         for proc, entry in entries.items():
             entry["stopped_ns"] = int(stopped.get(proc, {}).get("stopped_ns", 0))

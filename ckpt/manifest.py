@@ -71,7 +71,7 @@ def incremental_parent(job_dir, full_every):
         return None, 0
     path = published[-1][1]
     try:
-        chain = read_manifest(path).get("chain", 0)
+        chain = manifest_summary(path)["chain"]
     except CkptError:
         return None, 0
     if not _is_int(chain) or chain < 0 or chain + 1 >= full_every:
@@ -84,6 +84,42 @@ def needed_checkpoints(manifest):
     return {int(n) for n in manifest.get("needs") or () if _is_int(n)}
 
 
+# What each checkpoint asks of its history (needs, chain), by manifest file:
+# --keep and incremental parents look at kept checkpoints at every
+# checkpoint, and a manifest of 100,000 processes takes half a second to
+# read.  A file is known by its identity (a published checkpoint's manifest
+# never changes; one rewritten by hand is read again).
+_SUMMARIES_KEPT = 64
+_summaries = {}
+
+
+def _identity(info):
+    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def _remember(identity, manifest):
+    summary = {"needs": frozenset(needed_checkpoints(manifest)), "chain": manifest.get("chain", 0)}
+    _summaries[identity] = summary
+    while len(_summaries) > _SUMMARIES_KEPT:
+        del _summaries[next(iter(_summaries))]
+    return summary
+
+
+def manifest_summary(directory):
+    """{"needs": the checkpoints its images read, "chain": its place in its
+    incremental chain} of a checkpoint, its manifest read once (CkptError
+    as read_manifest)."""
+    try:
+        identity = _identity(os.lstat(Path(directory) / MANIFEST_NAME))
+    except OSError:
+        identity = None   # read_manifest says why
+    if identity in _summaries:
+        return _summaries[identity]
+    manifest = read_manifest(directory)
+    return _remember(identity, manifest) if identity else {
+        "needs": frozenset(needed_checkpoints(manifest)), "chain": manifest.get("chain", 0)}
+
+
 def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
                    restarted_from=None, warnings=(), addresses=None, parent=None,
                    full_every=0, stage_dir=None):
@@ -91,10 +127,12 @@ def build_manifest(*, job_id, number, command, processes, start_ns, end_ns,
     `hosts` lists the coordinator's host first: a restart maps them in
     this order onto its new hosts."""
     here = socket.gethostname()
-    seen = [proc["host"] for proc in processes]
+    # each host once, in the order its first process comes (a dict: a list's
+    # index() per host made this hosts x processes)
+    seen = list(dict.fromkeys(proc["host"] for proc in processes))
     needs = sorted({int(name.split("-")[1]) for proc in processes
                     for name in proc.get("sources", ())})
-    hosts = sorted(set(seen), key=lambda host: (host != here, seen.index(host))) or [here]
+    hosts = sorted(seen, key=lambda host: host != here) or [here]
     return {
         "format": MANIFEST_FORMAT,
         "engine_version": ENGINE_VERSION,
@@ -126,11 +164,16 @@ def write_manifest(directory, manifest):
     path = Path(directory) / MANIFEST_NAME
     head = {key: value for key, value in manifest.items() if key != "processes"}
     lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
-    procs = ",\n  ".join(json.dumps(proc) for proc in manifest.get("processes", ()))
+    # one encoding of the whole list (a call per process costs half as much
+    # again), then a line per process: `{"` never occurs inside a JSON
+    # string, so this only ever changes white space outside them
+    procs = json.dumps(list(manifest.get("processes", ())))[1:-1]
+    procs = procs.replace('}, {"pid": ', '},\n  {"pid": ')
     with open(path, "w") as out:
         out.write("{\n" + "\n".join(lines) + f'\n "processes": [\n  {procs}\n ]\n}}\n')
         out.flush()
         os.fsync(out.fileno())
+        _remember(_identity(os.fstat(out.fileno())), manifest)   # kept across its rename
     return path
 
 
@@ -294,7 +337,7 @@ def prune(job_dir, keep):
     needed = set()
     for _, path in published[-keep:]:
         try:
-            needed |= needed_checkpoints(read_manifest(path))
+            needed |= manifest_summary(path)["needs"]
         except CkptError:
             return []  # cannot tell what it needs: delete nothing
     victims = [path for number, path in published[:-keep] if number not in needed]

@@ -3,6 +3,8 @@ processes use to find each other's new ids, claim shared things and count
 themselves into barriers of their own (docs/PROTOCOL.md)."""
 
 import asyncio
+import heapq
+import itertools
 
 # name-service keys that live for one checkpoint: open files and sockets,
 # shared memory, System V and message queue claims, thawed stopped processes
@@ -14,7 +16,12 @@ class NameService:
 
     def __init__(self):
         self.values = {}
-        self._changed = asyncio.Event()   # set, and replaced, by every change
+        # requests waiting, by the key they wait for: a PUT wakes its own
+        # key's waiters, not every waiter of the job (a restart's thousands
+        # of cross-host connections each wait for one key)
+        self._arrivals = {}               # key -> {future}: until it is put
+        self._counts = {}                 # key -> heap of (count, n, future): until it reaches count
+        self._order = itertools.count()
 
     def forget_spent(self):
         """The claims and marks of earlier checkpoints (a job checkpointed
@@ -24,8 +31,52 @@ class NameService:
 
     def put(self, key, value):
         self.values[key] = value
-        self._changed.set()
-        self._changed = asyncio.Event()
+        for future in self._arrivals.pop(key, ()):
+            if not future.done():
+                future.set_result(None)
+        waiting = self._counts.get(key)
+        if waiting:
+            count = self._count(key)
+            while waiting and waiting[0][0] <= count:
+                future = heapq.heappop(waiting)[2]
+                if not future.done():
+                    future.set_result(None)
+            if not waiting:
+                del self._counts[key]
+
+    @staticmethod
+    async def _until(future, deadline):
+        """Whether future was set before the loop's time reached deadline."""
+        left = deadline - asyncio.get_running_loop().time()
+        if left > 0:
+            try:
+                await asyncio.wait_for(future, left)
+                return True
+            except asyncio.TimeoutError:
+                pass
+        return False
+
+    def _drop_waiter(self, key, future):
+        """A counter's waiter that timed out (rare: each goes at once)."""
+        future.cancel()
+        waiting = [entry for entry in self._counts.get(key, ()) if entry[2] is not future]
+        if waiting:
+            heapq.heapify(waiting)
+            self._counts[key] = waiting
+        else:
+            self._counts.pop(key, None)
+
+    async def _arrival(self, key, deadline):
+        """Until key is put; False if the deadline came first."""
+        future = asyncio.get_running_loop().create_future()
+        waiting = self._arrivals.setdefault(key, set())
+        waiting.add(future)
+        try:
+            return await self._until(future, deadline)
+        finally:
+            waiting.discard(future)
+            if not waiting and self._arrivals.get(key) is waiting:
+                del self._arrivals[key]
 
     def forget_checkpoint(self, number):
         """Keys `<plugin>:<number>:...` belong to one checkpoint: an attempt
@@ -42,18 +93,16 @@ class NameService:
             return 0
 
     async def _await_count(self, seconds, key, n):
-        """A barrier of the processes that count themselves in with INCR."""
+        """A barrier of the processes that count themselves in with INCR:
+        each waiter is woken once, when the count reaches its n."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while self._count(key) < n:
-            left = deadline - loop.time()
-            if left <= 0:
-                return f"NONE {self._count(key)}"
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-        return f"VAL {self._count(key)}"
+        if self._count(key) < n:
+            future = loop.create_future()
+            heapq.heappush(self._counts.setdefault(key, []), (n, next(self._order), future))
+            if not await self._until(future, loop.time() + seconds):
+                self._drop_waiter(key, future)
+        count = self._count(key)
+        return f"VAL {count}" if count >= n else f"NONE {count}"
 
     async def answer(self, word, rest):
         """The answer to one name-service request (docs/PROTOCOL.md)."""
@@ -94,12 +143,12 @@ class NameService:
             return "NONE"
         deadline = asyncio.get_running_loop().time() + float(fields[0])
         keys = fields[1:]
-        while not all(k in self.values for k in keys):
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return "NONE " + " ".join(k for k in keys if k not in self.values)
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+        # one missing key at a time, each waited for on its own
+        missing = [k for k in keys if k not in self.values]
+        while missing:
+            arrived = await self._arrival(missing[0], deadline)
+            # a key may have been forgotten since it came (a new checkpoint)
+            missing = [k for k in keys if k not in self.values]
+            if missing and not arrived:
+                return "NONE " + " ".join(missing)
         return "VAL " + " ".join(self.values[k] for k in keys)

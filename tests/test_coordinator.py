@@ -434,7 +434,7 @@ def test_protocol_version_mismatch_is_refused(workdir):
             writer.write(b"HELLO 1 0 host 999\n")
             assert (await reader.readline()).startswith(b"ERR protocol version 999")
             writer.close()
-            assert h.coord.processes == []
+            assert list(h.coord.processes) == []
     run(scenario())
 
 

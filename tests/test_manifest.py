@@ -35,6 +35,17 @@ def test_write_read_roundtrip(tmp_path):
     assert data["hosts"] == ["h"]
 
 
+def test_a_line_per_process_whatever_their_names(tmp_path):
+    # a name that looks like the boundary between two processes' entries
+    tricky = 'x}, {"pid": 9.img'
+    processes = [{"pid": pid, "host": "h", "image": f"{tricky}{pid}", "size": 3, "xxh3": "00"}
+                 for pid in (7, 8, 9)]
+    m.write_manifest(tmp_path, sample(4, processes))
+    assert m.read_manifest(tmp_path)["processes"] == processes
+    lines = (tmp_path / m.MANIFEST_NAME).read_text().splitlines()
+    assert [line.strip().startswith('{"pid": ') for line in lines].count(True) == 3
+
+
 def test_publish_renames_and_points_latest_at_newest(tmp_path):
     first = write_checkpoint(tmp_path, 1)
     second = write_checkpoint(tmp_path, 2)
@@ -85,6 +96,25 @@ def test_prune_spares_what_kept_incremental_checkpoints_read(tmp_path):
     assert m.read_manifest(tmp_path / "ckpt-0005")["needs"] == [1, 4]
     m.prune(tmp_path, 2)
     assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 4, 5]
+
+
+def test_prune_reads_a_kept_manifest_again_once_it_changed(tmp_path):
+    """What a kept checkpoint needs is remembered by its manifest file: one
+    rewritten since (by hand) is read again, and a corrupt one stops it."""
+    write_checkpoint(tmp_path, 1, sources=[])
+    write_checkpoint(tmp_path, 2, sources=[])
+    kept = write_checkpoint(tmp_path, 3, sources=[], chain=0)
+    m.prune(tmp_path, 5)                       # 3 read (and remembered): needs nothing
+    manifest = m.read_manifest(kept)
+    manifest["processes"][0]["sources"] = ["ckpt-0001"]
+    m.write_manifest(kept, m.build_manifest(**{
+        key: manifest[key] for key in ("job_id", "command", "processes", "start_ns", "end_ns")},
+        number=3))
+    m.prune(tmp_path, 1)
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 3]
+    (kept / m.MANIFEST_NAME).write_text("{{{")
+    assert m.prune(tmp_path, 1) == []          # cannot tell what 3 needs now: nothing goes
+    assert [n for n, _ in m.published_checkpoints(tmp_path)] == [1, 3]
 
 
 def test_incremental_parent_and_full_every(tmp_path):

@@ -1,0 +1,47 @@
+"""The coordinator's name service under many waiters (ckpt/names.py): a
+restart's cross-host connections each wait for one key, a counter barrier
+for one count; every request gets its answer and none is left waiting."""
+
+import asyncio
+import random
+
+from ckpt.names import NameService
+
+
+def test_many_waiters_each_get_their_keys_and_none_is_left():
+    async def scenario():
+        ns = NameService()
+        keys = [f"sock:1:{i}" for i in range(500)]
+        # each waits for two keys: its own and its neighbour's
+        waits = [asyncio.ensure_future(ns.answer("MWAIT", f"10 {keys[i]} {keys[(i + 1) % 500]}"))
+                 for i in range(500)]
+        counted = [asyncio.ensure_future(ns.answer("AWAIT", f"10 ready {n}")) for n in (1, 250, 500)]
+        late = asyncio.ensure_future(ns.answer("AWAIT", "0.05 ready 501"))
+        missing = asyncio.ensure_future(ns.answer("MWAIT", "0.05 sock:1:0 nobody"))
+        await asyncio.sleep(0)
+        order = list(range(500))
+        random.Random(33).shuffle(order)
+        for i in order:
+            assert await ns.answer("PUT", f"{keys[i]} v{i}") == "OK"
+            assert await ns.answer("INCR", "ready") is not None
+        answers = await asyncio.gather(*waits)
+        assert answers == [f"VAL v{i} v{(i + 1) % 500}" for i in range(500)]
+        assert await asyncio.gather(*counted) == ["VAL 500"] * 3
+        assert await late == "NONE 500"
+        assert await missing == "NONE nobody"
+        assert ns._arrivals == {} and ns._counts == {}
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_key_forgotten_before_its_waiter_ran_is_waited_for_again():
+    async def scenario():
+        ns = NameService()
+        waiting = asyncio.ensure_future(ns.answer("MWAIT", "5 file:2:a file:2:b"))
+        await asyncio.sleep(0)
+        await ns.answer("PUT", "file:2:a 1")
+        ns.forget_checkpoint(2)        # an attempt that failed: its keys go
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await ns.answer("MPUT", "file:2:a 3 file:2:b 4")
+        assert await waiting == "VAL 3 4"
+    asyncio.run(asyncio.wait_for(scenario(), 30))
