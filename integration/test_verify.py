@@ -91,13 +91,14 @@ EXACT = {
     "pipe_states": ["150", "10"],
     "pipe_reopen": REOPEN_ARGS,
     "socket_dead_peers": ["150", "10"],
+    "mem_droppable": ["150", "10"],
     "posix_timers": ["150", "10"],
     "process_limits": ["150", "10"],
 }
 
 
 # issue 37's shapes, fixed: their restart has nothing to warn of
-SILENT = {"pipe_reopen", "socket_dead_peers"}
+SILENT = {"pipe_reopen", "socket_dead_peers", "mem_droppable"}
 
 
 @pytest.mark.parametrize("app", sorted(EXACT))

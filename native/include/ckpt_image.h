@@ -167,6 +167,8 @@ struct ckpt_chunk {
 #define CKPT_ADVICE_MERGEABLE 128	/* MADV_MERGEABLE (mg) */
 #define CKPT_ADVICE_SEQUENTIAL 256	/* MADV_SEQUENTIAL (sr) */
 #define CKPT_ADVICE_RANDOM 512		/* MADV_RANDOM (rr) */
+#define CKPT_ADVICE_DROPPABLE 1024	/* mapped MAP_DROPPABLE (dp): mmap's, not
+					 * madvise's, given again by mapping so */
 
 /* Shared memory mapped alike by several processes is saved by one: the
  * others' records say where its pages are. */

@@ -429,6 +429,10 @@ static void map_region(struct image *img, unsigned idx)
 		break;
 	default:
 		flags |= MAP_ANONYMOUS;
+		/* the kernel may drop its pages under pressure; it implies
+		 * MADV_WIPEONFORK and MADV_DONTDUMP (in advice too) */
+		if (v->advice & CKPT_ADVICE_DROPPABLE)
+			flags = MAP_FIXED | MAP_DROPPABLE | MAP_ANONYMOUS;
 		break;
 	}
 	r = sys6(SYS_mmap, v->start, len, prot, flags, fd, fd >= 0 ? (long)v->pgoff : 0);
