@@ -92,13 +92,14 @@ EXACT = {
     "pipe_reopen": REOPEN_ARGS,
     "socket_dead_peers": ["150", "10"],
     "mem_droppable": ["150", "10"],
+    "unlinked_private_maps": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "process_limits": ["150", "10"],
 }
 
 
 # issue 37's shapes, fixed: their restart has nothing to warn of
-SILENT = {"pipe_reopen", "socket_dead_peers", "mem_droppable"}
+SILENT = {"pipe_reopen", "socket_dead_peers", "mem_droppable", "unlinked_private_maps"}
 
 
 @pytest.mark.parametrize("app", sorted(EXACT))

@@ -290,6 +290,9 @@ static void check_files(struct image *img)
 		}
 		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
 			file_fds[i] = deleted_file_object(img, lv);
+			if (file_fds[i] < 0 && (lv->v.flags & CKPT_VMA_FILE_PAGES))
+				die("mapped unlinked file %s: the file, whose pages its private "
+				    "map shows, was not restored", lv->path);
 			if (file_fds[i] < 0)
 				file_fds[i] = deleted_file_stand_in(lv);
 			continue;

@@ -889,6 +889,17 @@ int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino)
 	return 0;
 }
 
+/* Whether an fd of the process holds the unlinked file (dev, ino), whose
+ * contents it saves. */
+int fds_hold_deleted(const struct fd_table *t, uint64_t dev, uint64_t ino)
+{
+	for (int i = 0; t && i < t->n; i++)
+		if (t->fi[i].dev == dev && t->fi[i].ino == ino &&
+		    t->fi[i].rec.kind == CKPT_FD_DELETED_FILE)
+			return 1;
+	return 0;
+}
+
 /* The first read end of each pipe carries the pipe's bytes in the image. */
 static int copy_pipes(void)
 {
