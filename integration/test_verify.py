@@ -93,6 +93,7 @@ EXACT = {
     "socket_dead_peers": ["150", "10"],
     "mem_droppable": ["150", "10"],
     "unlinked_private_maps": ["150", "10", "."],
+    "private_maps": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "process_limits": ["150", "10"],
 }

@@ -1,8 +1,8 @@
 /*
  * Issue 37, shape 5: private maps of a memfd and of an unlinked file,
- * each still open, with pages the process wrote (copied on write), pages
- * it only read and pages it never touched; the memfd is mapped shared
- * too.  At the end the written pages hold the process's bytes and are
+ * each still open, and of an unlinked file that only a shared map keeps,
+ * with pages the process wrote (copied on write), pages it only read and
+ * pages it never touched; the memfd is mapped shared too.  At the end the written pages hold the process's bytes and are
  * its only anonymous memory there (smaps), the others are still the
  * file's: a write through the fd, or through the shared map, shows in
  * them; and the files hold what they held.
@@ -117,7 +117,10 @@ static void check_file(const struct object *o, unsigned changed)
 	for (long p = 0; p < PAGES; p++) {
 		int version = changed >> p & 1;
 
-		zdtm_check(pread(o->fd, page, PS, p * PS) == PS, "%s: pread: %m", o->what);
+		if (o->fd >= 0)
+			zdtm_check(pread(o->fd, page, PS, p * PS) == PS, "%s: pread: %m", o->what);
+		else
+			memcpy(page, o->shared + p * PS, PS);
 		for (long i = 0; i < PS; i++)
 			zdtm_check(page[i] == file_byte(p, i, version), "%s: the file's page %ld "
 				   "byte %ld is %u, expected %u", o->what, p, i, page[i],
@@ -131,7 +134,7 @@ static void write_page(const struct object *o, long p, int through_map)
 
 	for (long i = 0; i < PS; i++)
 		page[i] = file_byte(p, i, 1);
-	if (through_map)
+	if (through_map || o->fd < 0)
 		memcpy(o->shared + p * PS, page, PS);
 	else
 		zdtm_check(pwrite(o->fd, page, PS, p * PS) == PS, "%s: pwrite: %m", o->what);
@@ -166,6 +169,7 @@ int main(int argc, char **argv)
 	char path[4096];
 	uint64_t hash = 0;
 	struct object memfd = { "memfd", -1, NULL, NULL }, unlinked = { "unlinked file", -1, NULL, NULL };
+	struct object no_fd = { "unlinked file mapped shared, not open", -1, NULL, NULL };
 
 	zdtm_args(argc, argv, &steps, &pace);
 	memfd.fd = memfd_create("shape5", MFD_CLOEXEC);
@@ -176,12 +180,20 @@ int main(int argc, char **argv)
 	zdtm_check(unlinked.fd >= 0, "open %s: %m", path);
 	zdtm_check(unlink(path) == 0, "unlink: %m");
 	map_object(&unlinked, 0);
+	snprintf(path, sizeof(path), "%s/unlinked_private_maps.%d.shared", dir, getpid());
+	no_fd.fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	zdtm_check(no_fd.fd >= 0, "open %s: %m", path);
+	zdtm_check(unlink(path) == 0, "unlink: %m");
+	map_object(&no_fd, 1);
+	close(no_fd.fd);	/* its shared map keeps it */
+	no_fd.fd = -1;
 	printf("READY\n");
 	fflush(stdout);
 	hash = zdtm_steps_hash(hash, steps, pace);
 	zdtm_hold();
 	hash = check_object(&memfd, hash);
 	hash = check_object(&unlinked, hash);
+	hash = check_object(&no_fd, hash);
 	zdtm_pass("%016llx", (unsigned long long)hash);
 	return 0;
 }

@@ -145,6 +145,7 @@ void helpers_run(int (*fn)(void *), void *arg);
 int region_read_by_pieces(const struct loaded_vma *lv);
 #define MEMFD_NAME_MAX 240		/* memfd_create() takes 249 bytes at most */
 void memfd_name_of(const char *path, char name[MEMFD_NAME_MAX]);
+int unlinked_file_again(const char *name);
 
 /* pages.c */
 void reader_prepare(struct image *img);
