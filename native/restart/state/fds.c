@@ -517,7 +517,8 @@ static int open_inotify(const struct image *img, const struct loaded_fd *lf)
 
 static int open_one(const struct image *img, const struct loaded_fd *lf)
 {
-	int shared = lf->f.kind == CKPT_FD_FILE ? shared_file_fd(img->hdr.pid, &lf->f) : -1;
+	int shared = lf->f.kind == CKPT_FD_FILE || lf->f.kind == CKPT_FD_DEVICE ?
+		     shared_file_fd(img->hdr.pid, &lf->f) : -1;
 
 	if (shared >= 0)	/* inherited across fork: the one open file */
 		return fcntl(shared, F_DUPFD_CLOEXEC, 0);

@@ -527,8 +527,8 @@ static int hold_contents(const struct fd_info *fi)
 
 static int shares_open_files(const struct fd_info *fi)
 {
-	return fi->rec.kind == CKPT_FD_FILE || fi->rec.kind == CKPT_FD_PIPE_READ ||
-	       fi->rec.kind == CKPT_FD_PIPE_WRITE;
+	return fi->rec.kind == CKPT_FD_FILE || fi->rec.kind == CKPT_FD_DEVICE ||
+	       fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_PIPE_WRITE;
 }
 
 /*
