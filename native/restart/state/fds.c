@@ -298,6 +298,26 @@ static int restarter_stdio(int which)
 	return fcntl(src, F_DUPFD_CLOEXEC, 0);
 }
 
+/* /dev/tty of a process whose controlling terminal is a pty of the job
+ * (tree.c made it the session's terminal again before the fds). */
+static int is_job_dev_tty(const struct image *img, const struct loaded_fd *lf)
+{
+	uint32_t ctty = img->proc->ctty_pty;
+
+	return !strcmp(lf->path, "/dev/tty") && ctty && pty_end(ctty - 1, 0) >= 0;
+}
+
+/* /dev/tty again: that pty, through an open file of its own. */
+static int open_dev_tty(const struct image *img, const struct loaded_fd *lf)
+{
+	int fd = open("/dev/tty", (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+
+	if (fd < 0)
+		die("fd %d: cannot open /dev/tty, pty %u, the process's controlling terminal, "
+		    "again: %s", lf->f.fd, img->proc->ctty_pty - 1, strerror(errno));
+	return fd;
+}
+
 /* A memfd (or other shared memory object) held as an fd: a new open file
  * on the object that the restart shares with every mapping of it. */
 static int open_shm(const struct loaded_fd *lf, int shm)
@@ -549,6 +569,9 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 		return fd;
 	}
 	case CKPT_FD_TTY:
+		if (is_job_dev_tty(img, lf))
+			return open_dev_tty(img, lf);
+		/* fall through */
 	case CKPT_FD_INHERIT:
 		return restarter_stdio(lf->f.kind == CKPT_FD_TTY ? lf->f.fd : lf->f.stdio_fd);
 	case CKPT_FD_PIPE_READ:
