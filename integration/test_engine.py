@@ -51,6 +51,7 @@ PROGRAMS = {
     "mem_droppable": ["150", "10"],
     "unlinked_private_maps": ["150", "10", "."],
     "ctty_reopen": ["150", "10"],
+    "proc_maps_peers": ["150", "10"],
     "file_locks": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "proc_attrs": ["150", "10"],

@@ -94,6 +94,7 @@ EXACT = {
     "unlinked_private_maps": ["150", "10", "."],
     "private_maps": ["150", "10", "."],
     "ctty_reopen": ["150", "10"],
+    "proc_maps_peers": ["150", "10"],
     "ptys": ["150", "10"],
     "posix_timers": ["150", "10"],
     "process_limits": ["150", "10"],
@@ -102,7 +103,7 @@ EXACT = {
 
 # issue 37's shapes, fixed: their restart has nothing to warn of
 SILENT = {"pipe_reopen", "socket_dead_peers", "mem_droppable", "unlinked_private_maps",
-          "ctty_reopen"}
+          "ctty_reopen", "proc_maps_peers"}
 
 
 @pytest.mark.parametrize("app", sorted(EXACT))

@@ -170,6 +170,8 @@ int run_init(int (*init_main)(void));
 void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *), int status_fd);
 int tree_run(void);
 void tree_enter(struct image *img);
+int tree_has_process(pid_t pid);
+pid_t proc_path_pid(const char *path);
 void tree_report_restored(struct image *img);
 int tree_report_fd(void);
 int tree_pid_taken(pid_t pid);

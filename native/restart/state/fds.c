@@ -280,9 +280,45 @@ static int removed(const char *path)
 	return len > 10 && !strcmp(path + len - 10, " (deleted)");
 }
 
+/* The pid of /proc/<pid> or /proc/<pid>/..., else 0. */
+pid_t proc_path_pid(const char *path)
+{
+	char *end;
+	long pid;
+
+	if (strncmp(path, "/proc/", 6) || path[6] < '1' || path[6] > '9')
+		return 0;
+	pid = strtol(path + 6, &end, 10);
+	return (*end == '/' || *end == '\0') && pid > 0 && pid < (1L << 22) ? (pid_t)pid : 0;
+}
+
+#define PROC_WAIT_MS 10000
+
+/*
+ * A file under /proc/<pid> of another process of the job: that process
+ * may not exist yet (a sibling whose parent has not made it yet), and
+ * will soon: every process is made before any restores its fds past its
+ * own children, and nothing holds that up.
+ */
+static void wait_for_process(const char *path)
+{
+	pid_t pid = proc_path_pid(path);
+	struct timespec pause_1ms = { 0, 1000000 };
+	char dir[32];
+
+	if (!pid || pid == getpid() || !tree_has_process(pid))
+		return;
+	snprintf(dir, sizeof(dir), "/proc/%d", pid);
+	for (int ms = 0; ms < PROC_WAIT_MS && access(dir, F_OK); ms++)
+		nanosleep(&pause_1ms, NULL);
+}
+
 static int open_path(const struct loaded_fd *lf)
 {
-	int fd = open_file_again(lf);
+	int fd;
+
+	wait_for_process(lf->path);
+	fd = open_file_again(lf);
 
 	if (fd < 0)
 		die("cannot reopen fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));

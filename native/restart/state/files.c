@@ -81,6 +81,8 @@ void files_create(struct image *imgs, unsigned n)
 			owner = job_fd_record(imgs, n, f->share_pid, f->share_fd);
 			if (!owner || owner->f.kind != f->kind)
 				continue;	/* its owner is gone: opened on its own */
+			if (proc_path_pid(owner->path))
+				continue;	/* of a process not made yet: each opens its own */
 			fd = open_file_again(owner);
 			/* a device or an O_PATH fd has no offset to go back to */
 			if (fd < 0 || (f->kind == CKPT_FD_FILE && !(owner->f.flags & O_PATH) &&
