@@ -52,6 +52,7 @@ PROGRAMS = {
     "unlinked_private_maps": ["150", "10", "."],
     "ctty_reopen": ["150", "10"],
     "proc_maps_peers": ["150", "10"],
+    "deleted_in_removed_dir": ["150", "10", "."],
     "file_locks": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "proc_attrs": ["150", "10"],

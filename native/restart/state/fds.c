@@ -162,17 +162,50 @@ static int open_memfd(const struct loaded_fd *lf)
 	return fd;
 }
 
-/* An unlinked file: recreate it with its contents, open it, unlink it. */
+/* How many of path's directories are missing (removed after the file
+ * was unlinked in them: nested scratch directories). */
+static int missing_dirs(const char *path)
+{
+	char dir[CKPT_PATH_MAX];
+	int n = 0;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash = strrchr(dir, '/'); slash && slash != dir; slash = strrchr(dir, '/')) {
+		*slash = '\0';
+		if (!access(dir, F_OK))
+			break;
+		n++;
+	}
+	return n;
+}
+
+/* The n innermost directories of path, made by make_parent_dirs: gone
+ * again, as they were. */
+static void remove_dirs(const char *path, int n)
+{
+	char dir[CKPT_PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash; n-- > 0 && (slash = strrchr(dir, '/')) && slash != dir;) {
+		*slash = '\0';
+		rmdir(dir);
+	}
+}
+
+/* An unlinked file: recreate it with its contents, open it, unlink it
+ * (and the directories it was in, if they were removed too). */
 static int open_deleted(const struct loaded_fd *lf)
 {
 	char tmp[CKPT_PATH_MAX + 32], dir[CKPT_PATH_MAX];
 	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
-	int fd, wfd;
+	int fd, wfd, made = missing_dirs(lf->path);
 
 	snprintf(dir, sizeof(dir), "%s", lf->path);
 	snprintf(tmp, sizeof(tmp), "%s", lf->path);
+	if (made)
+		make_parent_dirs(lf->path);
 	wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
-	if (wfd < 0) {			/* the name is taken again: use another */
+	if (wfd < 0 && !made) {		/* the name is taken again: use another */
 		snprintf(tmp, sizeof(tmp), "%s/.ckpt-restored-%d-%d", dirname(dir),
 			 getpid(), lf->f.fd);
 		wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
@@ -182,6 +215,7 @@ static int open_deleted(const struct loaded_fd *lf)
 	write_all(wfd, lf->data, lf->f.data_size, lf->path);
 	fd = open(tmp, flags | O_CLOEXEC);
 	unlink(tmp);
+	remove_dirs(lf->path, made);
 	close(wfd);
 	return fd;
 }
