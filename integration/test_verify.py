@@ -92,7 +92,6 @@ EXACT = {
     "socket_dead_peers": ["150", "10"],
     "mem_droppable": ["150", "10"],
     "unlinked_private_maps": ["150", "10", "."],
-    "private_maps": ["150", "10", "."],
     "ctty_reopen": ["150", "10"],
     "proc_maps_peers": ["150", "10"],
     "deleted_in_removed_dir": ["150", "10", "."],
