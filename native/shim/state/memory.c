@@ -650,7 +650,7 @@ static int save_region(struct mem_saver *s, struct region *r)
 		err = save_window(s, r, a, end);
 		a = end;
 	}
-	if (!err && s->copied && !fds_hold(s->fds, r->dev, r->inode))
+	if (!err && s->copied && !s->file_back && !fds_hold(s->fds, r->dev, r->inode))
 		warn_lost_file_bytes(r, s->copied);
 	return err;
 }
