@@ -625,7 +625,9 @@ SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) \S+ \d+
 
 def _map_items(real_pid):
     """One item per mapping: `map <start>-<end>` -> protections and
-    private/shared, offset, backing file, VmFlags."""
+    private/shared, offset, backing file, VmFlags; and per unlinked file
+    mapped privately, how much of it the process holds as its own
+    copies."""
     items = {}
     try:
         text = _read(f"/proc/{real_pid}/smaps")
@@ -633,11 +635,13 @@ def _map_items(real_pid):
         return {"maps": _error(exc)}
     current, reserve = None, False
     spans = {}
+    copies, copied_file = {}, None
     for line in text.splitlines():
         match = SMAPS_HEADER.match(line)
         if match:
             start, end, perms, offset, path = match.groups()
             path = path.strip()
+            copied_file = path if perms[3] == "p" and _unlinked_file(path) else None
             # the device and inode numbers of a map's file are left out: a
             # restart makes memfds, deleted files and scratch files again
             # (new inodes, and tmpfs devices whose numbers differ); the
@@ -654,6 +658,8 @@ def _map_items(real_pid):
             shown_offset = "" if not path or path.startswith("[") else f" at {int(offset, 16):#x}"
             items[current] = f"{perms}{shown_offset}" + (f" {path}" if path else "")
             spans[current] = (int(start, 16), int(end, 16), int(offset, 16), perms, path)
+        elif copied_file is not None and line.startswith(("Anonymous:", "Swap:")):
+            copies[copied_file] = copies.get(copied_file, 0) + int(line.split()[1])
         elif line.startswith("VmFlags:") and current is not None:
             flags = line.split(":", 1)[1].split()
             if not current.startswith("map ["):
@@ -663,7 +669,21 @@ def _map_items(real_pid):
                     # mlockall(MCL_FUTURE) is back, which locks it (on fault)
                     flags = [f for f in flags if f not in ("lo", "lf")]
                 items[current] += " [" + " ".join(_vmflags(flags)) + "]"
-    return _merged(items, spans)
+    merged = _merged(items, spans)
+    for path, kb in sorted(copies.items()):
+        # the pages the process wrote (copied on write: anonymous, in
+        # memory or swapped); the others are the file's, and must stay
+        # so (issue 37, shape 5), not come back as copies that no later
+        # write to the file reaches.  Only unlinked files: a library's
+        # private pages are written by the checkpointer's own code too
+        merged[f"private copies of {path}"] = f"{kb} kB"
+    return merged
+
+
+def _unlinked_file(path):
+    """A file's name as maps show it once unlinked (a memfd's too), not
+    shared anonymous memory's "/dev/zero (deleted)"."""
+    return path.startswith("/") and path.endswith(" (deleted)") and path != "/dev/zero (deleted)"
 
 
 def _merged(items, spans):

@@ -78,3 +78,28 @@ def test_verify_setting(tmp_path, monkeypatch):
     with pytest.raises(CkptError, match="CKPT_VERIFY: verify must be on, warn or off"):
         load_config()
     assert os.environ["CKPT_VERIFY"] == "maybe"
+
+
+PRIVATE_MAP = textwrap.dedent("""
+    import mmap, os, time
+    fd = os.memfd_create("copies")
+    os.write(fd, b"x" * 4 * mmap.PAGESIZE)
+    m = mmap.mmap(fd, 4 * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+    m[0:1] = b"y"                       # one page copied on write
+    m[2 * mmap.PAGESIZE]                # one only read: the file's
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_private_copies_of_an_unlinked_file():
+    child = subprocess.Popen([sys.executable, "-c", PRIVATE_MAP], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        child.stdout.readline()
+        taken = fingerprint.take([(child.pid, child.pid)])[str(child.pid)]
+    finally:
+        child.kill()
+        child.wait()
+    page_kb = os.sysconf("SC_PAGESIZE") // 1024
+    assert taken["private copies of /memfd:copies (deleted)"] == f"{page_kb} kB"

@@ -167,6 +167,8 @@ struct ckpt_chunk {
 #define CKPT_ADVICE_MERGEABLE 128	/* MADV_MERGEABLE (mg) */
 #define CKPT_ADVICE_SEQUENTIAL 256	/* MADV_SEQUENTIAL (sr) */
 #define CKPT_ADVICE_RANDOM 512		/* MADV_RANDOM (rr) */
+#define CKPT_ADVICE_DROPPABLE 1024	/* mapped MAP_DROPPABLE (dp): mmap's, not
+					 * madvise's, given again by mapping so */
 
 /* Shared memory mapped alike by several processes is saved by one: the
  * others' records say where its pages are. */
@@ -176,6 +178,11 @@ struct ckpt_chunk {
  * or a shared map of the job brings it back (shm_id), else of a new memfd
  * of that size, so the map keeps its length and SIGBUS past the end. */
 #define CKPT_VMA_FILE_END 2
+/* With CKPT_VMA_FILE_END: the unlinked file comes back at restart (an fd
+ * of the process holds it, or a shared map of its range), so only the
+ * pages the process copied on write are saved; the others are the
+ * file's, and stay so.  A restart that cannot map the file fails. */
+#define CKPT_VMA_FILE_PAGES 4
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or
  * come from the mapped file. */

@@ -19,4 +19,8 @@
 #define MADV_GUARD_INSTALL 102
 #endif
 
+#ifndef MAP_DROPPABLE			/* Linux 6.11 */
+#define MAP_DROPPABLE 0x08
+#endif
+
 #endif

@@ -323,7 +323,8 @@ static void check_vma_fields(struct image *img, const struct ckpt_vma *v, uint64
 		    (unsigned long long)v->start, (unsigned long long)v->end);
 	if (v->kind < CKPT_VMA_ANON || v->kind > CKPT_VMA_AIO_RING || v->shared > 1 ||
 	    (v->prot & ~(uint32_t)(PROT_READ | PROT_WRITE | PROT_EXEC)) ||
-	    (v->flags & ~(uint32_t)(CKPT_VMA_PAGES_ELSEWHERE | CKPT_VMA_FILE_END)))
+	    (v->flags & ~(uint32_t)(CKPT_VMA_PAGES_ELSEWHERE | CKPT_VMA_FILE_END |
+				   CKPT_VMA_FILE_PAGES)))
 		die("%s: corrupt memory record (kind, protection or flags)", img->file);
 	if (!page_aligned(v->pgoff) || v->pgoff > UINT64_MAX / 2 ||
 	    v->sysv_size > UINT64_MAX / 2)

@@ -145,6 +145,7 @@ void helpers_run(int (*fn)(void *), void *arg);
 int region_read_by_pieces(const struct loaded_vma *lv);
 #define MEMFD_NAME_MAX 240		/* memfd_create() takes 249 bytes at most */
 void memfd_name_of(const char *path, char name[MEMFD_NAME_MAX]);
+int unlinked_file_again(const char *name);
 
 /* pages.c */
 void reader_prepare(struct image *img);
@@ -169,6 +170,8 @@ int run_init(int (*init_main)(void));
 void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *), int status_fd);
 int tree_run(void);
 void tree_enter(struct image *img);
+int tree_has_process(pid_t pid);
+pid_t proc_path_pid(const char *path);
 void tree_report_restored(struct image *img);
 int tree_report_fd(void);
 int tree_pid_taken(pid_t pid);

@@ -50,6 +50,11 @@ static struct image *image_of(pid_t pid)
 	return NULL;
 }
 
+int tree_has_process(pid_t pid)
+{
+	return image_of(pid) != NULL;
+}
+
 static int outside(pid_t pid);
 
 /*

@@ -359,6 +359,7 @@ SHIM_HIDDEN struct fd_table *fds_collect(unsigned seq);	/* while the process is 
 SHIM_HIDDEN void fds_reseek_proc_files(void);	/* after a restart */
 SHIM_HIDDEN int save_fds(struct image_writer *w, struct fd_table *t);
 SHIM_HIDDEN int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino);
+SHIM_HIDDEN int fds_hold_deleted(const struct fd_table *t, uint64_t dev, uint64_t ino);
 SHIM_HIDDEN void fds_release(struct fd_table *t);
 SHIM_HIDDEN int shim_is_scratch_path(const char *path);	/* under /tmp, /var/tmp, /dev/shm */
 

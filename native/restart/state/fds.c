@@ -162,17 +162,50 @@ static int open_memfd(const struct loaded_fd *lf)
 	return fd;
 }
 
-/* An unlinked file: recreate it with its contents, open it, unlink it. */
+/* How many of path's directories are missing (removed after the file
+ * was unlinked in them: nested scratch directories). */
+static int missing_dirs(const char *path)
+{
+	char dir[CKPT_PATH_MAX];
+	int n = 0;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash = strrchr(dir, '/'); slash && slash != dir; slash = strrchr(dir, '/')) {
+		*slash = '\0';
+		if (!access(dir, F_OK))
+			break;
+		n++;
+	}
+	return n;
+}
+
+/* The n innermost directories of path, made by make_parent_dirs: gone
+ * again, as they were. */
+static void remove_dirs(const char *path, int n)
+{
+	char dir[CKPT_PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash; n-- > 0 && (slash = strrchr(dir, '/')) && slash != dir;) {
+		*slash = '\0';
+		rmdir(dir);
+	}
+}
+
+/* An unlinked file: recreate it with its contents, open it, unlink it
+ * (and the directories it was in, if they were removed too). */
 static int open_deleted(const struct loaded_fd *lf)
 {
 	char tmp[CKPT_PATH_MAX + 32], dir[CKPT_PATH_MAX];
 	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
-	int fd, wfd;
+	int fd, wfd, made = missing_dirs(lf->path);
 
 	snprintf(dir, sizeof(dir), "%s", lf->path);
 	snprintf(tmp, sizeof(tmp), "%s", lf->path);
+	if (made)
+		make_parent_dirs(lf->path);
 	wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
-	if (wfd < 0) {			/* the name is taken again: use another */
+	if (wfd < 0 && !made) {		/* the name is taken again: use another */
 		snprintf(tmp, sizeof(tmp), "%s/.ckpt-restored-%d-%d", dirname(dir),
 			 getpid(), lf->f.fd);
 		wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
@@ -182,6 +215,7 @@ static int open_deleted(const struct loaded_fd *lf)
 	write_all(wfd, lf->data, lf->f.data_size, lf->path);
 	fd = open(tmp, flags | O_CLOEXEC);
 	unlink(tmp);
+	remove_dirs(lf->path, made);
 	close(wfd);
 	return fd;
 }
@@ -280,9 +314,45 @@ static int removed(const char *path)
 	return len > 10 && !strcmp(path + len - 10, " (deleted)");
 }
 
+/* The pid of /proc/<pid> or /proc/<pid>/..., else 0. */
+pid_t proc_path_pid(const char *path)
+{
+	char *end;
+	long pid;
+
+	if (strncmp(path, "/proc/", 6) || path[6] < '1' || path[6] > '9')
+		return 0;
+	pid = strtol(path + 6, &end, 10);
+	return (*end == '/' || *end == '\0') && pid > 0 && pid < (1L << 22) ? (pid_t)pid : 0;
+}
+
+#define PROC_WAIT_MS 10000
+
+/*
+ * A file under /proc/<pid> of another process of the job: that process
+ * may not exist yet (a sibling whose parent has not made it yet), and
+ * will soon: every process is made before any restores its fds past its
+ * own children, and nothing holds that up.
+ */
+static void wait_for_process(const char *path)
+{
+	pid_t pid = proc_path_pid(path);
+	struct timespec pause_1ms = { 0, 1000000 };
+	char dir[32];
+
+	if (!pid || pid == getpid() || !tree_has_process(pid))
+		return;
+	snprintf(dir, sizeof(dir), "/proc/%d", pid);
+	for (int ms = 0; ms < PROC_WAIT_MS && access(dir, F_OK); ms++)
+		nanosleep(&pause_1ms, NULL);
+}
+
 static int open_path(const struct loaded_fd *lf)
 {
-	int fd = open_file_again(lf);
+	int fd;
+
+	wait_for_process(lf->path);
+	fd = open_file_again(lf);
 
 	if (fd < 0)
 		die("cannot reopen fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
@@ -296,6 +366,26 @@ static int restarter_stdio(int which)
 	if (src < 0)
 		return open("/dev/null", O_RDWR | O_CLOEXEC);
 	return fcntl(src, F_DUPFD_CLOEXEC, 0);
+}
+
+/* /dev/tty of a process whose controlling terminal is a pty of the job
+ * (tree.c made it the session's terminal again before the fds). */
+static int is_job_dev_tty(const struct image *img, const struct loaded_fd *lf)
+{
+	uint32_t ctty = img->proc->ctty_pty;
+
+	return !strcmp(lf->path, "/dev/tty") && ctty && pty_end(ctty - 1, 0) >= 0;
+}
+
+/* /dev/tty again: that pty, through an open file of its own. */
+static int open_dev_tty(const struct image *img, const struct loaded_fd *lf)
+{
+	int fd = open("/dev/tty", (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+
+	if (fd < 0)
+		die("fd %d: cannot open /dev/tty, pty %u, the process's controlling terminal, "
+		    "again: %s", lf->f.fd, img->proc->ctty_pty - 1, strerror(errno));
+	return fd;
 }
 
 /* A memfd (or other shared memory object) held as an fd: a new open file
@@ -517,7 +607,8 @@ static int open_inotify(const struct image *img, const struct loaded_fd *lf)
 
 static int open_one(const struct image *img, const struct loaded_fd *lf)
 {
-	int shared = lf->f.kind == CKPT_FD_FILE ? shared_file_fd(img->hdr.pid, &lf->f) : -1;
+	int shared = lf->f.kind == CKPT_FD_FILE || lf->f.kind == CKPT_FD_DEVICE ?
+		     shared_file_fd(img->hdr.pid, &lf->f) : -1;
 
 	if (shared >= 0)	/* inherited across fork: the one open file */
 		return fcntl(shared, F_DUPFD_CLOEXEC, 0);
@@ -548,6 +639,9 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 		return fd;
 	}
 	case CKPT_FD_TTY:
+		if (is_job_dev_tty(img, lf))
+			return open_dev_tty(img, lf);
+		/* fall through */
 	case CKPT_FD_INHERIT:
 		return restarter_stdio(lf->f.kind == CKPT_FD_TTY ? lf->f.fd : lf->f.stdio_fd);
 	case CKPT_FD_PIPE_READ:

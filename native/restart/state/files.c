@@ -1,6 +1,6 @@
 /*
- * Open files shared between processes (one open file, one offset,
- * inherited across fork; saved by native/shim/state/fds.c): opened once by
+ * Open files and devices shared between processes (one open file, one
+ * offset, inherited across fork; saved by native/shim/state/fds.c): opened once by
  * pid 1 of the restart namespace, at the owner's offset, and inherited by
  * every process whose image shares it.
  */
@@ -75,21 +75,27 @@ void files_create(struct image *imgs, unsigned n)
 			const struct loaded_fd *owner;
 			int fd;
 
-			if (f->kind != CKPT_FD_FILE || !f->share_pid ||
+			if ((f->kind != CKPT_FD_FILE && f->kind != CKPT_FD_DEVICE) || !f->share_pid ||
 			    find_file(f->share_pid, f->share_fd))
 				continue;
 			owner = job_fd_record(imgs, n, f->share_pid, f->share_fd);
-			if (!owner || owner->f.kind != CKPT_FD_FILE)
+			if (!owner || owner->f.kind != f->kind)
 				continue;	/* its owner is gone: opened on its own */
+			if (proc_path_pid(owner->path))
+				continue;	/* of a process not made yet: each opens its own */
 			fd = open_file_again(owner);
-			if (fd < 0 || lseek(fd, owner->f.offset, SEEK_SET) < 0)
+			/* a device or an O_PATH fd has no offset to go back to */
+			if (fd < 0 || (f->kind == CKPT_FD_FILE && !(owner->f.flags & O_PATH) &&
+				       lseek(fd, owner->f.offset, SEEK_SET) < 0))
 				die("cannot reopen %s: %s", owner->path, strerror(errno));
+			if (f->kind == CKPT_FD_DEVICE)
+				tty_settings_restore(fd, owner);
 			files[nfiles++] = (struct shared_file){ f->share_pid, f->share_fd,
 								move_high(fd, owner->path) };
 		}
 }
 
-/* The open file a FILE record shares with other processes, or -1. */
+/* The open file a FILE or DEVICE record shares with other processes, or -1. */
 int shared_file_fd(int32_t pid, const struct ckpt_fd *f)
 {
 	const struct shared_file *sf = f->share_pid ? find_file(f->share_pid, f->share_fd) :

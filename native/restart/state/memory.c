@@ -128,9 +128,33 @@ void memfd_name_of(const char *path, char name[MEMFD_NAME_MAX])
 }
 
 /*
- * The stand-in for an unlinked file mapped privately: a memfd as long as
- * the file was (to a page), named after it.  Its pages are zero; the
- * saved ones are read over them as private copies.
+ * An unlinked file that a map shows ("/dir/name (deleted)"; not a memfd,
+ * nor MAP_SHARED | MAP_ANONYMOUS memory, "/dev/zero (deleted)"): made
+ * again, empty, under its name and unlinked at once, so that maps and fds
+ * name it as before.  -1 when the name is taken or its directory gone.
+ */
+int unlinked_file_again(const char *name)
+{
+	const char *suffix = " (deleted)";
+	size_t n = name ? strlen(name) : 0, k = strlen(suffix);
+	char path[CKPT_PATH_MAX];
+	int fd;
+
+	if (n <= k || name[0] != '/' || strcmp(name + n - k, suffix) ||
+	    !strncmp(name, "/memfd:", 7) || !strcmp(name, "/dev/zero (deleted)") ||
+	    n - k >= sizeof(path))
+		return -1;
+	snprintf(path, sizeof(path), "%.*s", (int)(n - k), name);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		unlink(path);
+	return fd;
+}
+
+/*
+ * The stand-in for an unlinked file mapped privately: the file made again
+ * (else a memfd named after it) as long as it was (to a page).  Its pages
+ * are zero; the saved ones are read over them as private copies.
  */
 static int deleted_file_stand_in(const struct loaded_vma *lv)
 {
@@ -138,7 +162,9 @@ static int deleted_file_stand_in(const struct loaded_vma *lv)
 	int fd, high;
 
 	memfd_name_of(lv->path, name);
-	fd = memfd_create(name, MFD_CLOEXEC);
+	fd = unlinked_file_again(lv->path);
+	if (fd < 0)
+		fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0 && errno == EACCES)	/* vm.memfd_noexec = 2 */
 		fd = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
 	if (fd < 0 || ftruncate(fd, lv->v.file_size))
@@ -290,6 +316,9 @@ static void check_files(struct image *img)
 		}
 		if (lv->v.kind == CKPT_VMA_DELETED_FILE && (lv->v.flags & CKPT_VMA_FILE_END)) {
 			file_fds[i] = deleted_file_object(img, lv);
+			if (file_fds[i] < 0 && (lv->v.flags & CKPT_VMA_FILE_PAGES))
+				die("mapped unlinked file %s: the file, whose pages its private "
+				    "map shows, was not restored", lv->path);
 			if (file_fds[i] < 0)
 				file_fds[i] = deleted_file_stand_in(lv);
 			continue;
@@ -429,6 +458,10 @@ static void map_region(struct image *img, unsigned idx)
 		break;
 	default:
 		flags |= MAP_ANONYMOUS;
+		/* the kernel may drop its pages under pressure; it implies
+		 * MADV_WIPEONFORK and MADV_DONTDUMP (in advice too) */
+		if (v->advice & CKPT_ADVICE_DROPPABLE)
+			flags = MAP_FIXED | MAP_DROPPABLE | MAP_ANONYMOUS;
 		break;
 	}
 	r = sys6(SYS_mmap, v->start, len, prot, flags, fd, fd >= 0 ? (long)v->pgoff : 0);

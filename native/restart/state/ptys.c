@@ -5,7 +5,8 @@
  * queued bytes of the master's record.  A session leader takes its pty
  * back as controlling terminal, and the leader of the group that was in
  * its foreground puts that group there again.  A slave whose master is
- * outside the job is the restarter's terminal (fds.c).
+ * outside the job is the restarter's terminal (fds.c); /dev/tty of a
+ * process whose controlling terminal is a pty of the job is that pty.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,6 +42,16 @@ static int holds_end(struct image *imgs, unsigned n, uint64_t id, uint32_t kind)
 		for (unsigned j = 0; j < imgs[i].nfds; j++)
 			if (imgs[i].fds[j].f.kind == kind && imgs[i].fds[j].f.object_id == id)
 				return 1;
+	return 0;
+}
+
+/* Whether the pty is the controlling terminal of a process (which may
+ * hold its slave through /dev/tty only). */
+static int controls_a_process(struct image *imgs, unsigned n, uint64_t id)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (imgs[i].proc->ctty_pty && imgs[i].proc->ctty_pty - 1 == id)
+			return 1;
 	return 0;
 }
 
@@ -143,7 +154,8 @@ void ptys_create(struct image *imgs, unsigned n)
 			p->id = f->object_id;
 			p->master = p->slave = -1;
 			nptys++;
-			if (!holds_end(imgs, n, p->id, CKPT_FD_PTY_SLAVE))
+			if (!holds_end(imgs, n, p->id, CKPT_FD_PTY_SLAVE) &&
+			    !controls_a_process(imgs, n, p->id))
 				continue;	/* a master alone: a slave nobody holds */
 			open_pty(p);
 			state = pty_state_record(imgs, n, p->id, &img);

@@ -119,8 +119,8 @@ static int is_shared_memory(const struct ckpt_vma *v)
 			     v->kind == CKPT_VMA_SHARED_MEMFILE || v->kind == CKPT_VMA_SYSV_SHM);
 }
 
-/* A memfd; or the /dev/shm file, at its checkpointed size, whose pages
- * are then written back. */
+/* A memfd (an unlinked file's again if it can be); or the /dev/shm file,
+ * at its checkpointed size, whose pages are then written back. */
 static int open_shm_object(const struct shared_shm *s)
 {
 	int fd;
@@ -128,6 +128,12 @@ static int open_shm_object(const struct shared_shm *s)
 	if (!s->file) {
 		char name[MEMFD_NAME_MAX] = "ckpt-shared";	/* MAP_SHARED | MAP_ANONYMOUS */
 
+		fd = unlinked_file_again(s->name);
+		if (fd >= 0) {
+			if (ftruncate(fd, s->size))
+				die("cannot recreate unlinked file %s: %s", s->name, strerror(errno));
+			return fd;
+		}
 		if (s->name && !strncmp(s->name, "/memfd:", 7))
 			memfd_name_of(s->name, name);
 		/* its seals are the shim's to add, once it is mapped */

@@ -4,7 +4,8 @@
  * two ends of each connection inside the job again, TCP ones on their old
  * ports, refills their queues, reconnects those leading outside the job,
  * meets the other hosts' restarts for connections across hosts
- * (cross_host.c) and shuts down what was shut down.
+ * (cross_host.c), gives ends whose peer closed a stand-in peer that sends
+ * their queue and closes, and shuts down what was shut down.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -462,6 +463,40 @@ static void connect_to_ghost(struct shared_socket *ss)
 	ss->ghosted = 1;
 }
 
+/*
+ * A Unix stream or seqpacket end whose peer closed (its peer's inode is
+ * gone: sock_diag names none) or, outside the job, shut down both ways:
+ * both directions are shut and no image has the peer.
+ */
+static int unix_peer_gone(const struct loaded_fd *lf)
+{
+	const unsigned both = CKPT_SOCK_SHUT_RD | CKPT_SOCK_SHUT_WR;
+	const struct ckpt_fd *f = &lf->f;
+
+	return f->sock_domain == AF_UNIX && f->sock_type != SOCK_DGRAM &&
+	       (f->sock_flags & CKPT_SOCK_CONNECTED) && (f->sock_flags & both) == both &&
+	       !peer_record(lf);
+}
+
+/* The other end of a new pair stands in for the peer: it sends the queue
+ * again (seqpacket: message by message) and closes.  Reads then give the
+ * bytes and EOF, writes EPIPE, as they did. */
+static void pair_with_ghost(struct shared_socket *ss)
+{
+	const struct ckpt_fd *f = &ss->rec->f;
+	int sv[2];
+
+	if (socketpair(AF_UNIX, f->sock_type | SOCK_CLOEXEC, 0, sv))
+		die("cannot recreate a socket whose peer closed: %s", strerror(errno));
+	ss->fd = move_high(sv[0], "a socket");
+	sockopts_apply(ss->fd, f);
+	/* the queue was in the closed peer's send buffer, however large it was */
+	ckpt_raise_socket_buffer(sv[1], SO_SNDBUF, 2 * f->data_size);
+	refill_socket(ss->rec, sv[1]);
+	close(sv[1]);
+	ss->ghosted = 1;
+}
+
 /* Datagrams waiting on a named socket (from whoever sent them): sent to
  * its name again, from a socket of a moment. */
 static void refill_by_name(const struct loaded_fd *lf)
@@ -615,6 +650,9 @@ void sockets_create(struct image *imgs, unsigned n, const char *coord)
 		if (socks[i].fd < 0 && is_tcp(&socks[i].rec->f) &&
 		    (socks[i].rec->f.sock_flags & CKPT_SOCK_PEER_FIN))
 			connect_to_ghost(&socks[i]);
+	for (unsigned i = 0; i < nsocks; i++)
+		if (socks[i].fd < 0 && unix_peer_gone(socks[i].rec))
+			pair_with_ghost(&socks[i]);
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct ckpt_fd *f = &socks[i].rec->f;
 

@@ -527,8 +527,8 @@ static int hold_contents(const struct fd_info *fi)
 
 static int shares_open_files(const struct fd_info *fi)
 {
-	return fi->rec.kind == CKPT_FD_FILE || fi->rec.kind == CKPT_FD_PIPE_READ ||
-	       fi->rec.kind == CKPT_FD_PIPE_WRITE;
+	return fi->rec.kind == CKPT_FD_FILE || fi->rec.kind == CKPT_FD_DEVICE ||
+	       fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_PIPE_WRITE;
 }
 
 /*
@@ -885,6 +885,17 @@ int fds_hold(const struct fd_table *t, uint64_t dev, uint64_t ino)
 {
 	for (int i = 0; t && i < t->n; i++)
 		if (t->fi[i].dev == dev && t->fi[i].ino == ino)
+			return 1;
+	return 0;
+}
+
+/* Whether an fd of the process holds the unlinked file (dev, ino), whose
+ * contents it saves. */
+int fds_hold_deleted(const struct fd_table *t, uint64_t dev, uint64_t ino)
+{
+	for (int i = 0; t && i < t->n; i++)
+		if (t->fi[i].dev == dev && t->fi[i].ino == ino &&
+		    t->fi[i].rec.kind == CKPT_FD_DELETED_FILE)
 			return 1;
 	return 0;
 }

@@ -55,6 +55,8 @@ struct mem_saver {
 	long nguards;			/* of the window find_runs looked at */
 	uint64_t copied;		/* pages copied on write over an unlinked
 					 * file, in the region being saved */
+	int file_back;			/* and that file comes back at restart:
+					 * only those pages are saved */
 	struct compressor *z;		/* --compress, or NULL */
 	struct increments *inc;		/* --incremental, or NULL */
 	struct ckpt_page_ref *refs;	/* WINDOW_PAGES entries */
@@ -116,6 +118,9 @@ static uint32_t classify(const struct region *r)
 		return is_deleted(p) ? CKPT_VMA_DELETED_FILE : CKPT_VMA_FILE;
 	return CKPT_VMA_ANON;
 }
+
+static int parse_maps_line(char *line, struct region *r);
+static ssize_t read_maps(char *buf, size_t size);
 
 /*
  * Shared anonymous memory and maps of unlinked files hold data this
@@ -209,6 +214,12 @@ static ssize_t copy_self(void *dst, uint64_t addr, size_t len)
 	return process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
 }
 
+/* A page of a private file map that the process wrote: anonymous now. */
+static int copied_on_write(uint64_t pm)
+{
+	return (pm & PM_SWAPPED) || ((pm & PM_PRESENT) && !(pm & PM_FILE));
+}
+
 static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable)
 {
 	if (copied_kind(kind)) {
@@ -217,8 +228,7 @@ static int wants_page(uint32_t kind, uint64_t pm, const void *addr, int readable
 
 		/* a page copied on write over an unlinked file: the restart's
 		 * stand-in of the file may hold other bytes there, even zeros */
-		if (kind == CKPT_VMA_DELETED_FILE &&
-		    ((pm & PM_SWAPPED) || ((pm & PM_PRESENT) && !(pm & PM_FILE))))
+		if (kind == CKPT_VMA_DELETED_FILE && copied_on_write(pm))
 			return copy_self(page, (uint64_t)addr, sizeof(page)) == sizeof(page);
 
 		/* a hole of shared memory would be allocated by reading it;
@@ -279,7 +289,8 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 			s->copied++;
 		if (s->pagemap[i] & PM_GUARD)
 			add_to_runs(s->guards, &s->nguards, addr - start);
-		else if (s->copy ? !shim_page_is_zero(s->copy + (addr - start)) :
+		else if (s->file_back ? copied_on_write(s->pagemap[i]) :
+			 s->copy ? !shim_page_is_zero(s->copy + (addr - start)) :
 			 wants_page(r->kind, s->pagemap[i], (void *)addr, look))
 			add_to_runs(s->runs, &nruns, addr - start);
 	}
@@ -507,7 +518,7 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	file_identity(r, &v);
 	if (r->kind == CKPT_VMA_DELETED_FILE) {
 		v.file_size = deleted_file_end(r, start, end);
-		v.flags |= CKPT_VMA_FILE_END;
+		v.flags |= CKPT_VMA_FILE_END | (s->file_back ? CKPT_VMA_FILE_PAGES : 0);
 	}
 	if (r->kind == CKPT_VMA_SYSV_SHM) {
 		err = sysv_identify(r, &sysv);
@@ -576,6 +587,42 @@ static void warn_lost_file_bytes(const struct region *r, uint64_t copied)
 		  (unsigned long long)copied);
 }
 
+/*
+ * Whether a shared map of the process covers the file range that r maps:
+ * the restart makes the file again from it (restart/state/shared.c).
+ */
+static int shared_map_covers(const struct region *r)
+{
+	char *buf = scratch_map(MAPS_MAX);
+	uint64_t from = r->pgoff, to = r->pgoff + (r->end - r->start);
+	int covers = 0;
+	ssize_t n = buf ? read_maps(buf, MAPS_MAX) : -1;
+
+	for (char *line = buf, *nl; n > 0 && !covers && *line; line = nl + 1) {
+		struct region m;
+
+		nl = strchr(line, '\n');
+		if (!nl)
+			break;
+		*nl = '\0';
+		covers = !parse_maps_line(line, &m) && m.shared && m.dev == r->dev &&
+			 m.inode == r->inode && m.pgoff <= from &&
+			 m.pgoff + (m.end - m.start) >= to;
+	}
+	if (buf)
+		scratch_unmap(buf, MAPS_MAX);
+	return covers;
+}
+
+/* Whether the unlinked file behind a private map comes back at restart,
+ * whole (pair of deleted_file_object, restart/state/memory.c): an fd of
+ * the process has it (its contents are saved with it), or a shared map
+ * of the same range. */
+static int file_comes_back(const struct mem_saver *s, const struct region *r)
+{
+	return fds_hold_deleted(s->fds, r->dev, r->inode) || shared_map_covers(r);
+}
+
 /* Saved in windows, around the scratch buffers that may hide inside. */
 static int save_region(struct mem_saver *s, struct region *r)
 {
@@ -585,6 +632,7 @@ static int save_region(struct mem_saver *s, struct region *r)
 
 	r->kind = classify(r);
 	s->copied = 0;
+	s->file_back = r->kind == CKPT_VMA_DELETED_FILE && file_comes_back(s, r);
 	if (r->kind == CKPT_VMA_VDSO)
 		return save_window(s, r, r->start, r->end);
 	while (!err && a < r->end) {
@@ -602,7 +650,7 @@ static int save_region(struct mem_saver *s, struct region *r)
 		err = save_window(s, r, a, end);
 		a = end;
 	}
-	if (!err && s->copied && !fds_hold(s->fds, r->dev, r->inode))
+	if (!err && s->copied && !s->file_back && !fds_hold(s->fds, r->dev, r->inode))
 		warn_lost_file_bytes(r, s->copied);
 	return err;
 }

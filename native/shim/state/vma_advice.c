@@ -42,6 +42,7 @@ static const struct {
 	{ "wf", CKPT_ADVICE_WIPEONFORK }, { "hg", CKPT_ADVICE_HUGEPAGE },
 	{ "nh", CKPT_ADVICE_NOHUGEPAGE }, { "mg", CKPT_ADVICE_MERGEABLE },
 	{ "sr", CKPT_ADVICE_SEQUENTIAL }, { "rr", CKPT_ADVICE_RANDOM },
+	{ "dp", CKPT_ADVICE_DROPPABLE },
 };
 
 /* "VmFlags: rd wr mr mw me ac lo" -> CKPT_ADVICE_* */
