@@ -83,6 +83,17 @@ def _load(path):
     return data["processes"]
 
 
+def _other_format(path):
+    """The format of a saved fingerprint that this ckpt does not compare
+    (a checkpoint of another version of ckpt), or None."""
+    try:
+        with open(path) as f:
+            found = json.load(f).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None     # the comparison itself says what is wrong
+    return None if found == fingerprint.FORMAT else found
+
+
 def _compare_with(path, processes):
     """(differences, took_ns) of this host's processes against a saved file."""
     saved = _load(path)
@@ -149,7 +160,7 @@ async def before_resume(coord, procs):
     local, remote = _by_host(procs)
     for host, group in local.items():
         path = checkpoint_dir / file_name(old_of.get(host, host))
-        if not path.is_file():
+        if not path.is_file() or _other_format(path) is not None:
             missing.append(old_of.get(host, host))
             continue
         try:
@@ -165,7 +176,7 @@ async def before_resume(coord, procs):
     for link, group in remote.items():
         old_host = old_of.get(link.host, link.host)
         path = checkpoint_dir / file_name(old_host)
-        if not path.is_file():
+        if not path.is_file() or _other_format(path) is not None:
             missing.append(old_host)
             continue
         tags = ",".join(p.tag for p in group)
@@ -173,7 +184,8 @@ async def before_resume(coord, procs):
         differences += [line + f" (on {link.host})" for line in answer.get("differences", [])]
         count += int(answer.get("count", 0))
     for host in missing:
-        coord.warn(f"the checkpoint has no fingerprint of host {host}: its restore is not verified")
+        coord.warn(f"the checkpoint has no fingerprint of host {host} that this ckpt can "
+                   f"compare (none, or of another version): its restore is not verified")
     _record(coord, checkpoint_dir, {"mode": mode, "differences": count, "took_ns": took,
                                     "hosts_missing": missing})
     if count:
