@@ -6,6 +6,7 @@ all: native plugins apps mpi softverbs
 
 plugins:
 	$(MAKE) -C plugins/ib
+	$(MAKE) -C plugins/pmix
 
 native:
 	$(MAKE) -C native
@@ -61,6 +62,7 @@ fuzz: all
 clean:
 	$(MAKE) -C native clean
 	$(MAKE) -C plugins/ib clean
+	$(MAKE) -C plugins/pmix clean
 	$(MAKE) -C integration/apps clean
 	$(MAKE) -C integration/mpi clean
 	@if [ -f native/softverbs/Makefile ]; then $(MAKE) -C native/softverbs clean; fi

@@ -8,7 +8,7 @@ from ckpt.errors import CkptError
 
 SHIM_NAME = "libckpt.so"
 RESTART_NAME = "ckpt-restart"
-PLUGINS = ("ib",)
+PLUGINS = ("ib", "pmix")
 
 
 def native_dir():

@@ -492,20 +492,36 @@ def test_srun_pmi_barriers_and_gets_go_on_across_two_requeues(slurm, jobs):
     assert lines.count(" <<local cmd=barrier_out") >= 2 * 2, lines[-2000:]
 
 
-def test_srun_pmix_is_refused_at_checkpoint_time_in_one_line(slurm, jobs):
-    """Open MPI under `srun --mpi=pmix`: its ranks talk PMIx to slurmstepd,
-    which no restart can answer yet.  USR1's checkpoint is refused with one
-    line saying so (not a failed restart later); the job is requeued as
-    any job whose checkpoint failed, runs again from the start and ends
-    with its uninterrupted result."""
-    args = (300, 20)
-    job = jobs("openmpi", args, command=_srun_mpi("openmpi", "pmix", *args)).submit()
+def _srun_openmpi_restarts(slurm, jobs, layout, program, args, moves):
+    """Open MPI under `srun --mpi=pmix`, requeued len(moves) times (each time
+    off the nodes it ran on), then let finish: it must COMPLETE with the
+    result of an uninterrupted run, its ranks' PMIx answered by
+    plugins/pmix after each restart (libpmix's server is gone), and nothing
+    said of connections outside the job."""
+    srun_options, ranks = SRUN_LAYOUTS[layout]
+    job = jobs("openmpi", args,
+               command=_srun_mpi("openmpi", "pmix", *args, layout=srun_options,
+                                 program=program)).submit()
+    assert job.wait_running(0) == ["h1", "h2"]
     job.wait_text("READY")
-    job.usr1()
-    job.wait_text("pmix")
+    job.requeue_along(moves)
     state = job.finish()
     text = job.text()
-    refusal = [line for line in text.splitlines() if "--mpi=pmix" in line]
-    assert refusal and "cannot be restored yet" in refusal[0], text
-    assert state == "COMPLETED" and "the checkpoint failed" in text, text
-    assert job.results() == reference(slurm, "openmpi", args), text
+    assert state == "COMPLETED", text
+    assert "connected outside the job" not in text and "reconnected" not in text, text
+    assert job.results() == reference(slurm, "openmpi", args, ranks, program), text
+
+
+@pytest.mark.parametrize("layout", SRUN_LAYOUTS)
+def test_srun_openmpi_pmix_restarts_on_other_nodes_twice(slurm, jobs, layout):
+    """`ckpt slurm run -- srun --mpi=pmix ring` (Open MPI): after each
+    requeue, on other nodes, the ring goes on; its fences, gets and
+    finalize are answered by the PMIx plugin and the name service."""
+    _srun_openmpi_restarts(slurm, jobs, layout, "ring", (600, 20), MOVES)
+
+
+@pytest.mark.parametrize("program", ["allreduce", "jacobi", "bigmsg"])
+def test_srun_openmpi_pmix_programs_restart_on_other_nodes(slurm, jobs, program):
+    """The other MPI test programs under srun --mpi=pmix, two ranks per
+    node, requeued once onto other nodes: the uninterrupted result."""
+    _srun_openmpi_restarts(slurm, jobs, "two-per-node", program, (300, 20), MOVES[:1])

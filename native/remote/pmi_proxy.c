@@ -525,9 +525,6 @@ void pmi_proxy_prepare(unsigned rank, unsigned ntasks)
 	left_outside = (void (*)(int, int))dlsym(RTLD_DEFAULT, "ckpt_fd_left_outside");
 	snprintf(pmi.step, sizeof(pmi.step), "%s.%s", getenv("SLURM_JOB_ID") ?: "0",
 		 getenv("SLURM_STEP_ID") ?: "0");
-	if (getenv("PMIX_NAMESPACE") || getenv("PMIX_SERVER_URI2") || getenv("PMIX_SERVER_URI3"))
-		refuse("srun --mpi=pmix: the ranks' PMIx connection to slurmstepd cannot be "
-		       "restored yet (use --mpi=pmi2 with MPICH, or mpirun)");
 	if (getenv("CKPT_PMI_TRACE"))
 		trace_fd = open(getenv("CKPT_PMI_TRACE"), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
 				0600);
