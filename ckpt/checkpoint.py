@@ -195,8 +195,8 @@ class CheckpointRun:
             for proc in self.live_processes():
                 if proc not in taken_part:
                     self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
-            await self.pause_before("PUBLISH", self.procs)
             with self._timing("PUBLISH"):
+                await self.pause_before("PUBLISH", self.procs)
                 return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
             await self._abandon(self.to_abort)

@@ -14,7 +14,7 @@ import time
 import jsonschema
 
 from ckpt import manifest as manifests
-from harness import REPO, Job, Restart
+from harness import REPO, Job
 
 SCHEMAS = REPO / "docs" / "schemas"
 COUNTER = ["counter", "600", "10"]
@@ -50,12 +50,10 @@ def wait_status(session, job_id, timeout=60):
 class Terminal:
     """A command on a pseudo-terminal: everything it wrote, as it comes."""
 
-    def __init__(self, argv, session, env=()):
+    def __init__(self, argv, env, cwd=None):
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
-                                     cwd=session.work,
-                                     env={**session.env(), "TERM": "xterm", "COLUMNS": "160",
-                                          **dict(env)})
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
+                                     env={**env, "TERM": "xterm", "COLUMNS": "160"})
         os.close(slave)
         self.seen = b""
 
@@ -180,7 +178,7 @@ def test_progress_on_a_terminal_and_none_without(session):
     assert quiet.stderr == "" and quiet.stdout == str(piped.with_name("ckpt-0002")) + "\n"
 
     pause.arm()
-    shown = Terminal(session.ckpt_argv("checkpoint", job.id), session)
+    shown = Terminal(session.ckpt_argv("checkpoint", job.id), session.env(), session.work)
     pause.wait()
     # held before its publication: the images are written; the total is
     # the previous checkpoint's size
@@ -195,8 +193,9 @@ def test_progress_on_a_terminal_and_none_without(session):
     job.proc.wait(timeout=60)
     count = len(manifests.read_manifest(last)["processes"])
     pause.arm()
-    restarted = Terminal(session.ckpt_argv("restart", last), session,
-                         env={"CKPT_PAUSE_BEFORE": f"RESUME:{pause.path}"})
+    restarted = Terminal(session.ckpt_argv("restart", last),
+                         {**session.env(), "CKPT_PAUSE_BEFORE": f"RESUME:{pause.path}"},
+                         session.work)
     pause.wait()
     restarted.read_until([b"ckpt-0004 resuming the job", f"{count}/{count}".encode()])
     pause.release()
