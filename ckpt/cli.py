@@ -311,6 +311,22 @@ def images(directory):
         sys.exit(1)
 
 
+@main.command(name="inspect")
+@click.argument("checkpoint", type=click.Path(), shell_complete=completion.checkpoint_dirs)
+@click.option("--pid", type=int, help="That process only, in detail.")
+@JSON
+def inspect_command(checkpoint, pid, as_json):
+    """What a checkpoint's images hold (or a job directory's latest): the
+    process tree; with --pid a process's threads, memory regions and fds.
+    A corrupt or foreign image is refused, as a restart refuses it."""
+    from ckpt.inspect import inspect, text_lines
+    contents = inspect(checkpoint, pid)
+    if as_json:
+        _echo_json(contents)
+    else:
+        click.echo("\n".join(text_lines(contents, pid)))
+
+
 @main.group()
 def slurm():
     """Jobs under Slurm (see the README's Slurm section)."""

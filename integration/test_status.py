@@ -152,6 +152,8 @@ def test_event_log_status_and_list(session):
     assert [j["job_id"] for j in every["jobs"]] == [job.id, other.id]
     assert every["jobs"][1]["command"] == ["/bin/sh", "-c", script]
 
+    inspect_a_checkpoint(session, job, second)
+
     # a failed restart is logged too: an image whose bytes were changed
     job.kill()
     other.kill()
@@ -161,11 +163,32 @@ def test_event_log_status_and_list(session):
         byte = corrupt.read(1)
         corrupt.seek(-1, os.SEEK_CUR)
         corrupt.write(bytes([byte[0] ^ 0xFF]))
-    refused = session.ckpt("restart", first, check=False)
-    assert refused.returncode != 0
+    for argv in (["restart", first], ["inspect", first]):
+        refused = session.ckpt(*argv, check=False)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "corrupt" in refused.stderr and "Traceback" not in refused.stderr
     failed = events_of(job_dir)[-1]
     assert failed["kind"] == "restart_failed" and failed["checkpoint"] == 1, failed
     assert failed["path"] == str(first) and failed["error"]
+
+
+def inspect_a_checkpoint(session, job, path):
+    """`ckpt inspect` of a real checkpoint: the counter's process, its
+    threads, memory regions and fds as the kernel showed them."""
+    contents = json.loads(session.ckpt("inspect", path, "--json").stdout)
+    manifest = manifests.read_manifest(path)
+    assert contents["v"] == 1 and contents["checkpoint"] == manifest["checkpoint"]
+    assert [p["pid"] for p in contents["processes"]] == [p["pid"] for p in manifest["processes"]]
+    [counter] = [p for p in contents["processes"] if p["exe"].endswith("/counter")]
+    assert counter["ppid"] == job.proc.pid and counter["pid"] in [t["tid"] for t in counter["threads"]]
+    kinds = {region["kind"] for region in counter["memory"]}
+    assert {"heap", "stack", "file"} <= kinds, kinds
+    assert sum(region["saved"] for region in counter["memory"]) > 0
+    [stdout] = [fd for fd in counter["fds"] if fd["fd"] == 1]
+    assert stdout["path"] == str(job.out) and stdout["kind"] == "file", stdout
+    detail = session.ckpt("inspect", path, "--pid", counter["pid"]).stdout
+    assert f"process {counter['pid']} on " in detail and "[stack]" in detail, detail
+    assert re.search(r"\n +1 file +O_WRONLY", detail) and str(job.out) in detail, detail
 
 
 def test_progress_on_a_terminal_and_none_without(session):
