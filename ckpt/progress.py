@@ -38,9 +38,15 @@ def wanted(stream=None):
     """Progress only for a person at a terminal."""
     stream = sys.stderr if stream is None else stream
     try:
-        return stream.isatty() and os.environ.get("TERM") != "dumb"
+        if not stream.isatty() or os.environ.get("TERM") == "dumb":
+            return False
     except (AttributeError, ValueError):
         return False
+    try:  # setup.sh installs it; a checkpoint never fails for want of bars
+        import rich.progress  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _bar(transfer):
