@@ -12,9 +12,14 @@ import subprocess
 import time
 
 import jsonschema
+import pytest
 
 from ckpt import manifest as manifests
 from harness import REPO, Job
+
+def approx(seconds):
+    return pytest.approx(seconds, abs=1e-6)
+
 
 SCHEMAS = REPO / "docs" / "schemas"
 COUNTER = ["counter", "600", "10"]
@@ -123,10 +128,11 @@ def test_event_log_status_and_list(session):
         manifest = manifests.read_manifest(path)
         assert event["path"] == str(path)
         assert event["bytes"] == sum(p["size"] for p in manifest["processes"])
-        assert event["stopped_max_s"] == max(p["stopped_ns"] for p in manifest["processes"]) / 1e9
+        # seconds to the microsecond
+        assert event["stopped_max_s"] == approx(max(p["stopped_ns"] for p in manifest["processes"]) / 1e9)
         assert event["hosts"] == {socket.gethostname(): {
             "processes": len(manifest["processes"]), "bytes": event["bytes"],
-            "write_s": max(p["write_ns"] for p in manifest["processes"]) / 1e9,
+            "write_s": approx(max(p["write_ns"] for p in manifest["processes"]) / 1e9),
             "stopped_s": event["stopped_max_s"]}}
         assert {"SUSPEND", "WRITE", "RESUME", "PUBLISH"} <= set(event["phases"])
 
