@@ -2,6 +2,7 @@
 the manifest and the atomic publication of <job-dir>/ckpt-NNNN."""
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import os
@@ -10,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpt import events
 from ckpt import manifest as manifests
 from ckpt import paths
 from ckpt import stopped as stopped_processes
@@ -90,7 +92,10 @@ class CheckpointRun:
         self.procs = list(procs)
         self.kill = kill
         self.mode = mode.before_kill() if kill else mode
-        self.barrier = barrier
+        self.phases = {}       # phase -> seconds its barriers took, for the event log
+        self.phase = None      # the phase under way (`ckpt status`, progress)
+        self.phase_started = None
+        self.barrier = self._timed(barrier)
         self.pause_before = pause_before
         self.live_processes = live_processes
         self.wait_for_ids = wait_for_ids
@@ -109,8 +114,43 @@ class CheckpointRun:
         self.parent, _chain = manifests.incremental_parent(job.job_dir, self.mode.full_every)
         self.start_ns = time.time_ns()
 
+    def _timed(self, barrier):
+        """barrier, noting which phase runs and adding up how long each took."""
+        async def timed(phase, procs, arg=None, **options):
+            with self._timing(phase):
+                return await barrier(phase, procs, arg, **options)
+        return timed
+
+    @contextlib.contextmanager
+    def _timing(self, phase):
+        self.phase, self.phase_started = phase, time.time()
+        try:
+            yield
+        finally:
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.time() - self.phase_started
+
+    def progress(self):
+        """Where this checkpoint is, for `ckpt status` and the CLI's progress."""
+        return {"number": self.number, "start": self.start_ns / 1e9, "phase": self.phase,
+                "phase_start": self.phase_started, "directory": str(self.tmp),
+                "staged": self.staged is not None, "kill": self.kill,
+                "processes": len(self.procs)}
+
     async def run(self):
-        """Returns the published directory; CkptError (job resumed) on failure."""
+        """Returns the published directory; CkptError (job resumed) on
+        failure.  Either way a line goes to the job's event log."""
+        try:
+            final = await self._run()
+        except CkptError as exc:
+            events.checkpoint_failed(self.job.job_dir, self.job.job_id, self.number,
+                                     self.start_ns / 1e9, self.phases, exc.message,
+                                     self.warnings, self.warn)
+            raise
+        events.checkpoint_taken(self.job.job_dir, self.manifest, final, self.phases,
+                                self.warn, kill=self.kill)
+        return final
+
+    async def _run(self):
         # RESUME abort reaches them all on failure (newcomers join the list)
         self.to_abort = list(self.procs)
         self.thawed = []
@@ -132,7 +172,8 @@ class CheckpointRun:
             await self._phase("FLUSH", secrets.token_hex(16))
             written = await self._phase(
                 "WRITE", escape(self.tmp) + self.mode.write_words(self.staged, self.parent))
-            await self.fingerprint(self.procs, self.tmp)  # still parked: what the kernel shows
+            with self._timing("FINGERPRINT"):
+                await self.fingerprint(self.procs, self.tmp)  # still parked: what the kernel shows
             # written in place and unstaged: complete once WRITE is done
             images_done = not self.mode.forked and not self.staged
             if images_done:
@@ -155,8 +196,9 @@ class CheckpointRun:
             for proc in self.live_processes():
                 if proc not in taken_part:
                     self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
-            await self.pause_before("PUBLISH", self.procs)
-            return self._publish(entries, stopped)
+            with self._timing("PUBLISH"):
+                await self.pause_before("PUBLISH", self.procs)
+                return self._publish(entries, stopped)
         except (PhaseError, OSError) as exc:
             await self._abandon(self.to_abort)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -329,6 +371,7 @@ class CheckpointRun:
             full_every=self.mode.full_every,
             stage_dir=str(self.mode.stage_dir) if self.staged else None)
         manifests.write_manifest(self.tmp, manifest)
+        self.manifest = manifest
         return manifests.publish(self.tmp, paths.checkpoint_dir(self.job.job_dir, self.number))
 
     async def _abandon(self, suspended):

@@ -1,6 +1,7 @@
 """The `ckpt` command line."""
 
 import datetime
+import json
 import os
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import click
 
 from ckpt import __version__
-from ckpt import client
+from ckpt import client, completion, job_status, progress
 from ckpt.config import DEFAULTS, load_config
 from ckpt.errors import CkptError
 from ckpt.image import memory_bytes, verify_checkpoint
@@ -116,7 +117,7 @@ def launch(job_id, command, **settings):
 
 
 @main.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=completion.job_ids)
 @click.option("--kill", is_flag=True, help="Kill the job once the checkpoint is written.")
 @click.option("--forked/--in-place", default=None,
               help="A copy-on-write child of each process writes its image while the job "
@@ -126,22 +127,26 @@ def launch(job_id, command, **settings):
               help="Memory in this checkpoint's images: as it is, compressed with zstd, or "
                    "compressed where a sample shrinks (default: the job's setting).")
 def checkpoint(job_id, kill, forked, compress):
-    """Checkpoint a running job; prints the checkpoint directory."""
-    path, warnings = client.checkpoint(job_id, kill=kill, forked=forked, compress=compress)
+    """Checkpoint a running job; prints the checkpoint directory (and, on a
+    terminal, its progress on stderr)."""
+    job = find_job(job_id)
+    path, warnings = progress.checkpoint(
+        job, lambda: client.checkpoint(job_id, kill=kill, forked=forked, compress=compress),
+        lambda: client.status(job, timeout=2.0))
     for warning in warnings:
         click.echo(f"ckpt: warning: {warning}", err=True)
     click.echo(path)
 
 
 @main.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=completion.job_ids)
 def kill(job_id):
     """End a running job."""
     client.kill(job_id)
 
 
 @main.command()
-@click.argument("image_dir", type=click.Path())
+@click.argument("image_dir", type=click.Path(), shell_complete=completion.checkpoint_dirs)
 @INTERVAL
 @click.option("--hosts", help="New hosts, comma-separated: the checkpoint's i-th host goes to the i-th.")
 @click.option("--hostfile", type=click.File(),
@@ -196,44 +201,45 @@ def agent(run_command, adopt, command):
     sys.exit(run_from_environment(list(command), adopted=adopt))
 
 
-def _format_command(command):
-    return " ".join(command) if command else "-"
+JSON = click.option("--json", "as_json", is_flag=True,
+                    help="One JSON document (format version \"v\": 1, docs/STATUS.md).")
+
+
+def _echo_json(document):
+    click.echo(json.dumps(document, indent=2))
 
 
 @main.command()
-@click.argument("job_id", required=False)
-def status(job_id):
-    """Show a running job (or all of them)."""
-    jobs = [find_job(job_id)] if job_id else list_jobs()
-    if not jobs:
+@click.argument("job_id", required=False, shell_complete=completion.job_ids)
+@JSON
+def status(job_id, as_json):
+    """Show a running job (or all of them): its processes and hosts, its
+    last checkpoint (when, how long, how long the job was stopped, how
+    big), the next one, a failure since."""
+    if job_id:
+        statuses = [job_status.describe(find_job(job_id), must_answer=True)]
+    else:
+        statuses = [job_status.describe(job) for job in list_jobs()]
+    if as_json:
+        _echo_json(job_status.report(statuses))
+        return
+    if not statuses:
         click.echo("no running jobs")
-    for job in jobs:
-        info = client.status(job)
-        started = datetime.datetime.fromtimestamp(job.started).strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"job {info['job_id']}")
-        click.echo(f"  launcher pid: {info['launcher_pid']}")
-        click.echo(f"  command:      {_format_command(info['command'])}")
-        click.echo(f"  started:      {started}")
-        click.echo(f"  job dir:      {info['job_dir']}")
-        if info.get("restarted_from"):
-            click.echo(f"  restarted from checkpoint {info['restarted_from']}")
-        procs = ", ".join(f"{p['pid']}@{p['host']}" for p in info["processes"]) or "none registered"
-        click.echo(f"  processes:    {procs}")
-        click.echo(f"  checkpoints:  {info['checkpoints_taken']}"
-                   + (" (one in progress)" if info["busy"] else ""))
-        if info.get("last_checkpoint"):
-            click.echo(f"  last:         {info['last_checkpoint']}")
+    for described in statuses:
+        click.echo("\n".join(job_status.text_lines(described)))
 
 
 @main.command(name="list")
-def list_command():
-    """Running jobs: id, launcher pid, command, checkpoints taken."""
-    for job in list_jobs():
-        try:
-            taken = str(client.status(job, timeout=2.0)["checkpoints_taken"])
-        except CkptError:
-            taken = "?"
-        click.echo(f"{job.job_id}\t{job.launcher_pid}\t{_format_command(job.command)}\t{taken}")
+@JSON
+def list_command(as_json):
+    """Running jobs, one a line: id, launcher pid, checkpoints taken by this
+    run, the last checkpoint, the command (shell-quoted)."""
+    statuses = [job_status.describe(job, timeout=2.0) for job in list_jobs()]
+    if as_json:
+        _echo_json(job_status.report(statuses))
+        return
+    for described in statuses:
+        click.echo(job_status.list_line(described))
 
 
 def _human_size(size):
@@ -279,7 +285,8 @@ def _describe_checkpoint(path):
 
 
 @main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("directory", type=click.Path(exists=True, file_okay=False),
+                shell_complete=completion.checkpoint_dirs)
 def images(directory):
     """Checkpoints in a job or checkpoint directory, and whether they verify
     (exit status 1 if one does not)."""
@@ -302,6 +309,22 @@ def images(directory):
         all_ok = all_ok and ok
     if not all_ok:
         sys.exit(1)
+
+
+@main.command(name="inspect")
+@click.argument("checkpoint", type=click.Path(), shell_complete=completion.checkpoint_dirs)
+@click.option("--pid", type=int, help="That process only, in detail.")
+@JSON
+def inspect_command(checkpoint, pid, as_json):
+    """What a checkpoint's images hold (or a job directory's latest): the
+    process tree; with --pid a process's threads, memory regions and fds.
+    A corrupt or foreign image is refused, as a restart refuses it."""
+    from ckpt.inspect import inspect, text_lines
+    contents = inspect(checkpoint, pid)
+    if as_json:
+        _echo_json(contents)
+    else:
+        click.echo("\n".join(text_lines(contents, pid)))
 
 
 @main.group()

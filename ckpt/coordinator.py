@@ -11,9 +11,10 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
-from ckpt import auth, listen
+from ckpt import auth, events, listen
 from ckpt import manifest as manifests
 from ckpt import verify
 from ckpt.agent_link import AgentLink, describe_address
@@ -63,6 +64,10 @@ class Coordinator:
         self.names = NameService()
         self.checkpoints_taken = 0
         self.last_checkpoint = None
+        self.running = None               # the CheckpointRun under way (status, progress)
+        self.phase = None                 # the phase of the latest barrier
+        self.interval = None              # periodic checkpoints: seconds between them
+        self.next_checkpoint_at = None    # when the next periodic one starts
         self.killed = asyncio.Event()
         self.lost_hosts = {}              # host -> processes it had when its agent went away
         self.closing = False
@@ -205,6 +210,8 @@ class Coordinator:
             return
         self.lost_hosts[host] = count
         self.warn(f"lost host {host} with {count} processes of the job")
+        events.record(self.job_dir, "host_lost", {"job_id": self.job_id, "host": host,
+                                                  "processes": count}, self.warn)
 
     def note(self, message):
         """A warning for the launcher's stderr and the running checkpoint's reply.
@@ -263,6 +270,7 @@ class Coordinator:
     async def barrier(self, phase, procs, arg=None, timeout=None, seq=0):
         """One barrier over procs; see ckpt.barrier.barrier."""
         self.headers.phase(phase)  # a misspelt phase fails here, not on the wire
+        self.phase = phase  # the latest barrier's, for a restart's progress
         timeout = self.barrier_timeout if timeout is None else timeout
         await self.pause_before(phase, procs)
         return await barrier(phase, procs, timeout=timeout, arg=arg, seq=seq)
@@ -288,13 +296,15 @@ class Coordinator:
                 # open files claimed, sockets named in the last checkpoint
                 # may have closed since
                 self.names.forget_spent()
+                self.running = self._checkpoint_run(procs, mode, kill)
                 with no_cycle_collection():
-                    final = await self._checkpoint_run(procs, mode, kill).run()
+                    final = await self.running.run()
                 warnings = list(self._warnings)
                 if kill:
                     await self._reset_connections()
             finally:
                 self._warnings = None
+                self.running = None
         self.checkpoints_taken += 1
         self.last_checkpoint = str(final)
         if kill:
@@ -349,7 +359,9 @@ class Coordinator:
     # ---- periodic checkpoints and kill ------------------------------------
 
     async def periodic(self, interval):
+        self.interval = interval
         while True:
+            self.next_checkpoint_at = time.time() + interval
             await asyncio.sleep(interval)
             if not self._matching():
                 continue
@@ -442,6 +454,10 @@ class Coordinator:
             "last_checkpoint": self.last_checkpoint,
             "busy": self._busy.locked(),
             "restarted_from": self.restarted_from,
+            "checkpoint": self.running.progress() if self.running is not None else None,
+            "interval": self.interval,
+            "next_checkpoint_at": self.next_checkpoint_at,
+            "stage_dir": str(self.write_mode.stage_dir) if self.write_mode.stage_dir else None,
         }
 
 

@@ -10,9 +10,10 @@ import dataclasses
 import os
 import shlex
 import socket
+import time
 from pathlib import Path
 
-from ckpt import paths, verify
+from ckpt import events, paths, progress, verify
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
 from ckpt.jobs import this_host
@@ -163,6 +164,7 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     called once the job's session runs.  incremental: the restarted job's
     checkpoints are (True) or are not (False) incremental; None: as the
     checkpoint's job took them."""
+    start = time.time()
     checkpoint_dir = resolve_checkpoint(image_dir)
     # Manifest, sizes and headers here; each image's XXH3 is checked by
     # ckpt-restart itself before it changes anything (one pass, not two).
@@ -179,7 +181,8 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)
     hosts = HostPlan(mapping, addr_map, LAUNCHERS[launcher])
-    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session))
+    return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session,
+                            start))
 
 
 @dataclasses.dataclass
@@ -212,7 +215,7 @@ def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, st
     return pids
 
 
-async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session):
+async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session, start):
     job_id = manifest["job_id"]
     processes = manifest["processes"]
     async with JobSession(job_id=job_id, job_dir=job_dir, command=manifest.get("command") or [],
@@ -227,7 +230,16 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         staged = paths.staged_dir(stage_dir, job_id, manifest["checkpoint"]) if stage_dir else None
         pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged)
         os.close(status_write)
-        await _restore(job, pids, [proc["pid"] for proc in processes], hosts.over)
+        outcome = events.restart_fields(manifest, checkpoint_dir, start, hosts.mapping)
+        try:
+            with progress.restart_progress(job.coordinator, manifest, hosts.mapping):
+                await _restore(job, pids, [proc["pid"] for proc in processes], hosts.over)
+        except CkptError as exc:
+            outcome.update(duration_s=round(time.time() - start, 6), error=exc.message)
+            events.record(job_dir, "restart_failed", outcome, job.coordinator.warn)
+            raise
+        outcome.update(duration_s=round(time.time() - start, 6))
+        events.record(job_dir, "restart", outcome, job.coordinator.warn)
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
         ended = asyncio.gather(*(job.wait_exit(pid) for pid in pids))

@@ -133,6 +133,7 @@ class JobSession:
         if self._periodic is not None:
             self._periodic.cancel()
             self._periodic = None
+        self.coordinator.next_checkpoint_at = None  # `ckpt status`: none due
 
     def spawn(self, argv, env):
         """Start a foreground child sharing our stdin/stdout/stderr."""

@@ -33,6 +33,9 @@ QUICK = {
     "test_faults.py": {"test_corrupt_image_is_refused_before_restoring": None,
                        "test_full_disk_abandons_checkpoint_and_job_keeps_running": None},
     "test_fault_matrix.py": {"test_fault_during_checkpoint": ["STOP-rank"]},
+    "test_status.py": {"test_event_log_status_and_list": None,
+                       "test_progress_on_a_terminal_and_none_without": None,
+                       "test_completion_of_job_ids_and_checkpoint_directories": None},
 }
 HERE = Path(__file__).resolve().parent
 

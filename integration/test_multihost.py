@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from harness import REPO
+from test_status import Terminal, events_of, validator
 from test_mpi_verbs import COUNTER_COLUMN, COUNTERS
 
 pytestmark = pytest.mark.multihost
@@ -306,10 +307,13 @@ def test_restart_on_same_other_and_swapped_hosts(cluster, jobs, request, stack, 
     args = (300, 20)
     job = jobs(request.node.name, stack, ["h1", "h2"], "ring", args).start()
     first, _second, last = checkpoints_then_kill(job, rng)
+    pause = job.dir / "paused"
+    job.env["CKPT_PAUSE_BEFORE"] = f"PUBLISH:{pause}"  # armed below, for one checkpoint
     job.restart(first, ["h1", "h2"], "same")
     wait_restored(job, "h1")
+    status_from_another_host(job, "h2", restarted_from=1, last=3)
     time.sleep(rng.uniform(0.2, 1.0))
-    again = job.ckpt("h3", "checkpoint", "--kill", job.id).stdout.strip()
+    again = checkpoint_with_progress(job, pause, "h3")
     assert image_hosts(again) == ["h1", "h2"] and job.proc.wait(timeout=30) != 0
     results = {}
     for name, path, hosts in (("other", last, ["h3", "h4"]), ("swapped", again, ["h2", "h1"])):
@@ -317,6 +321,43 @@ def test_restart_on_same_other_and_swapped_hosts(cluster, jobs, request, stack, 
         results[name] = job.results()
     expected = reference_result(cluster, stack, "ring", args, job.dir)
     assert results == {name: expected for name in results}
+    logged = events_of(Path(first).parent)
+    assert [(e["kind"], e["checkpoint"]) for e in logged] == [
+        ("checkpoint", 1), ("checkpoint", 2), ("checkpoint", 3), ("restart", 1),
+        ("checkpoint", 4), ("restart", 3), ("restart", 4)]
+    for event in logged:
+        if event["kind"] == "checkpoint":
+            assert sorted(event["hosts"]) == ["h1", "h2"], event
+            assert event["bytes"] == sum(h["bytes"] for h in event["hosts"].values())
+    assert [e["hosts"] for e in logged if e["kind"] == "restart"] == [
+        {"h1": "h1", "h2": "h2"}, {"h1": "h3", "h2": "h4"}, {"h1": "h2", "h2": "h1"}]
+
+
+def status_from_another_host(job, host, restarted_from, last):
+    """`ckpt status --json` from a host of the job other than its
+    launcher's, checked against its schema."""
+    document = json.loads(job.ckpt(host, "status", job.id, "--json").stdout)
+    validator("status").validate(document)
+    [described] = document["jobs"]
+    assert described["hosts"] == ["h1", "h2"] and described["restarted_from"] == restarted_from
+    assert described["last_checkpoint"]["checkpoint"] == last
+    assert described["launcher_host"] == "h1"
+
+
+def checkpoint_with_progress(job, pause, host):
+    """`ckpt checkpoint --kill` on a terminal of host, held before its
+    publication: the progress shows the phase and a line for each host."""
+    pause.with_name("paused.arm").touch()
+    shown = Terminal(job.cluster.enter_argv(host) + [CKPT, "checkpoint", "--kill", job.id],
+                     job.env)
+    deadline = time.monotonic() + 120
+    while not pause.exists():
+        assert time.monotonic() < deadline and shown.proc.poll() is None, shown.seen[-2000:]
+        time.sleep(0.02)
+    shown.read_until([b"publishing", b"  h1 ", b"  h2 "])
+    pause.unlink()
+    assert shown.finish() == 0, shown.seen[-2000:]
+    return re.findall(r"/\S+/ckpt-\d{4}", shown.seen.decode(errors="replace"))[-1]
 
 
 def test_restart_chain_across_three_host_sets(cluster, jobs, request, rng):

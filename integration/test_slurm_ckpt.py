@@ -7,6 +7,7 @@ requeued by Slurm and restarted on the nodes left.  Every job ends with
 the result of an uninterrupted run, and after each one no job process,
 node-local directory or drained node is left, and every checkpoint is
 still there."""
+import json
 import os
 import subprocess
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from cluster import kill_pids
 from harness import REPO
+from test_status import events_of, validator
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
 CKPT = str(REPO / "bin" / "ckpt")
@@ -321,6 +323,7 @@ def _commands_from_a_node_outside_the_job(slurm, job, host):
     env = ckpt_env(slurm)
     status = slurm.run(host, [CKPT, "status", job.id], env=env)
     assert status.returncode == 0 and job.id in status.stdout, status.stderr
+    _status_json(slurm, job, host, env)
     taken = slurm.run(host, [CKPT, "checkpoint", job.id], env=env, timeout=120)
     assert taken.returncode == 0, taken.stderr
     assert taken.stdout.split()[-1].startswith(f"{job.img}/{job.id}/ckpt-"), taken.stdout
@@ -330,6 +333,22 @@ def _commands_from_a_node_outside_the_job(slurm, job, host):
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and \
             "Traceback" not in r.stderr, (argv, r.stderr)
     assert slurm.job(job.id)["JobState"] == "RUNNING"
+
+
+def _status_json(slurm, job, host, env):
+    """`ckpt status --json` of a batch job with staged periodic
+    checkpoints, from a node outside it: its schema, its hosts, its
+    interval, its last checkpoint as the event log has it."""
+    document = json.loads(slurm.check(host, [CKPT, "status", job.id, "--json"], env=env))
+    validator("status").validate(document)
+    [described] = document["jobs"]
+    assert described["hosts"] == ["h1", "h2"] and described["interval_s"] == 2, described
+    last = described["last_checkpoint"]
+    logged = [e for e in events_of(job.img / job.id) if e["kind"] == "checkpoint"]
+    assert last["checkpoint"] in [e["checkpoint"] for e in logged] and last["staged"], described
+    for event in logged:
+        assert sorted(event["hosts"]) == ["h1", "h2"] and event["staged"], event
+        assert all("flush_s" in facts for facts in event["hosts"].values()), event
 
 
 def _a_node_dies(slurm, job, nodes, dies):

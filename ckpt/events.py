@@ -1,0 +1,157 @@
+"""A job's event log: <job-dir>/events.jsonl, one JSON object a line, one
+line per checkpoint, restart and failure (the format: docs/EVENTS.md).
+
+`ckpt status`, `ckpt list` and whatever a site builds on top read it.  A
+line is appended with a single write(2) on an O_APPEND descriptor, so
+lines of several writers never interleave; a log that cannot be written
+costs a warning (once per job directory), never a checkpoint."""
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+from ckpt import paths
+
+EVENTS_NAME = "events.jsonl"
+EVENTS_VERSION = 1
+KINDS = ("checkpoint", "checkpoint_failed", "restart", "restart_failed", "host_lost")
+
+_warned = set()  # job directories whose log could not be written
+
+
+def events_path(job_dir):
+    return Path(job_dir) / EVENTS_NAME
+
+
+def iso_time(seconds):
+    """An instant as RFC 3339 in UTC, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text):
+    """Seconds since the epoch of an iso_time() string."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def record(job_dir, kind, fields, warn, when=None):
+    """Append one event; returns it.  warn(message) is told, once per job
+    directory, if the log cannot be written."""
+    event = {"v": EVENTS_VERSION, "time": iso_time(when if when is not None else _now()),
+             "kind": kind, **fields}
+    line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+    path = events_path(job_dir)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            written = os.write(fd, line)
+        finally:
+            os.close(fd)
+        if written != len(line):
+            raise OSError(0, f"short write ({written} of {len(line)} bytes)")
+    except OSError as exc:
+        if str(job_dir) not in _warned:
+            _warned.add(str(job_dir))
+            warn(f"cannot write the event log {path}: {exc.strerror or exc}")
+    return event
+
+
+def _now():
+    return time.time()
+
+
+def read(job_dir):
+    """Every event of the log, oldest first; lines that do not parse (a
+    line cut short by a full disk) and other versions' are skipped."""
+    try:
+        text = events_path(job_dir).read_text(errors="replace")
+    except OSError:
+        return []
+    events = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("v") == EVENTS_VERSION:
+            events.append(event)
+    return events
+
+
+def last(job_dir, kinds):
+    """The newest event of one of kinds, or None."""
+    for event in reversed(read(job_dir)):
+        if event.get("kind") in kinds:
+            return event
+    return None
+
+
+def _seconds(ns):
+    return round(ns / 1e9, 6)
+
+
+def checkpoint_fields(manifest, path, phases=None, kill=False):
+    """A checkpoint event's fields from its published manifest (what every
+    process reported: write, flush and stopped times, bytes) and the
+    coordinator's own phase times, {phase: seconds}."""
+    procs = manifest["processes"]
+    hosts = {}
+    for proc in procs:
+        host = hosts.setdefault(proc["host"], {"processes": 0, "bytes": 0, "write_s": 0.0,
+                                               "stopped_s": 0.0})
+        host["processes"] += 1
+        host["bytes"] += int(proc.get("size", 0))
+        host["write_s"] = max(host["write_s"], _seconds(int(proc.get("write_ns", 0))))
+        host["stopped_s"] = max(host["stopped_s"], _seconds(int(proc.get("stopped_ns", 0))))
+        if "flush_ns" in proc:
+            host["flush_s"] = max(host.get("flush_s", 0.0), _seconds(int(proc["flush_ns"])))
+    slowest = max(procs, key=lambda p: int(p.get("stopped_ns", 0)))
+    fields = {
+        "job_id": manifest["job_id"],
+        "checkpoint": manifest["checkpoint"],
+        "path": str(path),
+        "start": iso_time(manifest["start_ns"] / 1e9),
+        "duration_s": _seconds(manifest["end_ns"] - manifest["start_ns"]),
+        "bytes": sum(int(p.get("size", 0)) for p in procs),
+        "processes": len(procs),
+        "incremental": manifest.get("parent") is not None,
+        "kill": kill,  # the job was ended once it was taken (`ckpt checkpoint --kill`)
+        "staged": manifest.get("stage_dir") is not None,
+        "stopped_max_s": _seconds(int(slowest.get("stopped_ns", 0))),
+        "stopped_max_process": {"host": slowest["host"], "pid": slowest["pid"]},
+        "phases": {phase: round(seconds, 6) for phase, seconds in (phases or {}).items()},
+        "hosts": hosts,
+        "warnings": list(manifest.get("warnings") or []),
+    }
+    return fields
+
+
+def checkpoint_taken(job_dir, manifest, path, phases, warn, kill=False):
+    return record(job_dir, "checkpoint", checkpoint_fields(manifest, path, phases, kill), warn,
+                  when=manifest["end_ns"] / 1e9)
+
+
+def checkpoint_failed(job_dir, job_id, number, start, phases, error, warnings, warn):
+    return record(job_dir, "checkpoint_failed", {
+        "job_id": job_id, "checkpoint": number,
+        "path": str(paths.checkpoint_dir(job_dir, number)),
+        "start": iso_time(start), "duration_s": round(_now() - start, 6),
+        "phases": {phase: round(seconds, 6) for phase, seconds in phases.items()},
+        "error": error, "warnings": list(warnings)}, warn)
+
+
+def restart_fields(manifest, path, start, mapping):
+    """What a restart event says beside its outcome: the checkpoint it read,
+    how many bytes of images, and where each of its hosts went."""
+    return {
+        "job_id": manifest["job_id"],
+        "checkpoint": manifest["checkpoint"],
+        "path": str(path),
+        "start": iso_time(start),
+        "duration_s": round(_now() - start, 6),
+        "bytes": sum(int(p.get("size", 0)) for p in manifest["processes"]),
+        "processes": len(manifest["processes"]),
+        "hosts": dict(mapping),  # the checkpoint's host -> where it was restored
+    }
