@@ -3,11 +3,20 @@
 # run).  --quick: the quick tier, a few minutes (pytest marker `quick`:
 # every unit test and the end-to-end tests integration/conftest.py names).
 # Other arguments go to pytest.  Both print their 15 slowest tests.
+#
+# The suite mostly waits (Slurm, requeues, restarts: about 40% of one core
+# on average), so two pytest-xdist workers share its files; each file's
+# namespace clusters are its worker's own.  CKPT_TEST_WORKERS=1: one process.
 set -eu
 cd "$(dirname "$0")"
 make -s all
+workers=${CKPT_TEST_WORKERS:-2}
+parallel=""
+if [ "$workers" -gt 1 ] && python3 -c "import xdist" 2>/dev/null; then
+	parallel="-n $workers --dist loadfile"
+fi
 if [ "${1:-}" = "--quick" ]; then
 	shift
-	exec python3 -m pytest -q --durations=15 -m quick tests integration "$@"
+	exec python3 -m pytest -q --durations=15 $parallel -m quick tests integration "$@"
 fi
-exec python3 -m pytest -q --durations=15 tests integration "$@"
+exec python3 -m pytest -q --durations=15 $parallel tests integration "$@"
