@@ -93,18 +93,29 @@ EXPORT pmix_status_t PMIx_Init(pmix_proc_t *proc, pmix_info_t info[], size_t nin
 	if (!server_outside_job())
 		return REAL(PMIx_Init)(proc, info, ninfo);
 	pmix_open_fds(before, FD_BITS);
+	owed(1);
 	rc = REAL(PMIx_Init)(proc, info, ninfo);
 	if (rc == PMIX_SUCCESS && proc && !pmix_state.initialized) {
 		pmix_state.me = *proc;
 		pmix_note_server_fds(before, FD_BITS);
 		pmix_state.initialized = 1;
 	}
+	owed(-1);
 	return rc;
 }
 
 EXPORT pmix_status_t PMIx_Finalize(const pmix_info_t info[], size_t ninfo)
 {
-	return pmix_state.local ? PMIX_SUCCESS : REAL(PMIx_Finalize)(info, ninfo);
+	pmix_status_t rc;
+
+	if (pmix_state.local)
+		return PMIX_SUCCESS;
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Finalize)(info, ninfo);
+	owed(1);
+	rc = REAL(PMIx_Finalize)(info, ninfo);
+	owed(-1);
+	return rc;
 }
 
 EXPORT pmix_status_t PMIx_Abort(int status, const char msg[], pmix_proc_t procs[], size_t nprocs)
@@ -117,6 +128,8 @@ EXPORT pmix_status_t PMIx_Abort(int status, const char msg[], pmix_proc_t procs[
 
 EXPORT pmix_status_t PMIx_Put(pmix_scope_t scope, const char key[], pmix_value_t *val)
 {
+	if (!pmix_state.initialized)	/* the server is in the job (mpirun) */
+		return REAL(PMIx_Put)(scope, key, val);
 	pmix_record(&pmix_puts, pmix_state.me.rank, key, val);
 	if (pmix_state.local)
 		return pmix_publish(key, val);
@@ -142,6 +155,8 @@ EXPORT pmix_status_t PMIx_Fence(const pmix_proc_t procs[], size_t nprocs,
 	if (pmix_state.local)
 		return !whole_job(procs, nprocs) ? PMIX_ERR_NOT_SUPPORTED :
 		       pmix_local_fence() ? PMIX_ERROR : PMIX_SUCCESS;
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Fence)(procs, nprocs, info, ninfo);
 	owed(1);
 	rc = REAL(PMIx_Fence)(procs, nprocs, info, ninfo);
 	if (rc == PMIX_SUCCESS && whole_job(procs, nprocs))
@@ -182,6 +197,8 @@ EXPORT pmix_status_t PMIx_Fence_nb(const pmix_proc_t procs[], size_t nprocs,
 			cbfunc(rc, cbdata);
 		return rc;
 	}
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Fence_nb)(procs, nprocs, info, ninfo, cbfunc, cbdata);
 	call = malloc(sizeof(*call));
 	if (!call)
 		return PMIX_ERR_NOMEM;
@@ -231,6 +248,8 @@ EXPORT pmix_status_t PMIx_Get(const pmix_proc_t *proc, const char key[],
 
 	if (pmix_state.local)
 		return answer_get(proc, key, val);
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Get)(proc, key, info, ninfo, val);
 	owed(1);
 	rc = REAL(PMIx_Get)(proc, key, info, ninfo, val);
 	if (rc == PMIX_SUCCESS && val && *val && key)
@@ -274,6 +293,8 @@ EXPORT pmix_status_t PMIx_Get_nb(const pmix_proc_t *proc, const char key[],
 		release_value(val);
 		return PMIX_SUCCESS;
 	}
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Get_nb)(proc, key, info, ninfo, cbfunc, cbdata);
 	call = calloc(1, sizeof(*call));
 	if (!call)
 		return PMIX_ERR_NOMEM;

@@ -178,6 +178,8 @@ static int request(void *conn, const char *line, char *answer, size_t size)
 	int err;
 
 	if (kv_fd >= 0 && kv_epoch != pmix_state.epoch + 1) {	/* another restart */
+		if (left_outside)
+			left_outside(kv_fd, 0);
 		close(kv_fd);
 		kv_fd = -1;
 	}
@@ -336,17 +338,17 @@ static int restarted(unsigned seq)
 
 static int hook(const struct ckpt_hook_ctx *ctx, void *arg)
 {
-	if (!pmix_state.initialized)
-		return 0;
+	int owed = __atomic_load_n(&pmix_state.in_flight, __ATOMIC_SEQ_CST);
+
 	if (ctx->phase == CKPT_PHASE_REBUILD && ctx->restarted)
-		return restarted(ctx->seq);
+		return pmix_state.initialized ? restarted(ctx->seq) : 0;
 	if (ctx->phase != CKPT_PHASE_STOP && ctx->phase != CKPT_PHASE_SUSPEND)
 		return 0;
-	if (pmix_state.unsupported[0]) {
+	if (pmix_state.initialized && pmix_state.unsupported[0]) {
 		hook_fail("srun --mpi=pmix: %s", pmix_state.unsupported);
 		return ENOTSUP;
 	}
-	if (__atomic_load_n(&pmix_state.in_flight, __ATOMIC_SEQ_CST) && !pmix_state.local) {
+	if (owed && !pmix_state.local) {	/* PMIx_Init counts before it is done */
 		hook_fail("srun --mpi=pmix: a PMIx call to slurmstepd is under way (a fence or "
 			  "a peer's key); try again");
 		return EBUSY;
