@@ -5,12 +5,14 @@
 # Other arguments go to pytest.  Both print their 15 slowest tests.
 #
 # The suite mostly waits (Slurm, requeues, restarts: about 40% of one core
-# on average), so two pytest-xdist workers share its files; each file's
-# namespace clusters are its worker's own.  CKPT_TEST_WORKERS=1: one process.
+# on average).  CKPT_TEST_WORKERS=2 shares its files between two
+# pytest-xdist workers (each file's namespace clusters are its worker's
+# own); not the default yet: tried once on the whole suite, many tests
+# failed that pass alone (which ones was not seen: the run was stopped).
 set -eu
 cd "$(dirname "$0")"
 make -s all
-workers=${CKPT_TEST_WORKERS:-2}
+workers=${CKPT_TEST_WORKERS:-1}
 parallel=""
 if [ "$workers" -gt 1 ] && python3 -c "import xdist" 2>/dev/null; then
 	parallel="-n $workers --dist loadfile"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from click.shell_completion import CompletionItem
 
+from ckpt.errors import CkptError
 from ckpt.manifest import MANIFEST_NAME, published_checkpoints
 from ckpt.paths import LATEST
 
@@ -53,13 +54,16 @@ def checkpoint_dirs(ctx, param, incomplete):
         except OSError:
             continue
         for path in entries:
-            if not path.is_dir():
+            try:   # a directory we may not look into is no candidate
+                if not path.is_dir():
+                    continue
+                if (path / MANIFEST_NAME).is_file():
+                    candidates.append(path)
+                elif _is_job_dir(path):
+                    candidates.append(path)
+                    candidates += [ckpt for _, ckpt in published_checkpoints(path)]
+            except (OSError, CkptError):
                 continue
-            if (path / MANIFEST_NAME).is_file():
-                candidates.append(path)
-            elif _is_job_dir(path):
-                candidates.append(path)
-                candidates += [ckpt for _, ckpt in published_checkpoints(path)]
     names = []
     for path in candidates:
         name = _shown(path, incomplete)

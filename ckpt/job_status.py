@@ -40,9 +40,9 @@ def _last_checkpoint(job_dir):
 
 
 def _last_failure(job_dir):
-    event = events.last(job_dir, ("checkpoint", "checkpoint_failed", "restart_failed",
-                                  "host_lost"))
-    if event is None or event["kind"] == "checkpoint":
+    event = events.last(job_dir, ("checkpoint", "restart", "checkpoint_failed",
+                                  "restart_failed", "host_lost"))
+    if event is None or event["kind"] in ("checkpoint", "restart"):
         return None  # a failure before a later success is over
     what = event.get("error") or f"host {event.get('host')} lost"
     return {"kind": event["kind"], "time": event["time"], "error": what}

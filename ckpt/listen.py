@@ -1,7 +1,9 @@
 """Where a job's coordinator listens for other hosts: on the addresses its
 host name resolves to, which are the ones other hosts reach it by (the job's
 CKPT_COORD_TCP names the host, not an address), and not on every interface.
-A host name that resolves to loopback keeps the coordinator on loopback."""
+A host name that resolves to loopback only (Debian's 127.0.1.1 in
+/etc/hosts, while other hosts resolve it through DNS) says nothing of how
+other hosts reach it: then every interface, as before."""
 
 import asyncio
 import socket
@@ -9,7 +11,8 @@ import socket
 
 def reachable_addresses(host):
     """The distinct IPv4 addresses `host` resolves to, in resolver order;
-    every interface ("0.0.0.0") only if the name does not resolve."""
+    every interface ("0.0.0.0") if the name does not resolve or resolves
+    to loopback only."""
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
@@ -19,7 +22,9 @@ def reachable_addresses(host):
         address = info[4][0]
         if address not in addresses:
             addresses.append(address)
-    return addresses or ["0.0.0.0"]
+    if all(address.startswith("127.") for address in addresses):
+        return ["0.0.0.0"]
+    return addresses
 
 
 async def start_servers(on_connect, host, *, limit, backlog):

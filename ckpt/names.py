@@ -21,6 +21,7 @@ class NameService:
         # of cross-host connections each wait for one key)
         self._arrivals = {}               # key -> {future}: until it is put
         self._counts = {}                 # key -> heap of (count, n, future): until it reaches count
+        self._dead = {}                   # key -> entries of its heap whose waiter timed out
         self._order = itertools.count()
 
     def forget_spent(self):
@@ -41,8 +42,11 @@ class NameService:
                 future = heapq.heappop(waiting)[2]
                 if not future.done():
                     future.set_result(None)
+                elif self._dead.get(key):
+                    self._dead[key] -= 1
             if not waiting:
                 del self._counts[key]
+                self._dead.pop(key, None)
 
     @staticmethod
     async def _until(future, deadline):
@@ -57,14 +61,24 @@ class NameService:
         return False
 
     def _drop_waiter(self, key, future):
-        """A counter's waiter that timed out (rare: each goes at once)."""
+        """A counter's waiter that timed out.  Every waiter of a long barrier
+        may time out at once (AWAIT is asked in slices of seconds): its entry
+        is only cancelled, and the heap is compacted when most of it is
+        cancelled entries, so that dropping them all stays linear."""
         future.cancel()
-        waiting = [entry for entry in self._counts.get(key, ()) if entry[2] is not future]
-        if waiting:
+        waiting = self._counts.get(key)
+        if waiting is None:
+            return
+        dead = self._dead.get(key, 0) + 1
+        if dead * 2 > len(waiting):
+            waiting[:] = [entry for entry in waiting if not entry[2].done()]
             heapq.heapify(waiting)
-            self._counts[key] = waiting
+            dead = 0
+        if waiting:
+            self._dead[key] = dead
         else:
             self._counts.pop(key, None)
+            self._dead.pop(key, None)
 
     async def _arrival(self, key, deadline):
         """Until key is put; False if the deadline came first."""

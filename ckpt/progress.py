@@ -12,6 +12,7 @@ back come from its own coordinator; the bytes each ckpt-restart has read
 are not visible, so a restart shows the images' size, not a byte count."""
 
 import asyncio
+import collections
 import contextlib
 import os
 import sys
@@ -21,6 +22,7 @@ from ckpt import events
 from ckpt.errors import CkptError
 
 POLL_SECONDS = 0.25
+STATUS_SECONDS = 1.0
 
 # what each phase does, in the words a user watching it needs
 PHASE_WORDS = {
@@ -158,7 +160,9 @@ def checkpoint(job, request, status):
             except (CkptError, OSError, ValueError, KeyError):
                 pass  # the bars wait for the next look
             bar.refresh()
-            worker.join(POLL_SECONDS)
+            # the status lists every process: asked once a second, so that
+            # watching a big job's checkpoint does not slow it
+            worker.join(STATUS_SECONDS)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -188,8 +192,10 @@ def restart_progress(coordinator, manifest, mapping):
             words = PHASE_WORDS.get(phase, "") if phase else "restoring images"
             bar.update(total_task, completed=len(back),
                        description=f"{name} {words} ({_size(size)})")
-            for host, task in host_tasks.items():
-                bar.update(task, completed=sum(1 for p in back if p.host == host))
+            if host_tasks:
+                per_host = collections.Counter(p.host for p in back)   # one pass
+                for host, task in host_tasks.items():
+                    bar.update(task, completed=per_host[host])
             bar.refresh()
 
         async def redraw_often():

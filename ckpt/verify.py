@@ -18,6 +18,7 @@ Mode: `ckpt restart --verify`, the `verify` setting, CKPT_VERIFY."""
 
 import asyncio
 import json
+import re
 import os
 import time
 from pathlib import Path
@@ -86,11 +87,15 @@ def _load(path):
 def _other_format(path):
     """The format of a saved fingerprint that this ckpt does not compare
     (a checkpoint of another version of ckpt), or None."""
+    # the file begins with its format (_take_into): its first bytes are
+    # enough, not the whole of a big job's fingerprint
     try:
-        with open(path) as f:
-            found = json.load(f).get("format")
-    except (OSError, ValueError, AttributeError):
+        with open(path, "rb") as f:
+            head = f.read(64).decode("ascii", "replace")
+    except OSError:
         return None     # the comparison itself says what is wrong
+    match = re.match(r'\{"format": *(\d+)', head)
+    found = int(match.group(1)) if match else None
     return None if found == fingerprint.FORMAT else found
 
 

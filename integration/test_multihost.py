@@ -208,6 +208,13 @@ def test_connections_without_the_secret_are_refused(cluster, jobs, request):
     entry = json.loads((cluster.shared_dir / "registry" / f"{job.id}.json").read_text())
     address = entry["address"]
     assert entry["host"] == "h1" and os.stat(entry["secret_file"]).st_mode & 0o777 == 0o600
+    # it listens where the other hosts reach it (h1's address), not on
+    # every interface of h1
+    port = address.rsplit(":", 1)[1]
+    listening = cluster.run("h1", ["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                            text=True, timeout=30).stdout.split()
+    assert f"{cluster.host('h1').address}:{port}" in listening, listening
+    assert f"0.0.0.0:{port}" not in listening and f"*:{port}" not in listening, listening
     # no handshake at all: an agent's and a client's first lines
     answer = _raw_connection(cluster, "h3", address, "AGENT h3 1\nCLIENT KILL\n")
     assert answer.startswith("CHALLENGE ") and "AUTH-FAIL" in answer and "WELCOME" not in answer

@@ -45,3 +45,22 @@ def test_a_key_forgotten_before_its_waiter_ran_is_waited_for_again():
         await ns.answer("MPUT", "file:2:a 3 file:2:b 4")
         assert await waiting == "VAL 3 4"
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_barriers_waiters_timing_out_together_are_dropped_and_later_ones_still_wake():
+    """Every waiter of a long barrier asks again after its slice: thousands
+    time out at once, none is left behind, and the next round's waiters are
+    woken when the count is reached (counted, not timed)."""
+    async def scenario():
+        ns = NameService()
+        first = [asyncio.ensure_future(ns.answer("AWAIT", "0.01 fence 5000")) for _ in range(5000)]
+        assert await asyncio.gather(*first) == ["NONE 0"] * 5000
+        assert ns._counts == {} and ns._dead == {}
+        again = [asyncio.ensure_future(ns.answer("AWAIT", "10 fence 3")) for _ in range(100)]
+        short = [asyncio.ensure_future(ns.answer("AWAIT", "0.01 fence 3")) for _ in range(100)]
+        assert await asyncio.gather(*short) == ["NONE 0"] * 100
+        for _ in range(3):
+            await ns.answer("INCR", "fence")
+        assert await asyncio.gather(*again) == ["VAL 3"] * 100
+        assert ns._counts == {} and ns._dead == {}
+    asyncio.run(asyncio.wait_for(scenario(), 30))

@@ -525,6 +525,12 @@ void pmi_proxy_prepare(unsigned rank, unsigned ntasks)
 	left_outside = (void (*)(int, int))dlsym(RTLD_DEFAULT, "ckpt_fd_left_outside");
 	snprintf(pmi.step, sizeof(pmi.step), "%s.%s", getenv("SLURM_JOB_ID") ?: "0",
 		 getenv("SLURM_STEP_ID") ?: "0");
+	/* Open MPI's PMIx is answered by plugins/pmix in the ranks, where it
+	 * was built (it needs PMIx's headers) */
+	if ((getenv("PMIX_NAMESPACE") || getenv("PMIX_SERVER_URI2") || getenv("PMIX_SERVER_URI3")) &&
+	    !strstr(getenv("LD_PRELOAD") ?: "", "libckpt_pmix.so"))
+		refuse("srun --mpi=pmix: the PMIx plugin (plugins/pmix) is not built here, so "
+		       "the ranks' PMIx connection to slurmstepd cannot be restored");
 	if (getenv("CKPT_PMI_TRACE"))
 		trace_fd = open(getenv("CKPT_PMI_TRACE"), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
 				0600);

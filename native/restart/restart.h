@@ -129,7 +129,7 @@ void sockopts_apply(int s, const struct ckpt_fd *f);
 void sockopts_finish(int s, const struct ckpt_fd *f);
 
 /* state/fds.c */
-void make_parent_dirs(const char *path);
+int make_parent_dirs(const char *path);	/* how many it made */
 struct loaded_fd;
 int open_file_again(const struct loaded_fd *lf);
 void recreate_gone_scratch_files(const struct image *imgs, unsigned n);

@@ -46,6 +46,15 @@ static void unsupported(const char *call)
 			 "publishing), which a restart could not answer", call);
 }
 
+/* A value the plugin cannot keep (a type it does not write down, or too
+ * long): a restart could not give it back. */
+static void unsupported_value(const char *key)
+{
+	if (!pmix_state.unsupported[0])
+		snprintf(pmix_state.unsupported, sizeof(pmix_state.unsupported),
+			 "a PMIx value of key %.80s cannot be kept for a restart", key ? key : "?");
+}
+
 static int is_rank(pmix_rank_t rank)
 {
 	return rank != PMIX_RANK_WILDCARD && rank != PMIX_RANK_UNDEF &&
@@ -104,15 +113,29 @@ EXPORT pmix_status_t PMIx_Init(pmix_proc_t *proc, pmix_info_t info[], size_t nin
 	return rc;
 }
 
+/*
+ * Whether a call goes to libpmix: counted first, then the restart checked,
+ * so that a checkpoint either sees the call owed (and is refused) or the
+ * call, parked before it counted itself, sees the restart afterwards and
+ * is answered by the plugin.
+ */
+static int enter_libpmix(void)
+{
+	owed(1);
+	if (!__atomic_load_n(&pmix_state.local, __ATOMIC_SEQ_CST))
+		return 1;
+	owed(-1);
+	return 0;
+}
+
 EXPORT pmix_status_t PMIx_Finalize(const pmix_info_t info[], size_t ninfo)
 {
 	pmix_status_t rc;
 
-	if (pmix_state.local)
-		return PMIX_SUCCESS;
-	if (!pmix_state.initialized)
+	if (!pmix_state.initialized)	/* the server is in the job (mpirun) */
 		return REAL(PMIx_Finalize)(info, ninfo);
-	owed(1);
+	if (!enter_libpmix())
+		return PMIX_SUCCESS;
 	rc = REAL(PMIx_Finalize)(info, ninfo);
 	owed(-1);
 	return rc;
@@ -120,25 +143,38 @@ EXPORT pmix_status_t PMIx_Finalize(const pmix_info_t info[], size_t ninfo)
 
 EXPORT pmix_status_t PMIx_Abort(int status, const char msg[], pmix_proc_t procs[], size_t nprocs)
 {
-	if (!pmix_state.local)
-		return REAL(PMIx_Abort)(status, msg, procs, nprocs);
+	if (!pmix_state.initialized || enter_libpmix())
+		return REAL(PMIx_Abort)(status, msg, procs, nprocs);	/* ends the job */
 	fprintf(stderr, "ckpt: PMIx_Abort after a restart: %s\n", msg ? msg : "");
 	_exit(status ? status : 1);
 }
 
 EXPORT pmix_status_t PMIx_Put(pmix_scope_t scope, const char key[], pmix_value_t *val)
 {
-	if (!pmix_state.initialized)	/* the server is in the job (mpirun) */
+	pmix_status_t rc;
+
+	if (!pmix_state.initialized)
 		return REAL(PMIx_Put)(scope, key, val);
-	pmix_record(&pmix_puts, pmix_state.me.rank, key, val);
-	if (pmix_state.local)
+	if (pmix_record(&pmix_puts, pmix_state.me.rank, key, val))
+		unsupported_value(key);
+	if (!enter_libpmix())
 		return pmix_publish(key, val);
-	return REAL(PMIx_Put)(scope, key, val);
+	rc = REAL(PMIx_Put)(scope, key, val);
+	owed(-1);
+	return rc;
 }
 
 EXPORT pmix_status_t PMIx_Commit(void)
 {
-	return pmix_state.local ? PMIX_SUCCESS : REAL(PMIx_Commit)();
+	pmix_status_t rc;
+
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Commit)();
+	if (!enter_libpmix())
+		return PMIX_SUCCESS;	/* puts are published as they come */
+	rc = REAL(PMIx_Commit)();
+	owed(-1);
+	return rc;
 }
 
 /* A fence of the whole job: the only kind answered after a restart. */
@@ -147,17 +183,22 @@ static int whole_job(const pmix_proc_t procs[], size_t nprocs)
 	return !procs || !nprocs || (nprocs == 1 && procs[0].rank == PMIX_RANK_WILDCARD);
 }
 
+static pmix_status_t local_fence(const pmix_proc_t procs[], size_t nprocs)
+{
+	if (!whole_job(procs, nprocs))
+		return PMIX_ERR_NOT_SUPPORTED;
+	return pmix_local_fence() ? PMIX_ERROR : PMIX_SUCCESS;
+}
+
 EXPORT pmix_status_t PMIx_Fence(const pmix_proc_t procs[], size_t nprocs,
 				const pmix_info_t info[], size_t ninfo)
 {
 	pmix_status_t rc;
 
-	if (pmix_state.local)
-		return !whole_job(procs, nprocs) ? PMIX_ERR_NOT_SUPPORTED :
-		       pmix_local_fence() ? PMIX_ERROR : PMIX_SUCCESS;
 	if (!pmix_state.initialized)
 		return REAL(PMIx_Fence)(procs, nprocs, info, ninfo);
-	owed(1);
+	if (!enter_libpmix())
+		return local_fence(procs, nprocs);
 	rc = REAL(PMIx_Fence)(procs, nprocs, info, ninfo);
 	if (rc == PMIX_SUCCESS && whole_job(procs, nprocs))
 		pmix_state.fences_done++;
@@ -190,20 +231,20 @@ EXPORT pmix_status_t PMIx_Fence_nb(const pmix_proc_t procs[], size_t nprocs,
 	struct fence_call *call;
 	pmix_status_t rc;
 
-	if (pmix_state.local) {
-		rc = !whole_job(procs, nprocs) ? PMIX_ERR_NOT_SUPPORTED :
-		     pmix_local_fence() ? PMIX_ERROR : PMIX_SUCCESS;
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Fence_nb)(procs, nprocs, info, ninfo, cbfunc, cbdata);
+	if (!enter_libpmix()) {
+		rc = local_fence(procs, nprocs);
 		if (rc == PMIX_SUCCESS && cbfunc)
 			cbfunc(rc, cbdata);
 		return rc;
 	}
-	if (!pmix_state.initialized)
-		return REAL(PMIx_Fence_nb)(procs, nprocs, info, ninfo, cbfunc, cbdata);
 	call = malloc(sizeof(*call));
-	if (!call)
+	if (!call) {
+		owed(-1);
 		return PMIX_ERR_NOMEM;
+	}
 	*call = (struct fence_call){ cbfunc, cbdata, whole_job(procs, nprocs) };
-	owed(1);
 	rc = REAL(PMIx_Fence_nb)(procs, nprocs, info, ninfo, fence_done, call);
 	if (rc != PMIX_SUCCESS) {
 		owed(-1);
@@ -234,7 +275,7 @@ static pmix_status_t answer_get(const pmix_proc_t *proc, const char *key, pmix_v
 	if (!v)
 		return PMIX_ERR_NOMEM;
 	if (pmix_value_from_text(r->text, v)) {
-		free(v);
+		release_value(v);
 		return PMIX_ERROR;
 	}
 	*val = v;
@@ -246,12 +287,13 @@ EXPORT pmix_status_t PMIx_Get(const pmix_proc_t *proc, const char key[],
 {
 	pmix_status_t rc;
 
-	if (pmix_state.local)
-		return answer_get(proc, key, val);
 	if (!pmix_state.initialized)
 		return REAL(PMIx_Get)(proc, key, info, ninfo, val);
-	owed(1);
+	if (!enter_libpmix())
+		return answer_get(proc, key, val);
 	rc = REAL(PMIx_Get)(proc, key, info, ninfo, val);
+	/* an answer that cannot be kept is asked for again after a restart,
+	 * and not found then (a put that cannot be kept refuses checkpoints) */
 	if (rc == PMIX_SUCCESS && val && *val && key)
 		pmix_record(&pmix_answers, proc ? proc->rank : pmix_state.me.rank, key, *val);
 	owed(-1);
@@ -284,7 +326,9 @@ EXPORT pmix_status_t PMIx_Get_nb(const pmix_proc_t *proc, const char key[],
 	struct get_call *call;
 	pmix_status_t rc;
 
-	if (pmix_state.local) {
+	if (!pmix_state.initialized)
+		return REAL(PMIx_Get_nb)(proc, key, info, ninfo, cbfunc, cbdata);
+	if (!enter_libpmix()) {
 		pmix_value_t *val = NULL;
 
 		rc = answer_get(proc, key, &val);
@@ -293,15 +337,14 @@ EXPORT pmix_status_t PMIx_Get_nb(const pmix_proc_t *proc, const char key[],
 		release_value(val);
 		return PMIX_SUCCESS;
 	}
-	if (!pmix_state.initialized)
-		return REAL(PMIx_Get_nb)(proc, key, info, ninfo, cbfunc, cbdata);
 	call = calloc(1, sizeof(*call));
-	if (!call)
+	if (!call) {
+		owed(-1);
 		return PMIX_ERR_NOMEM;
+	}
 	*call = (struct get_call){ .cbfunc = cbfunc, .cbdata = cbdata,
 				   .rank = proc ? proc->rank : pmix_state.me.rank };
 	snprintf(call->key, sizeof(call->key), "%s", key ? key : "");
-	owed(1);
 	rc = REAL(PMIx_Get_nb)(proc, key, info, ninfo, get_done, call);
 	if (rc != PMIX_SUCCESS) {
 		owed(-1);
@@ -404,4 +447,53 @@ EXPORT pmix_status_t PMIx_Lookup_nb(char **keys, const pmix_info_t info[], size_
 	unsupported("PMIx_Lookup_nb");
 	return pmix_state.local ? PMIX_ERR_NOT_SUPPORTED :
 	       REAL(PMIx_Lookup_nb)(keys, info, ninfo, cbfunc, cbdata);
+}
+
+/* ---- calls that reach the server, answered "not supported" after a
+ * restart rather than left waiting on a server that is gone (lookups that
+ * libpmix answers from what it holds, PMIx_Resolve_peers and the like,
+ * still go to it) ---- */
+
+#define AFTER_RESTART_NOT_SUPPORTED(real_call)                                  \
+	do {                                                                    \
+		pmix_status_t rc;                                               \
+		if (!pmix_state.initialized)                                    \
+			return real_call;                                       \
+		if (!enter_libpmix())                                           \
+			return PMIX_ERR_NOT_SUPPORTED;                          \
+		rc = real_call;                                                 \
+		owed(-1);                                                       \
+		return rc;                                                      \
+	} while (0)
+
+/* The non-blocking ones are owed only until libpmix took them: their
+ * answers come later, to callbacks that a restart simply never calls. */
+EXPORT pmix_status_t PMIx_Query_info_nb(pmix_query_t queries[], size_t nqueries,
+					pmix_info_cbfunc_t cbfunc, void *cbdata)
+{
+	AFTER_RESTART_NOT_SUPPORTED(REAL(PMIx_Query_info_nb)(queries, nqueries, cbfunc, cbdata));
+}
+
+EXPORT pmix_status_t PMIx_Log_nb(const pmix_info_t data[], size_t ndata,
+				 const pmix_info_t directives[], size_t ndirs,
+				 pmix_op_cbfunc_t cbfunc, void *cbdata)
+{
+	AFTER_RESTART_NOT_SUPPORTED(REAL(PMIx_Log_nb)(data, ndata, directives, ndirs, cbfunc,
+						      cbdata));
+}
+
+EXPORT pmix_status_t PMIx_Job_control_nb(const pmix_proc_t targets[], size_t ntargets,
+					 const pmix_info_t directives[], size_t ndirs,
+					 pmix_info_cbfunc_t cbfunc, void *cbdata)
+{
+	AFTER_RESTART_NOT_SUPPORTED(REAL(PMIx_Job_control_nb)(targets, ntargets, directives,
+							      ndirs, cbfunc, cbdata));
+}
+
+EXPORT pmix_status_t PMIx_Notify_event(pmix_status_t status, const pmix_proc_t *source,
+				       pmix_data_range_t range, const pmix_info_t info[],
+				       size_t ninfo, pmix_op_cbfunc_t cbfunc, void *cbdata)
+{
+	AFTER_RESTART_NOT_SUPPORTED(REAL(PMIx_Notify_event)(status, source, range, info, ninfo,
+							    cbfunc, cbdata));
 }

@@ -36,8 +36,8 @@ struct pmix_record {
 extern struct pmix_record *volatile pmix_puts;	/* this rank's own */
 extern struct pmix_record *volatile pmix_answers;	/* what libpmix answered */
 
-void pmix_record(struct pmix_record *volatile *list, pmix_rank_t rank, const char *key,
-		 const pmix_value_t *v);
+int pmix_record(struct pmix_record *volatile *list, pmix_rank_t rank, const char *key,
+		const pmix_value_t *v);
 const struct pmix_record *pmix_find(struct pmix_record *list, pmix_rank_t rank,
 				    const char *key);
 

@@ -4,6 +4,7 @@
  * linked in, so the checkpoint thread may walk a list at any time.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +23,20 @@ const struct pmix_record *pmix_find(struct pmix_record *list, pmix_rank_t rank,
 	return NULL;
 }
 
-/* A newer value of the same key comes first, so pmix_find finds it. */
-void pmix_record(struct pmix_record *volatile *list, pmix_rank_t rank, const char *key,
-		 const pmix_value_t *v)
+/* A newer value of the same key comes first, so pmix_find finds it.
+ * 0, or why the value could not be kept (ENOTSUP, ENOSPC, ENOMEM). */
+int pmix_record(struct pmix_record *volatile *list, pmix_rank_t rank, const char *key,
+		const pmix_value_t *v)
 {
 	static char text[PMIX_TEXT_MAX];	/* under the lock */
-	struct pmix_record *r;
+	struct pmix_record *r = NULL;
+	int err;
 
 	pthread_mutex_lock(&adding);
-	if (pmix_value_to_text(v, text, sizeof(text)) == 0 && (r = calloc(1, sizeof(*r)))) {
+	err = pmix_value_to_text(v, text, sizeof(text));
+	if (!err && !(r = calloc(1, sizeof(*r))))
+		err = ENOMEM;
+	if (!err) {
 		r->rank = rank;
 		r->key = strdup(key);
 		r->text = strdup(text);
@@ -41,7 +47,9 @@ void pmix_record(struct pmix_record *volatile *list, pmix_rank_t rank, const cha
 			free(r->key);
 			free(r->text);
 			free(r);
+			err = ENOMEM;
 		}
 	}
 	pthread_mutex_unlock(&adding);
+	return err;
 }

@@ -146,11 +146,18 @@ static void fence_key(char *out, size_t size, unsigned k)
 	snprintf(out, size, "pmix:%s:%u:fence:%u", ns, pmix_state.epoch, k);
 }
 
+/* Room for one name-service key and one chunk: the caller's (the hook's
+ * stack, or static under kv_lock), never shared between the two. */
+struct put_room {
+	char k[2 * PMIX_MAX_NSLEN + KEY_MAX + 64];
+	char v[CHUNK + 16];
+};
+
 /* A value's text in chunks: chunk 0 is "<count>/<text>". */
-static int put_text(const struct kv_client *kv, pmix_rank_t rank, const char *key,
-		    const char *text)
+static int put_text(const struct kv_client *kv, struct put_room *room, pmix_rank_t rank,
+		    const char *key, const char *text)
 {
-	static char k[2 * PMIX_MAX_NSLEN + KEY_MAX + 64], v[CHUNK + 16];	/* under the caller's lock */
+	char *k = room->k, *v = room->v;
 	size_t len = strlen(text);
 	unsigned count = (unsigned)((len + CHUNK - 1) / CHUNK), i;
 	int err = 0;
@@ -158,10 +165,10 @@ static int put_text(const struct kv_client *kv, pmix_rank_t rank, const char *ke
 	if (!count)
 		count = 1;
 	for (i = 0; i < count && !err; i++) {
-		int n = i ? 0 : snprintf(v, sizeof(v), "%u/", count);
+		int n = i ? 0 : snprintf(v, sizeof(room->v), "%u/", count);
 
-		snprintf(v + n, sizeof(v) - n, "%.*s", CHUNK, text + (size_t)i * CHUNK);
-		value_key(k, sizeof(k), rank, key, i);
+		snprintf(v + n, sizeof(room->v) - n, "%.*s", CHUNK, text + (size_t)i * CHUNK);
+		value_key(k, sizeof(room->k), rank, key, i);
 		err = kv_client_put(kv, k, v);
 	}
 	return err;
@@ -209,12 +216,13 @@ static const struct kv_client app_kv = { request, NULL };
 pmix_status_t pmix_publish(const char *key, const pmix_value_t *val)
 {
 	static char text[PMIX_TEXT_MAX];	/* under kv_lock */
+	static struct put_room room;
 	int err;
 
 	pthread_mutex_lock(&kv_lock);
 	err = pmix_value_to_text(val, text, sizeof(text));
 	if (!err)
-		err = put_text(&app_kv, pmix_state.me.rank, key, text);
+		err = put_text(&app_kv, &room, pmix_state.me.rank, key, text);
 	pthread_mutex_unlock(&kv_lock);
 	return err == ENOTSUP ? PMIX_ERR_NOT_SUPPORTED : err ? PMIX_ERROR : PMIX_SUCCESS;
 }
@@ -269,32 +277,42 @@ unsigned pmix_job_size(void)
 }
 
 /* Fence k: each rank counts itself in once per epoch (the ranks that had
- * passed it when checkpointed counted themselves at REBUILD). */
+ * passed it when checkpointed counted themselves at REBUILD).  A failed
+ * request is asked again only where that cannot count the rank twice: a
+ * restart came meanwhile (a new epoch, counted anew), or it was a wait.
+ * 0, or EIO if the name service keeps failing. */
 int pmix_local_fence(void)
 {
-	unsigned k = pmix_state.fences_done + 1, counted = 0;
+	unsigned k = pmix_state.fences_done + 1, counted = 0, failures = 0;
 	long n = pmix_job_size();
 	char key[2 * PMIX_MAX_NSLEN + 64];
-	int err;
+	int err = 0;
 
 	if (n <= 0)
 		return EINVAL;
 	pthread_mutex_lock(&kv_lock);
 	for (;;) {
+		unsigned epoch = pmix_state.epoch;
+
 		fence_key(key, sizeof(key), k);
-		if (counted != pmix_state.epoch + 1) {	/* first, or a restart came meanwhile */
+		if (counted != epoch + 1) {	/* first, or a restart came meanwhile */
 			err = kv_client_incr(&app_kv, key, NULL);
+			if (err && pmix_state.epoch == epoch)
+				break;		/* the count may or may not have taken it */
 			if (err)
-				continue;	/* the connection was of another restart */
-			counted = pmix_state.epoch + 1;
+				continue;
+			counted = epoch + 1;
 		}
 		err = kv_client_await(&app_kv, AWAIT_SLICE_S, key, n);
-		if (!err)
+		if (!err || (err != ETIMEDOUT && pmix_state.epoch == epoch && ++failures > 5))
 			break;
+		if (err != ETIMEDOUT && pmix_state.epoch == epoch)
+			sleep(1);
 	}
-	pmix_state.fences_done = k;
+	if (!err)
+		pmix_state.fences_done = k;
 	pthread_mutex_unlock(&kv_lock);
-	return 0;
+	return err ? EIO : 0;
 }
 
 /* ---- hooks ---- */
@@ -303,11 +321,12 @@ int pmix_local_fence(void)
  * name-service connection, made and closed here. */
 static int restarted(unsigned seq)
 {
+	struct put_room room;	/* the checkpoint thread's stack: no malloc here */
 	struct kv_client kv;
 	int fd, err = 0;
 
 	pmix_state.epoch = seq;
-	pmix_state.local = 1;
+	__atomic_store_n(&pmix_state.local, 1, __ATOMIC_SEQ_CST);
 	for (int i = 0; i < pmix_state.nserver_fds && !err; i++)
 		err = quiet(pmix_state.server_fds[i]);
 	if (err) {
@@ -322,7 +341,7 @@ static int restarted(unsigned seq)
 	kv = (struct kv_client){ kv_fd_request, &fd };
 	for (const struct pmix_record *r = pmix_puts; r && !err; r = r->next)
 		if (!pmix_find(pmix_puts, r->rank, r->key) || pmix_find(pmix_puts, r->rank, r->key) == r)
-			err = put_text(&kv, r->rank, r->key, r->text);	/* the newest value */
+			err = put_text(&kv, &room, r->rank, r->key, r->text);	/* the newest value */
 	if (!err && pmix_state.fences_done) {
 		char key[2 * PMIX_MAX_NSLEN + 64];
 

@@ -162,23 +162,6 @@ static int open_memfd(const struct loaded_fd *lf)
 	return fd;
 }
 
-/* How many of path's directories are missing (removed after the file
- * was unlinked in them: nested scratch directories). */
-static int missing_dirs(const char *path)
-{
-	char dir[CKPT_PATH_MAX];
-	int n = 0;
-
-	snprintf(dir, sizeof(dir), "%s", path);
-	for (char *slash = strrchr(dir, '/'); slash && slash != dir; slash = strrchr(dir, '/')) {
-		*slash = '\0';
-		if (!access(dir, F_OK))
-			break;
-		n++;
-	}
-	return n;
-}
-
 /* The n innermost directories of path, made by make_parent_dirs: gone
  * again, as they were. */
 static void remove_dirs(const char *path, int n)
@@ -198,13 +181,17 @@ static int open_deleted(const struct loaded_fd *lf)
 {
 	char tmp[CKPT_PATH_MAX + 32], dir[CKPT_PATH_MAX];
 	int flags = lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC);
-	int fd, wfd, made = missing_dirs(lf->path);
+	/* the directories this process made (another process of the host may
+	 * be recreating the same ones: it removes only its own) */
+	int fd, wfd, made = make_parent_dirs(lf->path);
 
 	snprintf(dir, sizeof(dir), "%s", lf->path);
 	snprintf(tmp, sizeof(tmp), "%s", lf->path);
-	if (made)
-		make_parent_dirs(lf->path);
 	wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
+	if (wfd < 0 && errno == ENOENT) {	/* another's removed them meanwhile */
+		made += make_parent_dirs(lf->path);
+		wfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, lf->f.mode & 07777);
+	}
 	if (wfd < 0 && !made) {		/* the name is taken again: use another */
 		snprintf(tmp, sizeof(tmp), "%s/.ckpt-restored-%d-%d", dirname(dir),
 			 getpid(), lf->f.fd);
@@ -220,17 +207,21 @@ static int open_deleted(const struct loaded_fd *lf)
 	return fd;
 }
 
-/* mkdir -p of path's directory: a scratch file's directory went with it. */
-void make_parent_dirs(const char *path)
+/* mkdir -p of path's directory: a scratch file's directory went with it.
+ * How many directories it made (the innermost ones). */
+int make_parent_dirs(const char *path)
 {
 	char dir[CKPT_PATH_MAX];
+	int made = 0;
 
 	snprintf(dir, sizeof(dir), "%s", path);
 	for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
 		*slash = '\0';
-		mkdir(dir, 0700);	/* EEXIST is what we want */
+		if (!mkdir(dir, 0700))	/* EEXIST is what we want */
+			made++;
 		*slash = '/';
 	}
+	return made;
 }
 
 /* A scratch file that is gone (its job ended and cleaned up): made again
