@@ -1,8 +1,9 @@
 """Benchmark of a Slurm batch job under `ckpt slurm run` (issue 12), on the
 test cluster with real slurmctld/slurmd (integration/slurm_cluster.py; root).
 
-A 2-node MPICH job, 4 ranks x 512 MiB (bench/mpi/mpimem: rank 0 prints a
-tick every 50 ms), launched by mpirun and by srun --mpi=pmi2 (issue 36).
+A 2-node job, 4 ranks x 512 MiB (bench/mpi/mpimem: rank 0 prints a tick
+every 50 ms), of MPICH launched by mpirun and by srun --mpi=pmi2, and of
+Open MPI launched by mpirun and by srun --mpi=pmix (issue 36).
 Each round: USR1 to the batch shell; the times to the checkpoint written
 and to the allocation given back (the job pending again); the requeued job
 is kept off its first nodes, and the time from its start (RUNNING) to the
@@ -10,7 +11,7 @@ application running again (its first tick after the restart).  Baselines
 in the same run: one sequential write()+fsync and a read() of the same
 bytes on the same filesystem (no job running), the first run's start to
 READY (a launch from scratch that fills its memory), and the mpirun job's
-times for the srun job's.  Then the PMI layer's cost per fence: a short
+times for the srun job's of the same MPI.  Then the PMI layer's cost per fence: a short
 srun ring requeued once, each rank's barrier from its request to its
 answer, relayed to slurmstepd before the restart and answered through
 ckpt's name service after it (CKPT_PMI_TRACE).
@@ -38,8 +39,17 @@ HOOKS = REPO / "plugins" / "slurm"
 POLL = 0.01
 
 
-LAUNCHERS = {"mpirun": ["mpirun.mpich", "-np", "4"],
-             "srun": ["srun", "-N", "2", "-n", "4", "--mpi=pmi2"]}
+MPIMEM_OPENMPI = REPO / "bench" / "mpi" / "bin" / "openmpi" / "mpimem"
+# name -> (program, launcher); each srun form is compared with the mpirun
+# form of the same MPI
+LAUNCHERS = {
+    "mpirun (MPICH)": (MPIMEM, ["mpirun.mpich", "-np", "4"]),
+    "srun pmi2 (MPICH)": (MPIMEM, ["srun", "-N", "2", "-n", "4", "--mpi=pmi2"]),
+    "mpirun (Open MPI)": (MPIMEM_OPENMPI, ["mpirun.openmpi", "--allow-run-as-root",
+                                          "--oversubscribe", "-np", "4"]),
+    "srun pmix (Open MPI)": (MPIMEM_OPENMPI, ["srun", "-N", "2", "-n", "4", "--mpi=pmix"]),
+}
+PAIRS = (("srun pmi2 (MPICH)", "mpirun (MPICH)"), ("srun pmix (Open MPI)", "mpirun (Open MPI)"))
 
 
 class BatchJob:
@@ -148,7 +158,9 @@ def main():
 
 def launcher_rounds(slurm, mib, reps, launcher):
     """(launch s, [(written, given back, running again)] per requeue)."""
-    job = BatchJob(slurm, LAUNCHERS[launcher] + [str(MPIMEM), str(mib)], launcher)
+    program, argv = LAUNCHERS[launcher]
+    job = BatchJob(slurm, argv + [str(program), str(mib)],
+                   launcher.replace(" ", "-").replace("(", "").replace(")", ""))
     launch = job.submit()
     nodes = (["h1", "h2"], ["h3", "h4"])
     rounds = [job.usr1_round(r + 1, away=nodes[r % 2]) for r in range(reps)]
@@ -198,10 +210,11 @@ def run(slurm, mib, reps):
                  [f"{launcher}: first start -> READY (launch)", f"{launch:.2f}", "", "", ""]]
     names = ("USR1 -> allocation given back", "requeued start -> app running",
              "first start -> READY (launch)")
-    for name, i in zip(names, (1, 2, 3)):
-        s, m = figures["srun"][i], figures["mpirun"][i]
-        rows.append([f"srun: {name}", f"{s:.2f}", f"mpirun: {name}", f"{m:.2f}", f"{m / s:.2f}"])
-    table(f"Slurm batch job under ckpt slurm run, 2 nodes, 4 ranks x {mib} MiB (MPICH), "
+    for srun, mpirun in PAIRS:
+        for name, i in zip(names, (1, 2, 3)):
+            s, m = figures[srun][i], figures[mpirun][i]
+            rows.append([f"{srun}: {name}", f"{s:.2f}", f"{mpirun}", f"{m:.2f}", f"{m / s:.2f}"])
+    table(f"Slurm batch job under ckpt slurm run, 2 nodes, 4 ranks x {mib} MiB, "
           f"median of {reps} requeues",
           ["what", "seconds", "baseline", "baseline s", "ratio"], rows)
     print(f"  baselines: write = one sequential write()+fsync of {total} MiB to the shared "
