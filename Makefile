@@ -55,7 +55,7 @@ bench-load: all
 # the image fuzzer, longer than in the suite: 20,000 mutants of a new seed
 # (FUZZ_SEED=N repeats one); every finding listed in fuzz-report.txt
 fuzz: all
-	CKPT_FUZZ_MUTANTS=$${FUZZ_MUTANTS:-20000} CKPT_FUZZ_SEED=$${FUZZ_SEED:-} \
+	CKPT_FUZZ_MUTANTS=$${FUZZ_MUTANTS:-20000} CKPT_FUZZ_SEED=$${FUZZ_SEED:-random} \
 	CKPT_FUZZ_REPORT=$$PWD/fuzz-report.txt \
 		python3 -m pytest -q -s integration/test_fuzz_images.py -k fuzzed_checkpoints
 
