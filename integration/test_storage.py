@@ -15,7 +15,8 @@ def test_keep_two_of_ten(session):
     job.checkpoint_at_random_moments(10, 0.02, 0.1)
     job.kill()
     job_dir = job.images[-1].parent
-    assert sorted(os.listdir(job_dir)) == ["ckpt-0009", "ckpt-0010", "latest"]
+    # (and the job's event log, docs/EVENTS.md, which --keep never prunes)
+    assert sorted(os.listdir(job_dir)) == ["ckpt-0009", "ckpt-0010", "events.jsonl", "latest"]
     assert (job_dir / "latest").resolve() == job.images[-1].resolve()
     assert restart_and_finish(session, job_dir, job) == reference
 
