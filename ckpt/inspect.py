@@ -8,6 +8,7 @@ import os
 import stat as stat_module
 
 from ckpt.errors import CkptError
+from ckpt.job_status import human_size
 from ckpt.headers import load_headers
 from ckpt.image import RECORD, verify_checkpoint
 from ckpt.manifest import resolve_checkpoint
@@ -146,18 +147,11 @@ def inspect(checkpoint, pid=None):
 
 # ---- text ------------------------------------------------------------------
 
-def _size(count):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-
-
 def _summary(proc):
     saved = sum(region["saved"] for region in proc["memory"])
     return (f"process {proc['pid']} on {proc['host']}: {proc.get('exe', '?')}, "
             f"{len(proc['threads'])} threads, {len(proc['memory'])} memory regions "
-            f"({_size(saved)} saved), {len(proc['fds'])} fds")
+            f"({human_size(saved)} saved), {len(proc['fds'])} fds")
 
 
 def tree_lines(contents):
@@ -186,11 +180,11 @@ def detail_lines(proc):
     lines.append("  threads: " + ", ".join(f"{t['tid']} {t['name']!r}" for t in proc["threads"]))
     lines.append("  memory:")
     for region in proc["memory"]:
-        stored = "" if not region["compressed"] else f" stored as {_size(region['stored'])}"
+        stored = "" if not region["compressed"] else f" stored as {human_size(region['stored'])}"
         elsewhere = f", {region['pages_elsewhere']} page runs in earlier checkpoints" \
             if region["pages_elsewhere"] else ""
         lines.append(f"    {region['start']:012x}-{region['end']:012x} {region['prot']} "
-                     f"{region['kind']:<14} {_size(region['saved']):>10} saved{stored}{elsewhere}"
+                     f"{region['kind']:<14} {human_size(region['saved']):>10} saved{stored}{elsewhere}"
                      f"  {region['path']}")
     lines.append("  fds:")
     for fd in proc["fds"]:

@@ -20,6 +20,7 @@ import threading
 
 from ckpt import events
 from ckpt.errors import CkptError
+from ckpt.job_status import human_size
 
 POLL_SECONDS = 0.25
 STATUS_SECONDS = 1.0
@@ -191,7 +192,7 @@ def restart_progress(coordinator, manifest, mapping):
             phase = getattr(coordinator, "phase", None)
             words = PHASE_WORDS.get(phase, "") if phase else "restoring images"
             bar.update(total_task, completed=len(back),
-                       description=f"{name} {words} ({_size(size)})")
+                       description=f"{name} {words} ({human_size(size)})")
             if host_tasks:
                 per_host = collections.Counter(p.host for p in back)   # one pass
                 for host, task in host_tasks.items():
@@ -207,10 +208,3 @@ def restart_progress(coordinator, manifest, mapping):
             yield
         finally:
             task.cancel()
-
-
-def _size(count):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
