@@ -7,6 +7,7 @@ reopens that file at the checkpointed offset, so after a correct restart
 the file equals the output of an uninterrupted run, byte for byte.
 """
 import ctypes
+import json
 import os
 import re
 import random
@@ -318,3 +319,31 @@ def checkpoint_kill_restart(session, job_id, app, args, low=0.2, high=0.6):
 
 def clean(path):
     shutil.rmtree(path, ignore_errors=True)
+
+
+class Pause:
+    """CKPT_PAUSE_BEFORE (ckpt/pause.py) for one phase: a checkpoint or
+    restart held before it, armed, waited for, let go."""
+
+    def __init__(self, session, phase):
+        self.path = session.root / "paused"
+        self.env = {"CKPT_PAUSE_BEFORE": f"{phase}:{self.path}"}
+
+    def arm(self):
+        self.path.with_name("paused.arm").touch()
+
+    def wait(self, *watched, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not self.path.exists():
+            for proc in watched:
+                assert proc.poll() is None, f"ended before the pause: {proc.args}"
+            assert time.monotonic() < deadline, "the pause point was never reached"
+            time.sleep(0.01)
+        return json.loads(self.path.read_text())
+
+    def release(self):
+        self.path.unlink(missing_ok=True)
+
+    def disarm(self):
+        self.path.with_name("paused.arm").unlink(missing_ok=True)
+        self.release()

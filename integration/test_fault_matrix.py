@@ -13,7 +13,6 @@ ended; no process of it is left; the previous checkpoint is intact and
 restores to the exact result; a checkpoint published with the fault is
 restored too when it was taken before the fault hit.  The outcomes make
 docs/FAULTS.md (written by the last test, from what was seen)."""
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,7 @@ import psutil
 import pytest
 
 from ckpt.image import verify_checkpoint
-from harness import REPO, Job, Restart, reap_orphans, restart_and_finish
+from harness import REPO, Job, Pause, Restart, reap_orphans, restart_and_finish
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="mounts a small tmpfs per case (root)")
 
@@ -98,33 +97,6 @@ def _fill(fs):
             pass
     finally:
         os.close(fd)
-
-
-class Pause:
-    """CKPT_PAUSE_BEFORE for one phase: armed, waited for, let go."""
-
-    def __init__(self, session, phase):
-        self.path = session.root / "paused"
-        self.env = {"CKPT_PAUSE_BEFORE": f"{phase}:{self.path}"}
-
-    def arm(self):
-        self.path.with_name("paused.arm").touch()
-
-    def wait(self, *watched, timeout=60):
-        deadline = time.monotonic() + timeout
-        while not self.path.exists():
-            for proc in watched:
-                assert proc.poll() is None, f"ended before the pause: {proc.args}"
-            assert time.monotonic() < deadline, "the pause point was never reached"
-            time.sleep(0.01)
-        return json.loads(self.path.read_text())
-
-    def release(self):
-        self.path.unlink(missing_ok=True)
-
-    def disarm(self):
-        self.path.with_name("paused.arm").unlink(missing_ok=True)
-        self.release()
 
 
 def _victim(held):

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from ckpt import manifest as manifests
-from harness import REPO, Job
+from harness import REPO, Job, Pause
 
 def approx(seconds):
     return pytest.approx(seconds, abs=1e-6)
@@ -89,26 +89,6 @@ class Terminal:
             self.seen += chunk
         os.close(self.master)
         return self.proc.wait(timeout=timeout)
-
-
-class Pause:
-    """CKPT_PAUSE_BEFORE (ckpt/pause.py): a checkpoint or restart held before a phase."""
-
-    def __init__(self, session, phase):
-        self.path = session.root / "paused"
-        self.env = {"CKPT_PAUSE_BEFORE": f"{phase}:{self.path}"}
-
-    def arm(self):
-        self.path.with_name("paused.arm").touch()
-
-    def wait(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while not self.path.exists():
-            assert time.monotonic() < deadline, "the pause point was never reached"
-            time.sleep(0.01)
-
-    def release(self):
-        self.path.unlink(missing_ok=True)
 
 
 def test_event_log_status_and_list(session):
