@@ -168,8 +168,10 @@ def main():
         subprocess.run(["make", "-s", "-C", d], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
+        # CKPT_DIR: the overhead runs' jobs keep their (empty) directories
+        # in the work dir, not in the caller's current directory
         env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-                   CKPT_CONFIG=str(work / "none.yaml"))
+                   CKPT_CONFIG=str(work / "none.yaml"), CKPT_DIR=str(work / "images"))
         print(f"ckpt MPI benchmarks, work dir {work}")
         if not args.only_overhead:
             bench_job(env, work, args.ranks, args.mib, args.reps)

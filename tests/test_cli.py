@@ -264,7 +264,7 @@ def test_launch_exits_with_the_command_status(env, tmp_path, fake_native):
 
 def test_launch_forwards_sigterm(env, tmp_path, fake_native):
     launcher = subprocess.Popen([sys.executable, "-m", "ckpt", "launch", "--job-id", "sig",
-                                 "--", "sleep", "30"], env=native_env(fake_native), cwd=str(REPO),
+                                 "--ckpt-dir", str(tmp_path), "--", "sleep", "30"], env=native_env(fake_native), cwd=str(REPO),
                                 stderr=subprocess.PIPE)
     for _ in range(200):
         if ckpt("list", environ=native_env(fake_native)).stdout.startswith("sig\t"):
