@@ -77,7 +77,11 @@ class Session:
 
     def __post_init__(self):
         self.root.mkdir(parents=True, exist_ok=True)
-        self.state = self.root / "state"
+        # the job registry and coordinator sockets: a short path of the
+        # session's own (under pytest-xdist a tmp path can be too long for
+        # a socket's name, and ckpt then shares /tmp/ckpt-<uid> with the
+        # other worker's sessions, whose `ckpt list` and `kill` see its jobs)
+        self.state = Path(tempfile.mkdtemp(prefix="ckrt-", dir="/tmp"))
         self.images = self.root / "images"
         self.work = self.root / "work"
         for d in (self.state, self.images, self.work):
@@ -96,6 +100,7 @@ class Session:
             if job_id:
                 self.ckpt("kill", job_id, check=False, timeout=60)
         reap_orphans()
+        shutil.rmtree(self.state, ignore_errors=True)
 
     def env(self):
         env = dict(os.environ)

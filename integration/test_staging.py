@@ -242,10 +242,18 @@ def test_multihost_staged_on_each_host(cluster, jobs, request):
     copy of an h1 image damaged, a restart on h1, h2 reads the staged copies
     and ends with the uninterrupted run's result, while one on h3, h4 (no
     staged copy there) refuses the damaged image in one line."""
-    from test_multihost import reference_result
     args = (300, 20)
     job = jobs(request.node.name, "openmpi", ["h1", "h2"], "ring", args)
     job.env["CKPT_STAGE_DIR"] = "/dev/shm/ckpt-stage"
+    try:
+        _staged_on_each_host(cluster, job, args)
+    finally:  # the staged copies stay by design: the next test on these hosts must not see them
+        for host in ("h1", "h2", "h3", "h4"):
+            cluster.run(host, ["rm", "-rf", f"/dev/shm/ckpt-stage/{job.id}"])
+
+
+def _staged_on_each_host(cluster, job, args):
+    from test_multihost import reference_result
     job.start()
     checkpoint = Path(job.ckpt("h2", "checkpoint", job.id).stdout.strip())
     job.ckpt("h1", "kill", job.id)
