@@ -518,9 +518,10 @@ def _srun_openmpi_restarts(slurm, jobs, layout, program, args, moves):
     plugins/pmix after each restart (libpmix's server is gone), and nothing
     said of connections outside the job."""
     srun_options, ranks = SRUN_LAYOUTS[layout]
-    job = jobs("openmpi", args,
-               command=_srun_mpi("openmpi", "pmix", *args, layout=srun_options,
-                                 program=program)).submit()
+    trace = slurm.cluster.shared_dir / f"pmix-{layout}-{program}.trace"
+    job = jobs("openmpi", args, command=["env", f"CKPT_PMIX_TRACE={trace}"] +
+               _srun_mpi("openmpi", "pmix", *args, layout=srun_options,
+                         program=program)).submit()
     assert job.wait_running(0) == ["h1", "h2"]
     job.wait_text("READY")
     job.requeue_along(moves)
@@ -529,6 +530,13 @@ def _srun_openmpi_restarts(slurm, jobs, layout, program, args, moves):
     assert state == "COMPLETED", text
     assert "connected outside the job" not in text and "reconnected" not in text, text
     assert job.results() == reference(slurm, "openmpi", args, ranks, program), text
+    # every rank's fences: through slurmstepd at MPI_Init, through ckpt's
+    # name service after the restarts (MPI_Finalize's), all successful
+    calls = [line.split()[1:] for line in trace.read_text().splitlines()]
+    for by in ("server", "local"):
+        fenced = {rank for rank, call, b, _us, status in calls if call == "fence" and b == by}
+        assert fenced == {str(r) for r in range(ranks)}, (by, calls)
+    assert all(status == "0" for *_x, status in calls if _x[1] == "fence"), calls
 
 
 @pytest.mark.parametrize("layout", SRUN_LAYOUTS)
