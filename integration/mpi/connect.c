@@ -36,6 +36,7 @@ int main(int argc, char **argv)
 	}
 	hash = ring_steps(zdtm_mix(0, (uint64_t)rank), 0, steps / 2, pace_ms);
 	gate();
+	calling(rank);
 	MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
 	MPI_Comm_set_errhandler(half, MPI_ERRORS_RETURN);
 	if (rank == 0) {

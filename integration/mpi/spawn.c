@@ -46,6 +46,7 @@ int main(int argc, char **argv)
 	}
 	hash = ring_steps(zdtm_mix(0, (uint64_t)rank), 0, steps / 2, pace_ms);
 	gate();
+	calling(rank);
 	err = MPI_Comm_spawn(argv[0], child_argv, 1, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &inter,
 			     MPI_ERRCODES_IGNORE);
 	say(rank, "SPAWN", err);
