@@ -14,7 +14,10 @@ READY (a launch from scratch that fills its memory), and the mpirun job's
 times for the srun job's of the same MPI.  Then the PMI layer's cost per fence: a short
 srun ring requeued once, each rank's barrier from its request to its
 answer, relayed to slurmstepd before the restart and answered through
-ckpt's name service after it (CKPT_PMI_TRACE).
+ckpt's name service after it (CKPT_PMI_TRACE); and the same of PMIx's
+fences and gets in a short srun --mpi=pmix ring of Open MPI, through
+libpmix and slurmstepd before the restart, answered by the PMIx plugin
+and the name service after it (CKPT_PMIX_TRACE).
 
     python3 bench/slurm_bench.py [--reps 2] [--mib 512] [--smoke]
 
@@ -59,11 +62,13 @@ class BatchJob:
         self.dir.mkdir(exist_ok=True)
         self.out = self.dir / "job.out"
         self.trace = self.dir / "pmi.trace"
+        self.pmix_trace = self.dir / "pmix.trace"
         script = self.dir / "job.sh"
         script.write_text(
             "#!/bin/sh\n"
             f"export CKPT_SHARED_STATE_DIR={self.dir / 'registry'}\n"
             f"export CKPT_PMI_TRACE={self.trace}\n"
+            f"export CKPT_PMIX_TRACE={self.pmix_trace}\n"
             f"exec {CKPT} slurm run --ckpt-dir {self.dir / 'img'} -- {' '.join(command)}\n")
         script.chmod(0o755)
         self.script = script
@@ -125,6 +130,15 @@ class BatchJob:
                     (int(t) - asked.pop(rank)) / 1000)
         return relayed, local
 
+    def pmix_calls(self):
+        """{(call, by): [ms]}: each rank's PMIx fences and gets, call to
+        answer, by "server" (before the restart) or "local" (after)."""
+        calls = {}
+        for line in self.pmix_trace.read_text().splitlines():
+            _t, _rank, call, by, us, _status = line.split()
+            calls.setdefault((call, by), []).append(int(us) / 1000)
+        return calls
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -147,6 +161,7 @@ def main():
         print(f"\nSlurm job: skipped ({exc})")
         return
     try:
+        subprocess.run(["make", "-s", "-C", str(REPO / "bench" / "apps")], check=True)
         subprocess.run(["make", "-s", "-C", str(REPO / "bench" / "mpi")], check=True)
         subprocess.run(["make", "-s", "-C", str(REPO / "integration" / "mpi")], check=True)
         with SlurmCluster(cluster, prolog=HOOKS / "prolog", epilog=HOOKS / "epilog",
@@ -183,6 +198,43 @@ def pmi_fences(slurm):
               job.trace.read_text().count("<<local cmd=finalize_ack") == 2, timeout=180)
     job.cancel()
     return job.fences()
+
+
+def pmix_calls(slurm):
+    """The PMIx fences and gets of a short srun --mpi=pmix ring of Open MPI,
+    two ranks per node, requeued once onto other nodes, and let end."""
+    ring = REPO / "integration" / "mpi" / "bin" / "openmpi" / "ring"
+    job = BatchJob(slurm, ["srun", "-N", "2", "-n", "4", "--mpi=pmix", str(ring), "600", "10"],
+                   "pmix-fences")
+    job.submit()
+    slurm.check("h1", ["scancel", "--signal=USR1", "--batch", job.id])
+    job.until("pending", lambda: job.state() == "PENDING")
+    slurm.check("h1", ["scontrol", "update", f"JobId={job.id}", "ExcNodeList=h1,h2"])
+    job.until("end", lambda: job.state() in ("COMPLETED", "FAILED", "CANCELLED", None),
+              timeout=180)
+    if "PASS" not in job.text():
+        raise RuntimeError(f"slurm bench: the PMIx ring did not pass:\n{job.text()}")
+    return job.pmix_calls()
+
+
+def fence_rows(relayed, local, calls):
+    """The PMI layer's calls before and after a restart; each after-restart
+    figure's ratio is to its before-restart one (before / after)."""
+    def row(what, values, baseline):
+        if not values:
+            return [what, 0, "-", "", ""]
+        ratio = f"{baseline / statistics.median(values):.2f}" if baseline else "1.00"
+        return [what, len(values), f"{statistics.median(values):.2f}",
+                "itself" if not baseline else "before", ratio]
+    rows = [row("PMI-2 barrier, relayed to slurmstepd (before)", relayed, None),
+            row("PMI-2 barrier, ckpt's name service (after)", local,
+                statistics.median(relayed) if relayed else None)]
+    for call in ("fence", "get"):
+        before, after = calls.get((call, "server"), []), calls.get((call, "local"), [])
+        rows += [row(f"PMIx {call}, libpmix and slurmstepd (before)", before, None),
+                 row(f"PMIx {call}, plugin and name service (after)", after,
+                     statistics.median(before) if before else None)]
+    return rows
 
 
 def run(slurm, mib, reps):
@@ -223,12 +275,13 @@ def run(slurm, mib, reps):
         print(f"  {launcher}, all rounds, s: written {fmt([x[0] for x in rounds])}  given back "
               f"{fmt([x[1] for x in rounds])}  running again {fmt([x[2] for x in rounds])}")
     relayed, local = pmi_fences(slurm)
-    table("PMI fence (barrier) of srun --mpi=pmi2, 2 ranks on 2 nodes, request to answer",
-          ["fence", "count", "median ms", "baseline", "ratio"],
-          [["relayed to slurmstepd (before the restart)", len(relayed), f"{med(relayed):.2f}",
-            "itself", "1.00"],
-           ["ckpt's name service (after the restart)", len(local), f"{med(local):.2f}",
-            "relayed", f"{med(relayed) / med(local):.2f}"]])
+    calls = pmix_calls(slurm)
+    table("PMI calls of srun jobs before and after a restart, call to answer: PMI-2 "
+          "(MPICH, 2 ranks on 2 nodes), PMIx (Open MPI, 4 ranks on 2 nodes)",
+          ["call", "count", "median ms", "baseline", "ratio"],
+          fence_rows(relayed, local, calls))
+    print("  a fence's time holds its wait for the job's slowest rank (MPI_Init's "
+          "before, MPI_Finalize's after); ratio = before / after")
 
 
 if __name__ == "__main__":

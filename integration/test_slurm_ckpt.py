@@ -518,9 +518,10 @@ def _srun_openmpi_restarts(slurm, jobs, layout, program, args, moves):
     plugins/pmix after each restart (libpmix's server is gone), and nothing
     said of connections outside the job."""
     srun_options, ranks = SRUN_LAYOUTS[layout]
-    job = jobs("openmpi", args,
-               command=_srun_mpi("openmpi", "pmix", *args, layout=srun_options,
-                                 program=program)).submit()
+    trace = slurm.cluster.shared_dir / f"pmix-{layout}-{program}.trace"
+    job = jobs("openmpi", args, command=["env", f"CKPT_PMIX_TRACE={trace}"] +
+               _srun_mpi("openmpi", "pmix", *args, layout=srun_options,
+                         program=program)).submit()
     assert job.wait_running(0) == ["h1", "h2"]
     job.wait_text("READY")
     job.requeue_along(moves)
@@ -529,6 +530,13 @@ def _srun_openmpi_restarts(slurm, jobs, layout, program, args, moves):
     assert state == "COMPLETED", text
     assert "connected outside the job" not in text and "reconnected" not in text, text
     assert job.results() == reference(slurm, "openmpi", args, ranks, program), text
+    # every rank's fences: through slurmstepd at MPI_Init, through ckpt's
+    # name service after the restarts (MPI_Finalize's), all successful
+    calls = [line.split()[1:] for line in trace.read_text().splitlines()]
+    for by in ("server", "local"):
+        fenced = {rank for rank, call, b, _us, status in calls if call == "fence" and b == by}
+        assert fenced == {str(r) for r in range(ranks)}, (by, calls)
+    assert all(status == "0" for *_x, status in calls if _x[1] == "fence"), calls
 
 
 @pytest.mark.parametrize("layout", SRUN_LAYOUTS)
@@ -544,3 +552,186 @@ def test_srun_openmpi_pmix_programs_restart_on_other_nodes(slurm, jobs, program)
     """The other MPI test programs under srun --mpi=pmix, two ranks per
     node, requeued once onto other nodes: the uninterrupted result."""
     _srun_openmpi_restarts(slurm, jobs, "two-per-node", program, (300, 20), MOVES[:1])
+
+
+def _checkpoint_now(slurm, job, host="h3"):
+    """`ckpt checkpoint <job>` from a node outside it, as its user would."""
+    return slurm.run(host, [CKPT, "checkpoint", job.id], env=ckpt_env(slurm), timeout=180)
+
+
+def _one_line(r):
+    """A refusal: a failed command with one line on stderr, no traceback."""
+    lines = r.stderr.strip().splitlines()
+    return r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr
+
+
+# program: (what the dynamic call is named in the program's output, words of
+# the refusal that name it)
+DYNAMIC = {"spawn": ("SPAWN", "MPI_Comm_spawn"), "connect": ("CONNECT", "MPI_Comm_connect")}
+SRUN_MPI = {"openmpi": "pmix", "mpich": "pmi2"}
+
+
+@pytest.mark.parametrize("program", DYNAMIC)
+@pytest.mark.parametrize("stack", STACKS)
+def test_srun_dynamic_process_call_refuses_later_checkpoints(slurm, jobs, stack, program):
+    """`ckpt slurm run -- srun --mpi=pmix|pmi2 PROG` where PROG (integration/mpi
+    spawn.c, connect.c) calls MPI_Comm_spawn, or MPI_Publish_name /
+    MPI_Lookup_name and MPI_Comm_accept/connect, half-way (after a gate the
+    test opens).  First what srun alone does with the call (no ckpt): its
+    outcome line, and whether the program then hangs (Open MPI's spawn
+    under Slurm's PMIx fails, then the job hangs).  Under ckpt the program
+    says the same, and a checkpoint before the call is taken.
+    Where the call reached Slurm's PMI, the user's `ckpt checkpoint` after
+    it is refused in one line naming the call, the job keeps running and
+    its checkpoints stay as they were; a job that hangs as under srun alone
+    is then ended by the user (`ckpt kill`), its checkpoints whole; else
+    USR1 is refused too, and the job, requeued, restarts on other nodes
+    from the checkpoint before the call.  Where the call never reached Slurm's PMI (MPICH over UCX opens
+    no port and spawns nothing), the checkpoint is taken and the job,
+    requeued, restarts on other nodes from it.  Either way the job ends
+    with the result of an uninterrupted run (MPICH: see SRUN_LAYOUTS on
+    its finalize)."""
+    what, named = DYNAMIC[program]
+    args = (200, 20)
+    layout, ranks = SRUN_LAYOUTS["one-per-node"]    # MPICH's finalize over UCX: see above
+    srun = _srun_mpi(stack, SRUN_MPI[stack], *args, layout=layout, program=program)
+    native = slurm.run("h4", ["timeout", "60"] + _srun_mpi(
+        stack, SRUN_MPI[stack], args[0], 0, program=program, layout=("-N", "1", "-n", "2")),
+        timeout=120)
+    hangs = native.returncode == 124    # srun stopped by timeout: its step ends
+    if hangs:   # where: the last of the program's lines srun alone printed
+        last = "DYNAMIC" if "DYNAMIC" in native.stdout else "CALLING"
+        assert last in native.stdout and "RESULT" not in native.stdout, native.stdout
+    else:
+        expected = [line for line in native.stdout.splitlines() if line.startswith("RESULT")]
+        assert native.returncode == 0 and len(expected) == 1, native.stdout + native.stderr
+    gate = slurm.cluster.shared_dir / f"gate-{stack}-{program}"
+    gate.touch()
+    job = jobs(stack, args, command=["env", f"ZDTM_GATE={gate}"] + srun).submit()
+    assert job.wait_running(0) == ["h1", "h2"]
+    job.wait_text("READY")
+    before = _checkpoint_now(slurm, job)
+    assert before.returncode == 0, before.stderr
+    taken = [Path(before.stdout.split()[-1]).name]
+    gate.unlink()
+    job.wait_text(last if hangs else "DYNAMIC")
+    for _attempt in range(3):
+        # a hanging call: rank 0 may not be inside it yet (then this one is
+        # a checkpoint before the call: taken, and asked again)
+        after = _checkpoint_now(slurm, job)
+        if after.returncode != 0 or not hangs:
+            break
+        taken.append(Path(after.stdout.split()[-1]).name)
+    text = job.text()
+    # what the call did under ckpt is what it does under srun alone
+    assert _outcome(text, what) == _outcome(native.stdout, what), (text, native.stdout)
+    if after.returncode != 0:
+        assert _one_line(after) and named in after.stderr, after.stderr
+        assert slurm.job(job.id)["JobState"] == "RUNNING", job.text()
+        assert job.checkpoints() == taken, (job.checkpoints(), taken)
+    if hangs:   # as under srun alone: the user ends it; its checkpoints stay
+        assert after.returncode != 0, after.stdout
+        killed = slurm.run("h3", [CKPT, "kill", job.id], env=ckpt_env(slurm))
+        assert killed.returncode == 0, killed.stderr
+        slurm.wait_job(job.id, ("FAILED", "CANCELLED", "COMPLETED"))
+        _checkpoints_whole(slurm, job, taken)
+        return
+    if after.returncode != 0:
+        job.requeue_along(MOVES[:1])
+        text = job.text()
+        assert "the checkpoint failed" in text and named in text, text
+        assert f"restarting from {job.img / job.id / taken[-1]}" in text, text
+    else:   # the call never reached Slurm's PMI: the job must restart
+        job.requeue_along(MOVES[:1])
+    _checkpoints_whole(slurm, job, taken)
+    state = job.finish()
+    text = job.text()
+    assert state == "COMPLETED" or stack == "mpich", text
+    assert job.results() == expected, text
+
+
+def _checkpoints_whole(slurm, job, names):
+    """Every one of the job's checkpoints named is there and whole."""
+    for name in names:
+        assert (job.img / job.id / name / "manifest.yaml").exists(), name
+    images = slurm.run("h3", [CKPT, "images", str(job.img / job.id)], env=ckpt_env(slurm))
+    assert images.returncode == 0, images.stdout + images.stderr
+
+
+def _outcome(text, what):
+    """'SPAWN ok' or 'SPAWN failed' (MPI's error strings hold addresses)."""
+    return [line.split(":")[0] for line in text.splitlines() if line.startswith(what + " ")]
+
+
+def _ranks_on(slurm, host, program):
+    """The pids of program's ranks on host."""
+    r = slurm.run(host, ["pgrep", "-f", str(program)])
+    return r.stdout.split()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
+        slurm, jobs, stack):
+    """Inside `salloc -N 4`, as a user would: `ckpt launch -- srun -w h1,h2
+    --mpi=pmix|pmi2 ring`, `ckpt checkpoint --kill` from another node, then
+    `ckpt restart --hosts h3,h4` in the same allocation: the ranks run
+    again on h3 and h4 (none left on h1, h2), their PMI answered by ckpt
+    after the restart; the allocation's job ends COMPLETED with the result
+    of an uninterrupted run."""
+    args = (600, 20)
+    layout, ranks = SRUN_LAYOUTS["two-per-node" if stack == "openmpi" else "one-per-node"]
+    d = slurm.cluster.shared_dir / "slurm-ckpt" / f"salloc-{stack}"
+    d.mkdir(parents=True, exist_ok=True)
+    img, hold, out, script = d / "img", d / "hold", d / "out", d / "alloc.sh"
+    hold.touch()
+    job_id = f"salloc-{stack}"
+    program = MPI_BIN / stack / "ring"
+    srun = _srun_mpi(stack, SRUN_MPI[stack], *args, layout=layout + ("-w", "h1,h2"))
+    script.write_text(
+        "#!/bin/sh\n"
+        f"export CKPT_SHARED_STATE_DIR={registry(slurm)} ZDTM_HOLD={hold}\n"
+        f"{CKPT} launch --job-id {job_id} --ckpt-dir {img} -- {' '.join(srun)}\n"
+        "echo \"LAUNCH ENDED $?\"\n"
+        f"exec {CKPT} restart {img / job_id} --hosts h3,h4\n")
+    with open(out, "w") as sink:
+        salloc = slurm.cluster.popen("h1", ["salloc", "-N", "4", "--ntasks-per-node=2", "sh",
+                                            str(script)],
+                                     stdout=sink, stderr=subprocess.STDOUT,
+                                     env=ckpt_env(slurm))
+    try:
+        text = lambda: out.read_text(errors="replace")   # noqa: E731
+        _wait_for(lambda: "READY" in text(), text)
+        allocation = text().split("Granted job allocation ")[1].split()[0]
+        time.sleep(2)
+        taken = slurm.run("h3", [CKPT, "checkpoint", job_id, "--kill"], env=ckpt_env(slurm),
+                          timeout=180)
+        assert taken.returncode == 0, taken.stderr
+        _wait_for(lambda: "LAUNCH ENDED" in text(), text)
+        _wait_for(lambda: all(_ranks_on(slurm, h, program) for h in ("h3", "h4")), text)
+        assert not any(_ranks_on(slurm, h, program) for h in ("h1", "h2")), text()
+        hold.unlink()
+        _wait_for(lambda: "PASS" in text(), text)
+        try:
+            salloc.wait(timeout=FINALIZE_WAIT)
+        except subprocess.TimeoutExpired:   # MPICH's finalize over UCX: see SRUN_LAYOUTS
+            assert stack == "mpich", f"Open MPI job did not end: {text()}"
+            killed = slurm.run("h3", [CKPT, "kill", job_id], env=ckpt_env(slurm))
+            assert killed.returncode == 0, killed.stderr
+            salloc.wait(timeout=60)
+    finally:
+        hold.unlink(missing_ok=True)
+        if salloc.poll() is None:
+            salloc.kill()
+            slurm.run("h1", ["scancel", "--user=root"])
+    state = slurm.wait_job(allocation, ("COMPLETED", "FAILED", "CANCELLED"))["JobState"]
+    assert (salloc.returncode == 0 and state == "COMPLETED") or stack == "mpich", text()
+    results = [line for line in text().splitlines() if line.startswith("RESULT")]
+    assert results == reference(slurm, stack, args, ranks), text()
+    assert "connected outside the job" not in text() and "reconnected" not in text(), text()
+
+
+def _wait_for(condition, text, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, text()
+        time.sleep(0.2)

@@ -101,6 +101,7 @@ EXPORT pmix_status_t PMIx_Init(pmix_proc_t *proc, pmix_info_t info[], size_t nin
 	}
 	if (!server_outside_job())
 		return REAL(PMIx_Init)(proc, info, ninfo);
+	pmix_trace_open();
 	pmix_open_fds(before, FD_BITS);
 	owed(1);
 	rc = REAL(PMIx_Init)(proc, info, ninfo);
@@ -193,16 +194,21 @@ static pmix_status_t local_fence(const pmix_proc_t procs[], size_t nprocs)
 EXPORT pmix_status_t PMIx_Fence(const pmix_proc_t procs[], size_t nprocs,
 				const pmix_info_t info[], size_t ninfo)
 {
+	long long start = pmix_trace_now();
 	pmix_status_t rc;
 
 	if (!pmix_state.initialized)
 		return REAL(PMIx_Fence)(procs, nprocs, info, ninfo);
-	if (!enter_libpmix())
-		return local_fence(procs, nprocs);
+	if (!enter_libpmix()) {
+		rc = local_fence(procs, nprocs);
+		pmix_trace("fence", 1, start, rc);
+		return rc;
+	}
 	rc = REAL(PMIx_Fence)(procs, nprocs, info, ninfo);
 	if (rc == PMIX_SUCCESS && whole_job(procs, nprocs))
 		pmix_state.fences_done++;
 	owed(-1);
+	pmix_trace("fence", 0, start, rc);
 	return rc;
 }
 
@@ -210,6 +216,7 @@ struct fence_call {
 	pmix_op_cbfunc_t cbfunc;
 	void *cbdata;
 	int whole_job;
+	long long start;	/* for the trace */
 };
 
 static void fence_done(pmix_status_t status, void *cbdata)
@@ -220,6 +227,7 @@ static void fence_done(pmix_status_t status, void *cbdata)
 	if (status == PMIX_SUCCESS && call.whole_job)
 		pmix_state.fences_done++;
 	owed(-1);
+	pmix_trace("fence", 0, call.start, status);
 	if (call.cbfunc)
 		call.cbfunc(status, call.cbdata);
 }
@@ -228,6 +236,7 @@ EXPORT pmix_status_t PMIx_Fence_nb(const pmix_proc_t procs[], size_t nprocs,
 				   const pmix_info_t info[], size_t ninfo,
 				   pmix_op_cbfunc_t cbfunc, void *cbdata)
 {
+	long long start = pmix_trace_now();
 	struct fence_call *call;
 	pmix_status_t rc;
 
@@ -235,6 +244,7 @@ EXPORT pmix_status_t PMIx_Fence_nb(const pmix_proc_t procs[], size_t nprocs,
 		return REAL(PMIx_Fence_nb)(procs, nprocs, info, ninfo, cbfunc, cbdata);
 	if (!enter_libpmix()) {
 		rc = local_fence(procs, nprocs);
+		pmix_trace("fence", 1, start, rc);
 		if (rc == PMIX_SUCCESS && cbfunc)
 			cbfunc(rc, cbdata);
 		return rc;
@@ -244,7 +254,7 @@ EXPORT pmix_status_t PMIx_Fence_nb(const pmix_proc_t procs[], size_t nprocs,
 		owed(-1);
 		return PMIX_ERR_NOMEM;
 	}
-	*call = (struct fence_call){ cbfunc, cbdata, whole_job(procs, nprocs) };
+	*call = (struct fence_call){ cbfunc, cbdata, whole_job(procs, nprocs), start };
 	rc = REAL(PMIx_Fence_nb)(procs, nprocs, info, ninfo, fence_done, call);
 	if (rc != PMIX_SUCCESS) {
 		owed(-1);
@@ -285,13 +295,18 @@ static pmix_status_t answer_get(const pmix_proc_t *proc, const char *key, pmix_v
 EXPORT pmix_status_t PMIx_Get(const pmix_proc_t *proc, const char key[],
 			      const pmix_info_t info[], size_t ninfo, pmix_value_t **val)
 {
+	long long start = pmix_trace_now();
 	pmix_status_t rc;
 
 	if (!pmix_state.initialized)
 		return REAL(PMIx_Get)(proc, key, info, ninfo, val);
-	if (!enter_libpmix())
-		return answer_get(proc, key, val);
+	if (!enter_libpmix()) {
+		rc = answer_get(proc, key, val);
+		pmix_trace("get", 1, start, rc);
+		return rc;
+	}
 	rc = REAL(PMIx_Get)(proc, key, info, ninfo, val);
+	pmix_trace("get", 0, start, rc);
 	/* an answer that cannot be kept is asked for again after a restart,
 	 * and not found then (a put that cannot be kept refuses checkpoints) */
 	if (rc == PMIX_SUCCESS && val && *val && key)
@@ -305,6 +320,7 @@ struct get_call {
 	void *cbdata;
 	pmix_rank_t rank;
 	char key[PMIX_MAX_KEYLEN + 1];
+	long long start;	/* for the trace */
 };
 
 static void get_done(pmix_status_t status, pmix_value_t *val, void *cbdata)
@@ -314,6 +330,7 @@ static void get_done(pmix_status_t status, pmix_value_t *val, void *cbdata)
 	if (status == PMIX_SUCCESS && val)
 		pmix_record(&pmix_answers, call->rank, call->key, val);
 	owed(-1);
+	pmix_trace("get", 0, call->start, status);
 	if (call->cbfunc)
 		call->cbfunc(status, val, call->cbdata);
 	free(call);
@@ -323,6 +340,7 @@ EXPORT pmix_status_t PMIx_Get_nb(const pmix_proc_t *proc, const char key[],
 				 const pmix_info_t info[], size_t ninfo,
 				 pmix_value_cbfunc_t cbfunc, void *cbdata)
 {
+	long long start = pmix_trace_now();
 	struct get_call *call;
 	pmix_status_t rc;
 
@@ -332,6 +350,7 @@ EXPORT pmix_status_t PMIx_Get_nb(const pmix_proc_t *proc, const char key[],
 		pmix_value_t *val = NULL;
 
 		rc = answer_get(proc, key, &val);
+		pmix_trace("get", 1, start, rc);
 		if (cbfunc)
 			cbfunc(rc, val, cbdata);
 		release_value(val);
@@ -343,7 +362,7 @@ EXPORT pmix_status_t PMIx_Get_nb(const pmix_proc_t *proc, const char key[],
 		return PMIX_ERR_NOMEM;
 	}
 	*call = (struct get_call){ .cbfunc = cbfunc, .cbdata = cbdata,
-				   .rank = proc ? proc->rank : pmix_state.me.rank };
+				   .rank = proc ? proc->rank : pmix_state.me.rank, .start = start };
 	snprintf(call->key, sizeof(call->key), "%s", key ? key : "");
 	rc = REAL(PMIx_Get_nb)(proc, key, info, ninfo, get_done, call);
 	if (rc != PMIX_SUCCESS) {

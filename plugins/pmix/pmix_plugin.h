@@ -71,4 +71,12 @@ void pmix_note_server_fds(const unsigned char *before, size_t nbits);
 void pmix_open_fds(unsigned char *bits, size_t nbits);
 void pmix_plugin_register(void);
 
+/* ---- trace.c: CKPT_PMIX_TRACE=FILE, a line per fence and get ---- */
+
+void pmix_trace_open(void);
+/* CLOCK_MONOTONIC in microseconds, or 0 when there is no trace. */
+long long pmix_trace_now(void);
+/* A call answered: by the plugin (local) or by libpmix. */
+void pmix_trace(const char *call, int local, long long start_us, int status);
+
 #endif
