@@ -327,6 +327,24 @@ def inspect_command(checkpoint, pid, as_json):
         click.echo("\n".join(text_lines(contents, pid)))
 
 
+@main.command()
+@click.argument("job", shell_complete=completion.checkpoint_dirs)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html",
+              show_default=True, help="The HTML file to write.")
+@click.option("--checkpoint", "number", type=int, metavar="N",
+              help="The checkpoint whose phases, hosts and processes are shown in detail "
+                   "(default: the newest).")
+def report(job, output, number):
+    """A self-contained HTML report of a job (its directory, or its id) from
+    its event log: each phase's, host's and process's time in a checkpoint,
+    sizes, durations and stopped times over the checkpoints and restarts,
+    failures and warnings.  Prints the file written."""
+    from ckpt.report import write_report
+    write_report(job, output, number,
+                 warn=lambda message: click.echo(f"ckpt: warning: {message}", err=True))
+    click.echo(output)
+
+
 @main.group()
 def slurm():
     """Jobs under Slurm (see the README's Slurm section)."""
