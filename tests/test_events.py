@@ -135,3 +135,18 @@ def test_a_log_of_ten_thousand_checkpoints_is_read_from_its_end(tmp_path):
     with open(events.events_path(tmp_path), "a") as log:
         log.write(json.dumps(failed_early) + "\n")
     assert events.last(tmp_path, ("restart_failed", "checkpoint")) == failed_early
+
+
+def test_a_checkpoints_progress_as_a_log_line(tmp_path):
+    from ckpt.progress import checkpoint_line
+    for name, size in (("n1-5.img", 3 * 1024), ("n1-5.img.sum", 1024), ("n2-9.img", 2048)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    done = bytes_by_host(tmp_path, ["n1", "n2"])
+    progress = {"number": 7, "phase": "WRITE", "staged": False}
+    assert checkpoint_line(progress, done, {"n1": 4096, "n2": 4096}) == \
+        "ckpt-0007 writing images: 6.0 KiB of ~8.0 KiB (n1 4.0 KiB, n2 2.0 KiB)"
+    # the first checkpoint has no estimate; more than estimated: the bytes themselves
+    assert checkpoint_line({**progress, "phase": "SYNC", "staged": True}, {"n1": 10}, {}) == \
+        "ckpt-0007 copying staged images (job running): 10 B"
+    assert checkpoint_line(progress, {"n1": 5000}, {"n1": 10}) == \
+        "ckpt-0007 writing images: 4.9 KiB of ~4.9 KiB"
