@@ -81,8 +81,7 @@ def test_diff_of_two_checkpoints_of_a_real_job(session):
 
     # a checkpoint against itself: no change; against another job's: refused
     same = session.ckpt("inspect", "--diff", second, second).stdout
-    assert same.splitlines()[1:] == [f"  unchanged: {len(found['changed']) + 1} processes",
-                                     ] or "no change" in same, same
+    assert same.splitlines()[1:] == ["  unchanged: 2 processes", "  no change"], same
     other = Job(session, "other", [SYSTEM_PYTHON, "-c",
                                    "import time; print('READY', flush=True); time.sleep(3600)"])
     other.wait_ready()
