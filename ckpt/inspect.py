@@ -436,7 +436,7 @@ def _diff_fds(old, new):
 def _has_changes(process_diff):
     return any(process_diff["threads"].values()) or any(
         process_diff["memory"][k] for k in ("added", "removed", "resized", "changed")) or \
-        any(process_diff["fds"].values()) or process_diff.get("exe") is not None
+        any(process_diff["fds"].values()) or "exe_before" in process_diff
 
 
 def diff(checkpoint_a, checkpoint_b):
@@ -466,8 +466,8 @@ def diff(checkpoint_a, checkpoint_b):
             "b": {"checkpoint": b["checkpoint"], "path": b["path"]},
             "appeared": [short(after[k]) for k in after if k not in before],
             "gone": [short(before[k]) for k in before if k not in after],
-            "changed": [c for c in changed if _has_changes(c) or "exe_before" in c],
-            "unchanged": [c["pid"] for c in changed if not (_has_changes(c) or "exe_before" in c)]}
+            "changed": [c for c in changed if _has_changes(c)],
+            "unchanged": [c["pid"] for c in changed if not _has_changes(c)]}
 
 
 def _signed_size(change):
