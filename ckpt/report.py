@@ -412,6 +412,11 @@ def write_report(job, output, number=None, warn=print):
     page = render(job_dir, log, number)
     output = Path(output)
     tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(page)
-    tmp.replace(output)
+    try:
+        tmp.write_text(page)
+        tmp.replace(output)
+    except OSError as exc:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise CkptError(f"cannot write {output}: {exc.strerror or exc}") from None
     return job_dir, log

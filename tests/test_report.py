@@ -45,6 +45,7 @@ def write_log(job_dir, lines):
     ("empty", "no events yet"),
     ("malformed", "malformed event log (none of its 2 lines is an event of format 1)"),
     ("no such checkpoint", "no checkpoint 9 in the event log (it has 1)"),
+    ("unwritable", "cannot write"),
 ])
 def test_refusals_are_one_line_and_fail(tmp_path, case, expected):
     job_dir = tmp_path / "job"
@@ -58,7 +59,10 @@ def test_refusals_are_one_line_and_fail(tmp_path, case, expected):
     elif case == "no such checkpoint":
         write_log(job_dir, [json.dumps(checkpoint_event(1))])
         args = ["--checkpoint", "9"]
-    done = ckpt("report", job_dir, "-o", tmp_path / "r.html", *args, cwd=tmp_path)
+    elif case == "unwritable":
+        write_log(job_dir, [json.dumps(checkpoint_event(1))])
+    output = tmp_path / ("gone/r.html" if case == "unwritable" else "r.html")
+    done = ckpt("report", job_dir, "-o", output, *args, cwd=tmp_path)
     assert done.returncode == 1 and done.stdout == "", done
     assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "r.html").exists()
