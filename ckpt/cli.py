@@ -313,18 +313,54 @@ def images(directory):
 
 @main.command(name="inspect")
 @click.argument("checkpoint", type=click.Path(), shell_complete=completion.checkpoint_dirs)
+@click.argument("other", required=False, type=click.Path(),
+                shell_complete=completion.checkpoint_dirs)
 @click.option("--pid", type=int, help="That process only, in detail.")
+@click.option("--diff", is_flag=True,
+              help="Compare CHECKPOINT with OTHER, a later one of the same job: processes "
+                   "appeared and gone, threads, memory regions, fds.")
 @JSON
-def inspect_command(checkpoint, pid, as_json):
+def inspect_command(checkpoint, other, pid, diff, as_json):
     """What a checkpoint's images hold (or a job directory's latest): the
-    process tree; with --pid a process's threads, memory regions and fds.
-    A corrupt or foreign image is refused, as a restart refuses it."""
-    from ckpt.inspect import inspect, text_lines
+    process tree; with --pid a process's threads, memory regions and fds;
+    with --diff A B, what changed from A to B.  A corrupt or foreign image
+    is refused, as a restart refuses it."""
+    from ckpt.inspect import diff as diff_checkpoints, diff_lines, inspect, text_lines
+    if diff != (other is not None):
+        raise CkptError("usage: ckpt inspect CHECKPOINT [--pid PID] | "
+                        "ckpt inspect --diff CHECKPOINT_A CHECKPOINT_B", exit_code=2)
+    if diff:
+        if pid is not None:
+            raise CkptError("--diff compares every process: no --pid with it", exit_code=2)
+        found = diff_checkpoints(checkpoint, other)
+        if as_json:
+            _echo_json(found)
+        else:
+            click.echo("\n".join(diff_lines(found)))
+        return
     contents = inspect(checkpoint, pid)
     if as_json:
         _echo_json(contents)
     else:
         click.echo("\n".join(text_lines(contents, pid)))
+
+
+@main.command()
+@click.argument("job", shell_complete=completion.checkpoint_dirs)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html",
+              show_default=True, help="The HTML file to write.")
+@click.option("--checkpoint", "number", type=int, metavar="N",
+              help="The checkpoint whose phases, hosts and processes are shown in detail "
+                   "(default: the newest).")
+def report(job, output, number):
+    """A self-contained HTML report of a job (its directory, or its id) from
+    its event log: each phase's, host's and process's time in a checkpoint,
+    sizes, durations and stopped times over the checkpoints and restarts,
+    failures and warnings.  Prints the file written."""
+    from ckpt.report import write_report
+    write_report(job, output, number,
+                 warn=lambda message: click.echo(f"ckpt: warning: {message}", err=True))
+    click.echo(output)
 
 
 @main.group()

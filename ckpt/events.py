@@ -62,29 +62,102 @@ def _now():
     return time.time()
 
 
-def read(job_dir):
-    """Every event of the log, oldest first; lines that do not parse (a
-    line cut short by a full disk) and other versions' are skipped."""
+class Log(list):
+    """The events of a log, oldest first (a list), with what was skipped:
+    `malformed` lines (not a JSON object with a kind: a line cut short by a
+    full disk, a stray edit) and lines of `other_versions`."""
+
+    def __init__(self, events=(), malformed=0, other_versions=0, lines=0):
+        super().__init__(events)
+        self.malformed = malformed
+        self.other_versions = other_versions
+        self.lines = lines  # the log's non-empty lines
+
+
+def _parse(line):
+    """(event, None) or (None, "malformed" | "other_version") or (None, None) for an empty line."""
+    line = line.strip()
+    if not line:
+        return None, None
     try:
-        text = events_path(job_dir).read_text(errors="replace")
-    except OSError:
-        return []
-    events = []
+        event = json.loads(line)
+    except ValueError:
+        return None, "malformed"
+    if not isinstance(event, dict) or not isinstance(event.get("kind"), str) \
+            or "v" not in event:
+        return None, "malformed"
+    if event["v"] != EVENTS_VERSION:
+        return None, "other_version"
+    return event, None
+
+
+def read_log(job_dir, warn=None):
+    """The whole log as a Log.  warn(message), if given, is told once how
+    many malformed lines were skipped.  A missing log is an empty Log;
+    OSError if it cannot be read."""
+    with open(events_path(job_dir), "rb") as log:
+        text = log.read().decode("utf-8", "replace")
+    found, skipped = [], {"malformed": 0, "other_version": 0}
+    lines = 0
     for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("v") == EVENTS_VERSION:
-            events.append(event)
-    return events
+        event, why = _parse(line)
+        lines += bool(line.strip())
+        if event is not None:
+            found.append(event)
+        elif why:
+            skipped[why] += 1
+    result = Log(found, skipped["malformed"], skipped["other_version"], lines)
+    if warn is not None and result.malformed:
+        warn(f"{events_path(job_dir)}: skipped {result.malformed} malformed "
+             f"line{'s' if result.malformed != 1 else ''}")
+    return result
+
+
+def read(job_dir, warn=None):
+    """Every event of the log, oldest first (a Log); lines that do not
+    parse and other versions' are skipped (warn is told how many did not
+    parse).  No log, or one that cannot be read: empty."""
+    try:
+        return read_log(job_dir, warn)
+    except FileNotFoundError:
+        return Log()
+    except OSError as exc:
+        if warn is not None:
+            warn(f"cannot read the event log {events_path(job_dir)}: {exc.strerror or exc}")
+        return Log()
+
+
+BACKWARD_BLOCK = 64 * 1024
+
+
+def lines_backwards(path, block=BACKWARD_BLOCK):
+    """The lines of a file, newest first, read from its end a block at a
+    time: the last events of a long log cost what they are, not the log."""
+    with open(path, "rb") as log:
+        position = log.seek(0, os.SEEK_END)
+        partial = b""
+        while position > 0:
+            step = min(block, position)
+            position -= step
+            log.seek(position)
+            chunk = log.read(step) + partial
+            pieces = chunk.split(b"\n")
+            partial = pieces[0]  # may go on in the block before
+            for piece in reversed(pieces[1:]):
+                yield piece.decode("utf-8", "replace")
+        yield partial.decode("utf-8", "replace")
 
 
 def last(job_dir, kinds):
-    """The newest event of one of kinds, or None."""
-    for event in reversed(read(job_dir)):
-        if event.get("kind") in kinds:
-            return event
+    """The newest event of one of kinds, or None; the log is read from its
+    end, only as far back as that event (malformed lines skipped)."""
+    try:
+        for line in lines_backwards(events_path(job_dir)):
+            event, _ = _parse(line)
+            if event is not None and event.get("kind") in kinds:
+                return event
+    except OSError:
+        return None
     return None
 
 

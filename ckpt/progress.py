@@ -208,3 +208,50 @@ def restart_progress(coordinator, manifest, mapping):
             yield
         finally:
             task.cancel()
+
+
+# ---- lines for a log (`ckpt slurm run`'s checkpoint at USR1) -------------------
+
+LOG_POLL_SECONDS = 0.5   # how often the checkpoint is looked at
+LOG_EVERY_SECONDS = 10   # a line at each phase, and while bytes grow at most this often
+
+
+def checkpoint_line(progress, done, expected):
+    """One line of a checkpoint's progress: its phase, the bytes of its
+    images so far (of the previous checkpoint's, the estimate), per host
+    when there are several."""
+    name = f"ckpt-{progress['number']:04d}"
+    written = sum(done.values())
+    total = sum(expected.values())
+    line = f"{name} {_phase_words(progress)}: {human_size(written)}"
+    if total:
+        line += f" of ~{human_size(max(total, written))}"
+    if len(done) > 1:
+        line += " (" + ", ".join(f"{host} {human_size(size)}"
+                                 for host, size in sorted(done.items())) + ")"
+    return line
+
+
+async def log_checkpoint(status, job_dir, say, poll=LOG_POLL_SECONDS, every=LOG_EVERY_SECONDS):
+    """Says a line (say(text)) at each phase of the checkpoint under way and,
+    while its images grow, one every `every` seconds: for a log, where bars
+    would be noise.  status() is the coordinator's; runs until cancelled."""
+    import time
+    expected = expected_bytes(job_dir)
+    said, said_at, said_bytes = None, 0.0, None
+    while True:
+        try:
+            current = status()
+            progress = current.get("checkpoint")
+            if progress:
+                hosts = sorted({p["host"] for p in current.get("processes", ())}) or \
+                    list(expected)
+                done = bytes_by_host(progress["directory"], hosts)
+                phase = (progress["number"], _phase_words(progress))
+                now = time.monotonic()
+                if phase != said or (sum(done.values()) != said_bytes and now - said_at >= every):
+                    say(checkpoint_line(progress, done, expected))
+                    said, said_at, said_bytes = phase, now, sum(done.values())
+        except (CkptError, OSError, ValueError, KeyError):
+            pass  # the next look
+        await asyncio.sleep(poll)

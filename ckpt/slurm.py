@@ -21,7 +21,8 @@ import subprocess
 import sys
 import time
 
-from ckpt import paths
+from ckpt import paths, progress
+from ckpt.job_status import human_size
 from ckpt.errors import CkptError
 from ckpt.jobs import forget_job, this_host
 from ckpt.manifest import read_manifest, resolve_checkpoint
@@ -141,14 +142,30 @@ class SlurmSignals:
     async def _checkpoint_and_requeue(self):
         _say(f"job {self.job_id}: USR1: checkpoint and requeue")
         self.job.stop_periodic()
+        coordinator = self.job.coordinator
+        # its progress in the job's log, a line at each phase
+        watching = asyncio.ensure_future(progress.log_checkpoint(
+            coordinator.status, coordinator.job_dir, lambda line: _say(f"job {self.job_id}: {line}")))
+        started = time.monotonic()
         try:
-            path, _ = await self.job.coordinator.checkpoint(kill=True)
-            _say(f"job {self.job_id}: checkpoint {path}")
+            path, _ = await coordinator.checkpoint(kill=True)
+            written = sum(progress.bytes_by_host(path, self._hosts(path)).values())
+            _say(f"job {self.job_id}: checkpoint {path} ({human_size(written)} in "
+                 f"{time.monotonic() - started:.1f} s)")
         except CkptError as exc:
             _say(f"job {self.job_id}: the checkpoint failed ({exc.message}); "
                  "the previous checkpoint stays")
-            self.job.coordinator.kill()
+            coordinator.kill()
+        finally:
+            watching.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._requeue)
+
+    @staticmethod
+    def _hosts(path):
+        try:
+            return sorted({p["host"] for p in read_manifest(path)["processes"]})
+        except (CkptError, OSError, KeyError, TypeError):
+            return []
 
     def _requeue(self):
         try:

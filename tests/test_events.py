@@ -86,3 +86,67 @@ def test_bytes_by_host_counts_each_hosts_images(tmp_path):
         (tmp_path / name).write_bytes(b"x" * size)
     assert bytes_by_host(tmp_path, ["node1", "node1-ib"]) == {"node1": 11, "node1-ib": 20}
     assert bytes_by_host(tmp_path / "gone", ["node1"]) == {"node1": 0}
+
+
+def _checkpoint_event(number, kind="checkpoint"):
+    return {"v": 1, "time": events.iso_time(1.8e9 + number), "kind": kind, "job_id": "big",
+            "checkpoint": number, "path": f"/ckpt/big/ckpt-{number:04d}", "bytes": number * 4096,
+            "warnings": ["w" * (number % 300)]}  # lines of many lengths, across blocks
+
+
+def test_malformed_lines_are_skipped_counted_and_warned_of_once(tmp_path):
+    good = [_checkpoint_event(n) for n in (1, 2, 3)]
+    lines = [json.dumps(good[0]), "not json", json.dumps([1, 2]), json.dumps({"v": 1}),
+             json.dumps(good[1]), json.dumps({"v": 7, "kind": "checkpoint"}), "",
+             json.dumps(good[2]), '{"v": 1, "kind": "chec']
+    events.events_path(tmp_path).write_text("\n".join(lines))
+    said = []
+    log = events.read(tmp_path, said.append)
+    assert list(log) == good
+    assert (log.malformed, log.other_versions, log.lines) == (4, 1, 8)
+    assert said == [f"{events.events_path(tmp_path)}: skipped 4 malformed lines"]
+    # the newest of a kind, read from the end past the cut-short line
+    assert events.last(tmp_path, ("checkpoint",)) == good[2]
+    assert events.read(tmp_path / "none") == [] and events.last(tmp_path / "none", ("x",)) is None
+
+
+def test_a_log_of_ten_thousand_checkpoints_is_read_from_its_end(tmp_path):
+    """last() reads backwards a block at a time: the answers it gives on a
+    big log are the ones reading it whole gives (correctness only)."""
+    written = []
+    with open(events.events_path(tmp_path), "w") as log:
+        for number in range(1, 10_001):
+            event = _checkpoint_event(number)
+            if number % 1000 == 0:
+                event = _checkpoint_event(number, "checkpoint_failed")
+            written.append(event)
+            log.write(json.dumps(event, separators=(",", ":")) + "\n")
+        failed_early = _checkpoint_event(0, "restart_failed")
+        log.write("garbage line\n")
+    whole = events.read(tmp_path)
+    assert list(whole) == written and whole.malformed == 1
+    assert events.last(tmp_path, ("checkpoint",)) == written[-2]  # 10000 failed
+    assert events.last(tmp_path, ("checkpoint_failed",)) == written[-1]
+    assert events.last(tmp_path, ("restart",)) is None
+    # a line longer than a block, and blocks small enough to cut every line
+    lines = list(events.lines_backwards(events.events_path(tmp_path), block=97))
+    assert lines[0] == "" and lines[1] == "garbage line"
+    assert [json.loads(line) for line in lines[2:]] == written[::-1]
+    with open(events.events_path(tmp_path), "a") as log:
+        log.write(json.dumps(failed_early) + "\n")
+    assert events.last(tmp_path, ("restart_failed", "checkpoint")) == failed_early
+
+
+def test_a_checkpoints_progress_as_a_log_line(tmp_path):
+    from ckpt.progress import checkpoint_line
+    for name, size in (("n1-5.img", 3 * 1024), ("n1-5.img.sum", 1024), ("n2-9.img", 2048)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    done = bytes_by_host(tmp_path, ["n1", "n2"])
+    progress = {"number": 7, "phase": "WRITE", "staged": False}
+    assert checkpoint_line(progress, done, {"n1": 4096, "n2": 4096}) == \
+        "ckpt-0007 writing images: 6.0 KiB of ~8.0 KiB (n1 4.0 KiB, n2 2.0 KiB)"
+    # the first checkpoint has no estimate; more than estimated: the bytes themselves
+    assert checkpoint_line({**progress, "phase": "SYNC", "staged": True}, {"n1": 10}, {}) == \
+        "ckpt-0007 copying staged images (job running): 10 B"
+    assert checkpoint_line(progress, {"n1": 5000}, {"n1": 10}) == \
+        "ckpt-0007 writing images: 4.9 KiB of ~4.9 KiB"
