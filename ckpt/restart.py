@@ -10,6 +10,7 @@ import dataclasses
 import os
 import shlex
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ckpt import events, paths, progress, verify
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
 from ckpt.jobs import this_host
+from ckpt.job_status import human_size
 from ckpt.manifest import host_list, resolve_checkpoint
 from ckpt.native import cli_path, restart_binary
 from ckpt.session import JobSession, announce
@@ -26,7 +28,7 @@ RESTORE_FAILED = 70  # after it: the process is lost; ckpt-restart said why in o
 
 
 def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(),
-                    addr_map=None, staged_dir=None):
+                    addr_map=None, staged_dir=None, lazy=False):
     """One ckpt-restart per host: it rebuilds that host's process tree.
 
     images: (path, xxh3) pairs, the tree's root first.  On status_fd it
@@ -40,6 +42,8 @@ def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(
         argv += ["--status-fd", str(status_fd)]
     if staged_dir is not None:
         argv += ["--staged-dir", str(staged_dir)]
+    if lazy:
+        argv += ["--lazy"]
     for old, new in (addr_map or {}).items():
         argv += ["--addr-map", f"{old}={new}"]
     for path in peers:
@@ -193,7 +197,7 @@ class HostPlan:
     over: object        # over_ssh or over_srun
 
 
-def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged):
+def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged, lazy):
     """One ckpt-restart per host; returns {pid we wait for: its host}
     (ckpt-restart here, ssh or srun for other hosts).  staged: where each
     host may hold a copy of the checkpoint (--stage-dir), or None."""
@@ -207,7 +211,7 @@ def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, st
         root_here = old_host == processes[0]["host"] and mapping[old_host] == here
         argv = restart_command(binary, job.socket_path, job.entry.job_id, images,
                                status_write if root_here else None, peers, hosts.addr_map,
-                               staged)
+                               staged, lazy)
         if mapping[old_host] == here:
             pids[job.spawn(argv, env)] = here
         else:
@@ -228,7 +232,11 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         os.set_inheritable(status_write, True)
         stage_dir = manifest.get("stage_dir")
         staged = paths.staged_dir(stage_dir, job_id, manifest["checkpoint"]) if stage_dir else None
-        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged)
+        if config.lazy:
+            job.coordinator.lazy_left = sum(int(p.get("size", 0)) for p in processes)
+        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged,
+                            config.lazy)
+        lazy = LazyProgress(job, job_dir, manifest) if config.lazy else None
         os.close(status_write)
         outcome = events.restart_fields(manifest, checkpoint_dir, start, hosts.mapping)
         try:
@@ -243,16 +251,45 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
         ended = asyncio.gather(*(job.wait_exit(pid) for pid in pids))
-        root_exit = asyncio.ensure_future(_root_exit(status_read))
+        root_exit = asyncio.ensure_future(_root_exit(status_read, lazy))
         await asyncio.wait([ended, root_exit], return_when=asyncio.FIRST_COMPLETED)
+        if root_exit.done() and root_exit.result() is None:
+            await ended  # the status pipe ended without a word: ckpt-restart's exit decides
         if ended.done():
+            if not root_exit.done():  # the page server's last lines, if any
+                await asyncio.wait([root_exit], timeout=5)
             root_exit.cancel()
             return ended.result()[0]
         return await job.lives_on(f"process {processes[0]['pid']}", root_exit.result())
 
 
-async def _root_exit(fd):
-    """The root's status, once ckpt-restart says "exited N"."""
+class LazyProgress:
+    """A lazy restart's page server says on the status fd how many bytes
+    are still to come ("lazy-left N") and when the last page is in
+    ("lazy-done BYTES NS"): the coordinator answers `ckpt status` with
+    the first and refuses checkpoints until the second, which is logged."""
+
+    def __init__(self, job, job_dir, manifest):
+        self.job, self.job_dir, self.manifest = job, job_dir, manifest
+
+    def line(self, word, rest):
+        numbers = [int(n) for n in rest.split() if n.isdigit()]
+        if word == "lazy-left" and numbers:
+            self.job.coordinator.lazy_left = numbers[0]
+        elif word == "lazy-done" and len(numbers) == 2:
+            self.job.coordinator.lazy_left = None
+            seconds = numbers[1] / 1e9
+            events.record(self.job_dir, "lazy_restore_done",
+                          events.lazy_done_fields(self.manifest, numbers[0], seconds),
+                          self.job.coordinator.warn)
+            print(f"ckpt: restart of {self.manifest['job_id']}: the last page is in "
+                  f"({human_size(numbers[0])} in {seconds:.2f} s after the page server "
+                  "started)", file=sys.stderr, flush=True)
+
+
+async def _root_exit(fd, lazy=None):
+    """The root's status, once ckpt-restart says "exited N"; lazy: a
+    LazyProgress told of the page server's lines."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
@@ -261,7 +298,9 @@ async def _root_exit(fd):
         word, _, status = line.decode().partition(" ")
         if word == "exited" and status.strip().isdigit():
             return int(status)
-    await asyncio.Future()  # no word: ckpt-restart's own exit ends the restart
+        if lazy is not None and word.startswith("lazy-"):
+            lazy.line(word, status)
+    return None  # no word: ckpt-restart's own exit ends the restart
 
 
 def _signal_targets(job, root_pid):
