@@ -182,11 +182,53 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     if config.stage_dir is None and manifest.get("stage_dir"):
         config = dataclasses.replace(config, stage_dir=Path(manifest["stage_dir"]))
     mapping = host_mapping(manifest, new_hosts)
+    if config.lazy:
+        check_lazy(mapping)
     check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)
     hosts = HostPlan(mapping, addr_map, LAUNCHERS[launcher])
     return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session,
                             start))
+
+
+CAP_SYS_PTRACE = 19
+
+
+def _effective_caps():
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def check_lazy(mapping):
+    """--lazy, refused before anything starts where it cannot work: this
+    host only (its page server reports on the status fd), and the
+    privileges userfaultfd needs: to make one (root, the sysctl, or the
+    device), and its fork events (CAP_SYS_PTRACE, which the page server
+    needs to follow a process's fork() while pages arrive)."""
+    if any(host != this_host() for host in mapping.values()):
+        raise CkptError("--lazy restores a job on this host only, for now: restart it without "
+                        "--lazy to move it or to restart it on several hosts", exit_code=2)
+    sysctl = Path("/proc/sys/vm/unprivileged_userfaultfd")
+    try:
+        unprivileged = sysctl.read_text().strip() == "1"
+    except OSError:
+        unprivileged = False
+    ptrace = bool(_effective_caps() & (1 << CAP_SYS_PTRACE))
+    device = os.access("/dev/userfaultfd", os.R_OK | os.W_OK)
+    if not (ptrace or unprivileged or device):
+        raise CkptError("--lazy needs userfaultfd, which this user may not use: an administrator "
+                        "can allow it by running the restart as root, setting "
+                        "vm.unprivileged_userfaultfd=1, or giving read-write access to "
+                        "/dev/userfaultfd", exit_code=2)
+    if not ptrace:
+        raise CkptError("--lazy follows a process's fork() with userfaultfd's fork events, which "
+                        "need CAP_SYS_PTRACE: an administrator can allow it by running the "
+                        "restart as root", exit_code=2)
 
 
 @dataclasses.dataclass
