@@ -11,18 +11,22 @@
  * ckpt-restart then ends the job (run_init()).
  *
  * On the status fd: "lazy-left BYTES" now and then, "lazy-done BYTES NS"
- * once the last page is in.
+ * once the last page is in.  While the file $CKPT_LAZY_PAUSE names exists
+ * the stream waits (touched pages are served): the tests' hold on a lazy
+ * restart half way, as CKPT_PAUSE_BEFORE is for a checkpoint's phases.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -73,6 +77,7 @@ static struct unpacker unpacker;
 static char *buf;			/* a unit's bytes, as read */
 static uint64_t total, left;
 static long t_start, t_report;
+static const char *pause_path;
 
 static long now_ns(void)
 {
@@ -491,6 +496,20 @@ static void receive_client(void)
 	plan_client(c);
 }
 
+/* Whether a process still waits for a unit. */
+static int units_left(void)
+{
+	for (unsigned k = 0; k < nclients; k++) {
+		struct client *c = &clients[k];
+
+		while (c->next < c->nunits && c->done[c->next])
+			c->next++;
+		if (!c->dead && c->next < c->nunits)
+			return 1;
+	}
+	return 0;
+}
+
 /* The next unit in image order of the next process that has one. */
 static int stream_one(void)
 {
@@ -565,15 +584,20 @@ int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_se
 	requests = req;
 	keeper = keep;
 	status_fd = sfd;
+	pause_path = getenv("CKPT_LAZY_PAUSE");
 	close(keep_send);
 	t_start = now_ns();
 	clients = map(MAX_CLIENTS * sizeof(*clients));
 	buf = map(BLOCK_BUF);
 	unpacker_init(&unpacker);
 	unpacker.gap = map(1UL << 20);
+	prctl(PR_SET_NAME, "ckpt-pageserver");
+	signal(SIGPIPE, SIG_IGN);	/* a status fd nobody reads */
 	for (;;) {
-		poll_once(busy);
-		busy = stream_one();
+		int paused = pause_path && access(pause_path, F_OK) == 0;
+
+		poll_once(busy && !paused);
+		busy = paused ? units_left() : stream_one();
 		report(0);
 		if (nclients == expected && !busy) {
 			report(1);
