@@ -5,8 +5,12 @@
  * pipe lands before any touch (a kernel-side fault on a lazy page), and a
  * write() from a later untouched page goes out through the pipe.  With
  * children > 0 the process forks that many children first, each with a
- * region of its own (sharing nothing), checked the same way.
- * Arguments: steps pace MiB threads children. */
+ * region of its own (sharing nothing), checked the same way.  With
+ * "churn", an 8 MiB region more, after the hold and before any touch of it:
+ * a child forked reads all of it, 1 MiB is dropped (MADV_DONTNEED: zeros),
+ * 4 MiB moved elsewhere (mremap), each part checked where it is.
+ * Arguments: steps pace MiB threads children [churn]. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -107,6 +111,55 @@ static uint64_t run(long steps, long pace, size_t mib, long nthreads)
 	return sum;
 }
 
+#define CHURN_PAGES 2048UL		/* 8 MiB */
+#define CHURN_FIRST 1000000UL		/* its pages' pattern indices */
+
+static uint64_t *churn_region(void)
+{
+	uint64_t *b = mmap(NULL, CHURN_PAGES * PAGE, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	zdtm_check(b != MAP_FAILED, "mmap the churn region");
+	for (size_t p = 0; p < CHURN_PAGES; p++)
+		for (size_t i = 0; i < PAGE / 8; i++)
+			b[p * PAGE / 8 + i] = word_of(CHURN_FIRST + p, i);
+	return b;
+}
+
+static void check_churn_page(const uint64_t *w, size_t page)
+{
+	for (size_t i = 0; i < PAGE / 8; i++)
+		zdtm_check(w[i] == word_of(CHURN_FIRST + page, i), "churn page %zu word %zu", page, i);
+}
+
+static void churn(uint64_t *b)
+{
+	size_t drop = 256, move = 1024;	/* pages: [0, drop) dropped, [drop, drop + move) moved */
+	char *to = mmap(NULL, move * PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	pid_t child = fork();
+	int status;
+	uint64_t *moved;
+
+	zdtm_check(child >= 0 && to != MAP_FAILED, "fork, mmap");
+	if (child == 0) {
+		for (size_t p = 0; p < CHURN_PAGES; p++)
+			check_churn_page(b + p * PAGE / 8, p);
+		_exit(0);
+	}
+	zdtm_check(madvise(b, drop * PAGE, MADV_DONTNEED) == 0, "madvise");
+	moved = mremap(b + drop * PAGE / 8, move * PAGE, move * PAGE, MREMAP_MAYMOVE | MREMAP_FIXED,
+		       to);
+	zdtm_check(moved == (uint64_t *)to, "mremap");
+	for (size_t i = 0; i < drop * PAGE / 8; i++)
+		zdtm_check(b[i] == 0, "a dropped page reads %016llx", (unsigned long long)b[i]);
+	for (size_t p = 0; p < move; p++)
+		check_churn_page(moved + p * PAGE / 8, drop + p);
+	for (size_t p = drop + move; p < CHURN_PAGES; p++)
+		check_churn_page(b + p * PAGE / 8, p);
+	zdtm_check(waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+		   WEXITSTATUS(status) == 0, "the forked child's check");
+}
+
 int main(int argc, char **argv)
 {
 	long steps = 200, pace = 10, mib = 64, nthreads = 4, children = 0;
@@ -121,6 +174,7 @@ int main(int argc, char **argv)
 	if (argc > 5)
 		children = atol(argv[5]);
 	zdtm_check(nthreads >= 1 && nthreads <= 64 && children >= 0 && children <= 16, "arguments");
+	uint64_t *churned = argc > 6 && !strcmp(argv[6], "churn") ? churn_region() : NULL;
 	for (long k = 0; k < children; k++) {
 		kids[k] = fork();
 		zdtm_check(kids[k] >= 0, "fork");
@@ -133,6 +187,8 @@ int main(int argc, char **argv)
 	printf("READY\n");
 	fflush(stdout);
 	sum = run(steps, pace, mib, nthreads);
+	if (churned)
+		churn(churned);
 	for (long k = 0; k < children; k++) {
 		int status;
 

@@ -49,7 +49,8 @@ int lazy_region(const struct loaded_vma *lv)
 
 	if (!lazy_on || (!v->nruns && !v->nrefs) || v->shared || v->nguards)
 		return 0;
-	if (v->advice & (CKPT_ADVICE_LOCKED | CKPT_ADVICE_DROPPABLE))
+	/* a child's copy of a wipe-on-fork region is empty, not the image's */
+	if (v->advice & (CKPT_ADVICE_LOCKED | CKPT_ADVICE_DROPPABLE | CKPT_ADVICE_WIPEONFORK))
 		return 0;
 	return v->kind == CKPT_VMA_ANON || v->kind == CKPT_VMA_HEAP || v->kind == CKPT_VMA_STACK;
 }
@@ -144,6 +145,11 @@ pid_t lazy_server_pid(void)
 	return server_pid;
 }
 
+void lazy_server_forget(void)		/* reaped */
+{
+	server_pid = 0;
+}
+
 void lazy_close_requests(void)
 {
 	if (requests[1] >= 0)
@@ -151,12 +157,16 @@ void lazy_close_requests(void)
 	requests[1] = -1;
 }
 
-/* The job is over: the server finishes (its processes are gone). */
+/* The job is over (every process of its namespace is gone): the server
+ * says its last word if it has one, and ends. */
 void lazy_server_wait(void)
 {
 	int status;
 
-	while (server_pid > 0 && waitpid(server_pid, &status, 0) < 0 && errno == EINTR)
+	if (server_pid <= 0)
+		return;
+	kill(server_pid, SIGTERM);
+	while (waitpid(server_pid, &status, 0) < 0 && errno == EINTR)
 		;
 	server_pid = 0;
 }

@@ -7,7 +7,8 @@
  * remaining units stream in image order.  Pages the process dropped or
  * unmapped while they were on their way (MADV_DONTNEED, munmap) are not
  * filled again; a page with no data, or touched again after it was
- * dropped, gets a zero page.  Any error ends the server with one line;
+ * dropped, gets a zero page.  Memory moved (mremap) gets its pages where
+ * it went; a child forked meanwhile is served as its parent is.  Any error ends the server with one line;
  * ckpt-restart then ends the job (run_init()).
  *
  * On the status fd: "lazy-left BYTES" now and then, "lazy-done BYTES NS"
@@ -40,6 +41,7 @@
 #define BLOCK_BUF CKPT_CHECKSUM_BLOCK	/* a checked block's pieces */
 #define MAX_CLIENTS 4096
 #define MAX_GONE 65536
+#define MAX_MOVES 4096
 #define MAX_FAULTS 8192			/* more than one per thread waiting */
 #define REPORT_NS 100000000L
 
@@ -50,6 +52,10 @@ struct extent {				/* a unit's pages at [start, end) */
 
 struct range {
 	uint64_t start, end;
+};
+
+struct move {				/* [from, from + len) went to to */
+	uint64_t from, to, len;
 };
 
 struct client {				/* one restored process */
@@ -65,14 +71,18 @@ struct client {				/* one restored process */
 	unsigned nextents;
 	struct range *gone;		/* dropped or unmapped before they came */
 	unsigned ngone;
+	struct move *moves;		/* mremap()s, in order */
+	unsigned nmoves;
 	uint64_t *faults;		/* pages waited for, read with other events */
 	unsigned nfaults;
 };
 
 static struct image *images;
 static struct client *clients;
+static void adopt_child(const struct client *parent, int uffd);
 static unsigned nclients, expected;
-static int requests, keeper, status_fd;
+static int requests, keeper, keeper_send, status_fd;
+static unsigned received;		/* processes that sent their userfaultfd */
 static struct unpacker unpacker;
 static char *buf;			/* a unit's bytes, as read */
 static uint64_t total, left;
@@ -120,6 +130,89 @@ static void add_gone(struct client *c, uint64_t start, uint64_t end)
 	c->gone[c->ngone++] = (struct range){ start, end };
 }
 
+static int send_fd(int sock, int32_t index, int fd)
+{
+	char control[CMSG_SPACE(sizeof(int))] = { 0 };
+	struct iovec iov = { &index, sizeof(index) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+			      .msg_controllen = sizeof(control) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	return sendmsg(sock, &msg, MSG_DONTWAIT) < 0 ? -errno : 0;
+}
+
+/*
+ * A process forked while its pages were arriving: the child's copies of
+ * the lazy regions come with a userfaultfd of their own.  Its pages are
+ * the parent's at the fork: what the parent had then (units done) the
+ * child has too; the rest it gets from the image as the parent does.  A
+ * unit the parent was filling at the fork is filled again in the child,
+ * but for the pages it had (they exist already).
+ */
+static void adopt_child(const struct client *parent, int uffd)
+{
+	struct client *c;
+	int err;
+
+	if (nclients == MAX_CLIENTS)
+		die("--lazy: more than %d processes wait for pages", MAX_CLIENTS);
+	c = &clients[nclients];
+	*c = *parent;
+	c->uffd = uffd;
+	c->done = map(c->nunits);
+	memcpy(c->done, parent->done, c->nunits);
+	c->gone = map(MAX_GONE * sizeof(*c->gone));
+	memcpy(c->gone, parent->gone, parent->ngone * sizeof(*c->gone));
+	c->moves = map(MAX_MOVES * sizeof(*c->moves));
+	memcpy(c->moves, parent->moves, parent->nmoves * sizeof(*c->moves));
+	c->faults = map(MAX_FAULTS * sizeof(*c->faults));
+	c->nfaults = 0;
+	for (unsigned u = 0; u < c->nunits; u++)
+		if (!c->done[u]) {
+			total += c->unit_bytes[u];
+			left += c->unit_bytes[u];
+		}
+	/* as the processes' own: kept if the server dies (lazy.c) */
+	if ((err = send_fd(keeper_send, c->img - images, uffd)) < 0)
+		die("page server: cannot keep a forked child's userfaultfd: %s", strerror(-err));
+	nclients++;
+}
+
+/* Memory moved (mremap): its pages still to come go to the new place,
+ * and so do the ranges of it that were gone. */
+static void add_move(struct client *c, uint64_t from, uint64_t to, uint64_t len)
+{
+	unsigned n = c->ngone;
+
+	if (c->nmoves == MAX_MOVES)
+		die("--lazy: pid %d moved memory more than %d times while its pages were arriving",
+		    c->img->hdr.pid, MAX_MOVES);
+	c->moves[c->nmoves++] = (struct move){ from, to, len };
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t lo = c->gone[i].start > from ? c->gone[i].start : from;
+		uint64_t hi = c->gone[i].end < from + len ? c->gone[i].end : from + len;
+
+		if (lo < hi)
+			add_gone(c, to + (lo - from), to + (hi - from));
+	}
+}
+
+/* Where a page now at addr was at the restart. */
+static uint64_t moved_from(const struct client *c, uint64_t addr)
+{
+	for (unsigned k = c->nmoves; k-- > 0;) {
+		const struct move *m = &c->moves[k];
+
+		if (addr >= m->to && addr < m->to + m->len)
+			addr = m->from + (addr - m->to);
+	}
+	return addr;
+}
+
 static void on_event(struct client *c, const struct uffd_msg *m)
 {
 	switch (m->event) {
@@ -134,11 +227,11 @@ static void on_event(struct client *c, const struct uffd_msg *m)
 		add_gone(c, m->arg.remove.start, m->arg.remove.end);
 		break;
 	case UFFD_EVENT_FORK:
-		die("--lazy: pid %d forked while its pages were arriving: a lazy restore does not "
-		    "serve the child's yet", c->img->hdr.pid);
+		adopt_child(c, (int)m->arg.fork.ufd);
+		break;
 	case UFFD_EVENT_REMAP:
-		die("--lazy: pid %d moved memory (mremap) while its pages were arriving: a lazy "
-		    "restore does not follow it yet", c->img->hdr.pid);
+		add_move(c, m->arg.remap.from, m->arg.remap.to, m->arg.remap.len);
+		break;
 	default:
 		die("page server: unknown userfaultfd event %u", m->event);
 	}
@@ -207,13 +300,17 @@ static long copy_pages(struct client *c, uint64_t addr, const char *src, uint64_
 }
 
 /* len bytes at src belong at addr in c's memory, but where gone. */
-static long put(struct client *c, uint64_t addr, const char *src, uint64_t len)
+static long put_here(struct client *c, uint64_t addr, const char *src, uint64_t len)
 {
+	unsigned moves = c->nmoves;
+
 	while (len) {
 		int gone;
 		uint64_t n = gone_run(c, addr, len, &gone);
 		long err = gone ? 0 : copy_pages(c, addr, src, n);
 
+		if (err == -EAGAIN && c->nmoves != moves)
+			return err;	/* put() starts again where things are now */
 		if (err == -EAGAIN)
 			continue;
 		if (err)
@@ -223,6 +320,49 @@ static long put(struct client *c, uint64_t addr, const char *src, uint64_t len)
 		len -= n;
 	}
 	return 0;
+}
+
+/* len bytes at src were at addr at the restart: through the moves from
+ * the k-th on, to where they are now. */
+static long put_moved(struct client *c, uint64_t addr, const char *src, uint64_t len, unsigned k)
+{
+	for (; k < c->nmoves && len; k++) {
+		const struct move *m = &c->moves[k];
+		uint64_t n;
+		long err;
+
+		if (addr + len <= m->from || addr >= m->from + m->len)
+			continue;
+		if (addr < m->from) {	/* before the move: on as it is */
+			n = m->from - addr;
+			if ((err = put_moved(c, addr, src, n, k + 1)))
+				return err;
+			addr += n;
+			src += n;
+			len -= n;
+		}
+		n = m->from + m->len - addr < len ? m->from + m->len - addr : len;
+		if ((err = put_moved(c, m->to + (addr - m->from), src, n, k + 1)))
+			return err;
+		addr += n;
+		src += n;
+		len -= n;
+	}
+	return len ? put_here(c, addr, src, len) : 0;
+}
+
+static long put(struct client *c, uint64_t addr, const char *src, uint64_t len)
+{
+	long err;
+
+	/* an mremap() seen while copying moves what is left */
+	do {
+		unsigned moves = c->nmoves;
+
+		err = put_moved(c, addr, src, len, 0);
+		if (err != -EAGAIN || c->nmoves == moves)
+			return err;
+	} while (1);
 }
 
 /* A checked block: every piece read and the block hashed before any
@@ -402,7 +542,7 @@ static long unit_at(const struct client *c, uint64_t addr)
  * left it empty; the waiter is woken either way. */
 static void serve_fault(struct client *c, uint64_t addr)
 {
-	long u = unit_at(c, addr), r;
+	long u = unit_at(c, moved_from(c, addr)), r;
 
 	if (u >= 0)
 		serve_unit(c, u);
@@ -454,6 +594,7 @@ static void plan_client(struct client *c)
 		for (unsigned i = 0; i < c->units[u].count; i++)
 			c->unit_bytes[u] += c->pieces[c->units[u].first + i].len;
 	c->gone = map(MAX_GONE * sizeof(*c->gone));
+	c->moves = map(MAX_MOVES * sizeof(*c->moves));
 	c->faults = map(MAX_FAULTS * sizeof(*c->faults));
 	index_units(c);
 	total += bytes;
@@ -490,6 +631,7 @@ static void receive_client(void)
 		die("page server: lost a restored process's userfaultfd");
 	if (index < 0 || index >= MAX_IMAGES || nclients == MAX_CLIENTS)
 		die("page server: a bad request");
+	received++;
 	c = &clients[nclients++];
 	c->img = &images[index];
 	c->uffd = fd;
@@ -554,12 +696,31 @@ static void finish(void)
 	_exit(0);
 }
 
+static volatile sig_atomic_t job_over;	/* SIGTERM: ckpt-restart saw the job end */
+
+static void on_term(int sig)
+{
+	(void)sig;
+	job_over = 1;
+}
+
+/* The job ended: what it never touched is no longer wanted. */
+static void job_ended(void)
+{
+	int32_t index;
+	int fd;
+
+	while ((fd = receive_fd(keeper, &index)) >= 0)
+		close(fd);
+	_exit(0);
+}
+
 static void poll_once(int busy)
 {
 	static struct pollfd pfd[MAX_CLIENTS + 1];
 	unsigned n = 0;
 
-	pfd[n++] = (struct pollfd){ nclients < expected ? requests : -1, POLLIN, 0 };
+	pfd[n++] = (struct pollfd){ received < expected ? requests : -1, POLLIN, 0 };
 	for (unsigned i = 0; i < nclients; i++)
 		pfd[n++] = (struct pollfd){ clients[i].dead ? -1 : clients[i].uffd, POLLIN, 0 };
 	if (poll(pfd, n, busy ? 0 : (int)(REPORT_NS / 1000000)) < 0 && errno != EINTR)
@@ -585,7 +746,7 @@ int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_se
 	keeper = keep;
 	status_fd = sfd;
 	pause_path = getenv("CKPT_LAZY_PAUSE");
-	close(keep_send);
+	keeper_send = keep_send;
 	t_start = now_ns();
 	clients = map(MAX_CLIENTS * sizeof(*clients));
 	buf = map(BLOCK_BUF);
@@ -593,13 +754,16 @@ int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_se
 	unpacker.gap = map(1UL << 20);
 	prctl(PR_SET_NAME, "ckpt-pageserver");
 	signal(SIGPIPE, SIG_IGN);	/* a status fd nobody reads */
+	signal(SIGTERM, on_term);
 	for (;;) {
 		int paused = pause_path && access(pause_path, F_OK) == 0;
 
+		if (job_over)
+			job_ended();
 		poll_once(busy && !paused);
 		busy = paused ? units_left() : stream_one();
 		report(0);
-		if (nclients == expected && !busy) {
+		if (received == expected && !busy) {
 			report(1);
 			finish();
 		}

@@ -130,7 +130,10 @@ int run_init(int (*init_main)(void))
 			lazy_server_wait();	/* its last word on the status fd */
 			return exit_status(status);
 		}
-		if (got == lazy_server_pid() && status)
-			page_server_lost(init, status);
+		if (got == lazy_server_pid()) {
+			lazy_server_forget();
+			if (status)
+				page_server_lost(init, status);
+		}
 	}
 }

@@ -255,6 +255,7 @@ int lazy_region(const struct loaded_vma *lv);
 unsigned lazy_fds(int *out, unsigned max);
 void lazy_server_start(int status_fd);
 pid_t lazy_server_pid(void);
+void lazy_server_forget(void);
 void lazy_server_wait(void);
 void lazy_close_requests(void);
 void lazy_attach(struct image *img);
