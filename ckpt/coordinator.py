@@ -370,6 +370,8 @@ class Coordinator:
         while True:
             self.next_checkpoint_at = time.time() + interval
             await asyncio.sleep(interval)
+            while self.lazy_left is not None:  # a lazy restart's pages come first
+                await asyncio.sleep(0.1)
             if not self._matching():
                 continue
             try:

@@ -107,6 +107,22 @@ static void *map(size_t size)
 	return p;
 }
 
+/* The status pipe, opened again without blocking (an open file of our
+ * own: the flag would be ckpt-restart's too): a reader that stopped
+ * reading costs a line, never a page a process waits for. */
+static int own_status_fd(int fd)
+{
+	char path[64];
+	int own;
+
+	if (fd < 0)
+		return -1;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	own = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+	close(fd);
+	return own;
+}
+
 static void status_line(const char *word, uint64_t a, long b)
 {
 	char line[80];
@@ -116,7 +132,7 @@ static void status_line(const char *word, uint64_t a, long b)
 		return;
 	n = b < 0 ? snprintf(line, sizeof(line), "%s %llu\n", word, (unsigned long long)a)
 		  : snprintf(line, sizeof(line), "%s %llu %ld\n", word, (unsigned long long)a, b);
-	if (write(status_fd, line, n) < 0)
+	if (write(status_fd, line, n) < 0 && errno != EAGAIN)
 		status_fd = -1;	/* nobody reads: the restart goes on */
 }
 
@@ -744,7 +760,7 @@ int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_se
 	expected = want;
 	requests = req;
 	keeper = keep;
-	status_fd = sfd;
+	status_fd = own_status_fd(sfd);
 	pause_path = getenv("CKPT_LAZY_PAUSE");
 	keeper_send = keep_send;
 	t_start = now_ns();
