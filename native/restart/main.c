@@ -223,9 +223,9 @@ int main(int argc, char **argv)
 	cross_host_load(args.peer_image, args.npeer_images);
 	check_pids(imgs, args.nimages);
 	mark("images checked and loaded");
-	if (args.lazy)
-		lazy_init(imgs, args.nimages);
 	prepare_fds(imgs, args.nimages);
+	if (args.lazy)		/* its fds above the image's (prepare_fds) */
+		lazy_init(imgs, args.nimages);
 	status_fd = args.status_fd < 0 ? -1 : move_high(args.status_fd, "the status fd");
 	tree_init(imgs, args.nimages, restorer, status_fd);
 	lazy_server_start(status_fd);
