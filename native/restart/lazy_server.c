@@ -617,6 +617,22 @@ static void plan_client(struct client *c)
 	left += bytes;
 }
 
+/* First what each thread touches first: its stack top and its TLS. */
+static void working_set(struct client *c)
+{
+	for (unsigned t = 0; t < c->img->nthreads && !c->dead; t++) {
+		const struct ckpt_thread *th = &c->img->threads[t];
+		uint64_t at[] = { th->regs.rsp, th->fs_base };
+
+		for (unsigned i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+			long u = unit_at(c, at[i] & ~(CKPT_PAGE_SIZE - 1));
+
+			if (u >= 0)
+				serve_unit(c, u);
+		}
+	}
+}
+
 static int receive_fd(int sock, int32_t *index)
 {
 	char control[CMSG_SPACE(sizeof(int))];
@@ -652,6 +668,7 @@ static void receive_client(void)
 	c->img = &images[index];
 	c->uffd = fd;
 	plan_client(c);
+	working_set(c);
 }
 
 /* Whether a process still waits for a unit. */
