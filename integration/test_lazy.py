@@ -45,7 +45,7 @@ def lazy_done_events(session, job_id):
     ("incremental", ["lazy_memory", "100", "10", "32", "2", "1"], ["--incremental"]),
     ("incremental-zstd", ["lazy_memory", "100", "10", "32", "2", "0"],
      ["--incremental", "--compress", "zstd"]),
-])
+], ids=["threads", "tree", "zstd", "incremental", "incremental-zstd"])
 def test_lazy_restart_restores_every_page(session, shape, args, launch):
     """Checkpointed twice, killed, restarted lazily from the first and the
     last: every page checks out, the output is the uninterrupted run's."""
