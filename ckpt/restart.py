@@ -293,15 +293,17 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
         ended = asyncio.gather(*(job.wait_exit(pid) for pid in pids))
-        root_exit = asyncio.ensure_future(_root_exit(status_read, lazy))
-        await asyncio.wait([ended, root_exit], return_when=asyncio.FIRST_COMPLETED)
-        if root_exit.done() and root_exit.result() is None:
-            await ended  # the status pipe ended without a word: ckpt-restart's exit decides
-        if ended.done():
-            if not root_exit.done():  # the page server's last lines, if any
-                await asyncio.wait([root_exit], timeout=5)
-            root_exit.cancel()
-            return ended.result()[0]
+        root_exit = asyncio.get_running_loop().create_future()
+        lines = asyncio.ensure_future(_status_lines(status_read, root_exit, lazy))
+        await asyncio.wait([ended, root_exit, lines], return_when=asyncio.FIRST_COMPLETED)
+        if not root_exit.done():
+            # ckpt-restart ended (its exit decides), or the pipe did
+            # without a word: then the same
+            await asyncio.wait([lines], timeout=5)  # the page server's last lines, if any
+            lines.cancel()
+            return (await ended)[0]
+        # the job lives on without its root: the page server's lines still count
+        lines.add_done_callback(lambda task: task.cancelled() or task.exception())
         return await job.lives_on(f"process {processes[0]['pid']}", root_exit.result())
 
 
@@ -329,20 +331,20 @@ class LazyProgress:
                   "started)", file=sys.stderr, flush=True)
 
 
-async def _root_exit(fd, lazy=None):
-    """The root's status, once ckpt-restart says "exited N"; lazy: a
-    LazyProgress told of the page server's lines."""
+async def _status_lines(fd, root_exit, lazy=None):
+    """ckpt-restart's status fd to its end: root_exit gets the root's
+    status once it says "exited N"; lazy: a LazyProgress told of the page
+    server's lines."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                  os.fdopen(fd, "rb", buffering=0))
     while line := await reader.readline():
         word, _, status = line.decode().partition(" ")
-        if word == "exited" and status.strip().isdigit():
-            return int(status)
+        if word == "exited" and status.strip().isdigit() and not root_exit.done():
+            root_exit.set_result(int(status))
         if lazy is not None and word.startswith("lazy-"):
             lazy.line(word, status)
-    return None  # no word: ckpt-restart's own exit ends the restart
 
 
 def _signal_targets(job, root_pid):
