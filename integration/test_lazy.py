@@ -228,3 +228,37 @@ def test_lazy_refused_without_the_privileges(unprivileged_session):
         assert words in lines[0], lines[0]
     assert not job_processes(session, job)
     assert restart_and_finish(session, image, job) == reference
+
+
+def test_periodic_checkpoints_and_keep_wait_for_the_last_page(session):
+    """A lazy restart with periodic checkpoints and --keep 1 (CKPT_KEEP):
+    while pages are still to come no checkpoint is taken, so the one the
+    restart reads is never pruned; once the last page is in, periodic
+    checkpoints come and prune it; the program's memory is right."""
+    reference = session.reference(*SMALL)
+    job = Job(session, "lazy-keep", *SMALL)
+    job.wait_ready()
+    image = job.checkpoint()
+    job.kill()
+    session.extra_env["CKPT_KEEP"] = "1"
+    pause = session.root / "lazy-keep.pause"
+    pause.touch()
+    session.extra_env.update(LAZY, CKPT_LAZY_PAUSE=str(pause))
+    job.hold.touch()
+    try:
+        restarted = Restart(session, image, "--interval", "0.2")
+        restarted.wait_registered(job.id)
+    finally:
+        for key in ("CKPT_KEEP", "CKPT_LAZY", "CKPT_LAZY_PAUSE"):
+            session.extra_env.pop(key, None)
+    time.sleep(1.0)  # five intervals: none may checkpoint while pages are to come
+    taken = sorted(p.name for p in image.parent.glob("ckpt-*"))
+    assert taken == [image.name] and (image / "manifest.yaml").exists(), taken
+    pause.unlink()
+    deadline = time.monotonic() + 120
+    while image.exists():
+        assert time.monotonic() < deadline, "no periodic checkpoint after the last page"
+        time.sleep(0.1)
+    job.hold.unlink()
+    assert restarted.wait() == 0, restarted.stderr
+    assert job.output() == reference
