@@ -29,6 +29,7 @@ test:
 bench: all
 	python3 bench/engine_bench.py
 	python3 bench/compress_bench.py
+	python3 bench/lazy_bench.py
 	python3 bench/softverbs_bench.py
 	python3 bench/mpi_bench.py
 	python3 bench/mpi_verbs_bench.py
@@ -39,7 +40,7 @@ bench: all
 
 # every benchmark above at its smallest size, once (seconds each): fails if
 # one fails (a missed target is no failure: no timing is checked); CI runs it
-BENCHES = engine compress softverbs mpi mpi_verbs multihost slurm ib verify
+BENCHES = engine compress lazy softverbs mpi mpi_verbs multihost slurm ib verify
 bench-smoke: all
 	@failed=""; for b in $(BENCHES); do \
 		echo "== bench/$${b}_bench.py --smoke"; start=$$(date +%s); \

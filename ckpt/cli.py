@@ -160,13 +160,18 @@ def kill(job_id):
               help="Compare the restored processes with the checkpoint's fingerprint of them "
                    "before they run on: a difference fails the restart (on), is "
                    "a warning (warn, the default), or no comparison is made (off).")
-def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir, verify):
+@click.option("--lazy/--no-lazy", default=None,
+              help="Resume the processes before their private memory is back: its pages "
+                   "come on demand and in the background (needs userfaultfd; default: no).")
+def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir, verify,
+            lazy):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import host_spec, restart as run_restart
 
     def config_for(ckpt_dir):
         return load_config(ckpt_dir=str(ckpt_dir), interval=interval, incremental=incremental,
-                           full_every=full_every, stage_dir=stage_dir, verify=verify)
+                           full_every=full_every, stage_dir=stage_dir, verify=verify,
+                           lazy=lazy)
     if hosts and hostfile:
         raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
     if hosts:

@@ -22,6 +22,7 @@ ENV_NAMES = {
     "full_every": "CKPT_FULL_EVERY",
     "stage_dir": "CKPT_STAGE_DIR",
     "verify": "CKPT_VERIFY",
+    "lazy": "CKPT_LAZY",
 }
 FULL_EVERY_MAX = 64  # an image refers to at most this many earlier ones
 VERIFY_MODES = ("on", "warn", "off")  # ckpt/verify.py
@@ -52,6 +53,9 @@ class Config:
     # processes comes back as one per process, shared anonymous memory as
     # a memfd, a FIFO's write end as O_RDWR, ...: issue 37)
     verify: str = "warn"
+    # a restart resumes the processes before their private memory is back:
+    # pages come on demand (userfaultfd) and in the background (docs/LAZY.md)
+    lazy: bool = False
 
     def write_mode(self):
         """How the job's checkpoints are written, as these settings say."""
@@ -150,7 +154,7 @@ def _convert(key, value, source):
         return _seconds(value, key, source, allow_zero=False)
     if key == "keep":
         return _keep(value, source)
-    if key in ("forked_write", "incremental"):
+    if key in ("forked_write", "incremental", "lazy"):
         return _flag(value, key, source)
     if key == "full_every":
         return _full_every(value, source)

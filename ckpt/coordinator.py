@@ -72,6 +72,7 @@ class Coordinator:
         self.lost_hosts = {}              # host -> processes it had when its agent went away
         self.closing = False
         self._busy = asyncio.Lock()       # one checkpoint (or restart) at a time
+        self.lazy_left = None             # a lazy restart's bytes still to come (--lazy)
         self._registered = asyncio.Condition()
         self._warnings = None             # collects WARNs during a checkpoint
         self._warned = set()              # warnings already shown on stderr
@@ -286,6 +287,12 @@ class Coordinator:
         zstd or auto (None: the job's)."""
         mode = self.write_mode.overridden(forked=forked, compress=compress)
         async with self._busy:
+            if self.lazy_left is not None:
+                # the images hold memory the processes do not have yet: a
+                # checkpoint now would save pages that are not there
+                raise CkptError(f"a lazy restart is still bringing in {self.lazy_left} bytes of "
+                                "the job's memory: checkpoint refused until the last page is in "
+                                "(ckpt status shows what is left)")
             if self.lost_hosts:   # what is left of the job is no whole job
                 host, count = next(iter(self.lost_hosts.items()))
                 raise CkptError(f"host {host} was lost with {count} processes of the job: "
@@ -363,6 +370,8 @@ class Coordinator:
         while True:
             self.next_checkpoint_at = time.time() + interval
             await asyncio.sleep(interval)
+            while self.lazy_left is not None:  # a lazy restart's pages come first
+                await asyncio.sleep(0.1)
             if not self._matching():
                 continue
             try:
@@ -458,6 +467,7 @@ class Coordinator:
             "interval": self.interval,
             "next_checkpoint_at": self.next_checkpoint_at,
             "stage_dir": str(self.write_mode.stage_dir) if self.write_mode.stage_dir else None,
+            "lazy_bytes_left": self.lazy_left,
         }
 
 

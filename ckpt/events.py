@@ -16,7 +16,8 @@ from ckpt import paths
 
 EVENTS_NAME = "events.jsonl"
 EVENTS_VERSION = 1
-KINDS = ("checkpoint", "checkpoint_failed", "restart", "restart_failed", "host_lost")
+KINDS = ("checkpoint", "checkpoint_failed", "restart", "restart_failed", "host_lost",
+         "lazy_restore_done")
 
 _warned = set()  # job directories whose log could not be written
 
@@ -213,6 +214,13 @@ def checkpoint_failed(job_dir, job_id, number, start, phases, error, warnings, w
         "start": iso_time(start), "duration_s": round(_now() - start, 6),
         "phases": {phase: round(seconds, 6) for phase, seconds in phases.items()},
         "error": error, "warnings": list(warnings)}, warn)
+
+
+def lazy_done_fields(manifest, bytes_in, seconds):
+    """A lazy restart's last page is in: bytes the page server brought in
+    after the processes resumed, and how long from their resuming."""
+    return {"job_id": manifest["job_id"], "checkpoint": manifest["checkpoint"],
+            "bytes": bytes_in, "duration_s": round(seconds, 6)}
 
 
 def restart_fields(manifest, path, start, mapping):

@@ -665,7 +665,9 @@ def _map_items(real_pid):
         elif copied_file is not None and line.startswith(("Anonymous:", "Swap:")):
             copies[copied_file] = copies.get(copied_file, 0) + int(line.split()[1])
         elif line.startswith("VmFlags:") and current is not None:
-            flags = line.split(":", 1)[1].split()
+            # um/uw/ui: registered with a userfaultfd: a lazy restart's
+            # page server (ckpt restart --lazy) until its last page is in
+            flags = [f for f in line.split(":", 1)[1].split() if f not in ("um", "uw", "ui")]
             if not current.startswith("map ["):
                 if reserve:
                     # the shim's reserved range (PROT_NONE, never saved): a

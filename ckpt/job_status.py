@@ -89,6 +89,10 @@ def describe(job, timeout=5.0, must_answer=False):
         },
         "interval_s": info.get("interval"),
         "next_checkpoint": events.iso_time(next_at) if next_at else None,
+        # a lazy restart (--lazy): bytes of the processes' memory still to
+        # come from the images (a first estimate, the images' size, until
+        # the page server's first word); null once the last page is in
+        "lazy_bytes_left": info.get("lazy_bytes_left"),
     }
 
 
@@ -155,6 +159,9 @@ def text_lines(status):
               f"  job dir:      {status['job_dir']}"]
     if status["restarted_from"] is not None:
         lines.append(f"  restarted from checkpoint {status['restarted_from']}")
+    if status.get("lazy_bytes_left") is not None:
+        lines.append(f"  memory to come: {human_size(status['lazy_bytes_left'])} "
+                     "(lazy restart: checkpoints wait until it is in)")
     procs = ", ".join(f"{p['pid']}@{p['host']}" for p in status["processes"])
     lines.append(f"  processes:    {procs or 'none registered'}")
     if status["hosts"]:

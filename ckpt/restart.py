@@ -10,6 +10,7 @@ import dataclasses
 import os
 import shlex
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ckpt import events, paths, progress, verify
 from ckpt.errors import CkptError
 from ckpt.image import verify_checkpoint
 from ckpt.jobs import this_host
+from ckpt.job_status import human_size
 from ckpt.manifest import host_list, resolve_checkpoint
 from ckpt.native import cli_path, restart_binary
 from ckpt.session import JobSession, announce
@@ -26,7 +28,7 @@ RESTORE_FAILED = 70  # after it: the process is lost; ckpt-restart said why in o
 
 
 def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(),
-                    addr_map=None, staged_dir=None):
+                    addr_map=None, staged_dir=None, lazy=False):
     """One ckpt-restart per host: it rebuilds that host's process tree.
 
     images: (path, xxh3) pairs, the tree's root first.  On status_fd it
@@ -40,6 +42,8 @@ def restart_command(binary, socket_path, job_id, images, status_fd=None, peers=(
         argv += ["--status-fd", str(status_fd)]
     if staged_dir is not None:
         argv += ["--staged-dir", str(staged_dir)]
+    if lazy:
+        argv += ["--lazy"]
     for old, new in (addr_map or {}).items():
         argv += ["--addr-map", f"{old}={new}"]
     for path in peers:
@@ -178,11 +182,53 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
     if config.stage_dir is None and manifest.get("stage_dir"):
         config = dataclasses.replace(config, stage_dir=Path(manifest["stage_dir"]))
     mapping = host_mapping(manifest, new_hosts)
+    if config.lazy:
+        check_lazy(mapping)
     check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)
     hosts = HostPlan(mapping, addr_map, LAUNCHERS[launcher])
     return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session,
                             start))
+
+
+CAP_SYS_PTRACE = 19
+
+
+def _effective_caps():
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def check_lazy(mapping):
+    """--lazy, refused before anything starts where it cannot work: this
+    host only (its page server reports on the status fd), and the
+    privileges userfaultfd needs: to make one (root, the sysctl, or the
+    device), and its fork events (CAP_SYS_PTRACE, which the page server
+    needs to follow a process's fork() while pages arrive)."""
+    if any(host != this_host() for host in mapping.values()):
+        raise CkptError("--lazy restores a job on this host only, for now: restart it without "
+                        "--lazy to move it or to restart it on several hosts", exit_code=2)
+    sysctl = Path("/proc/sys/vm/unprivileged_userfaultfd")
+    try:
+        unprivileged = sysctl.read_text().strip() == "1"
+    except OSError:
+        unprivileged = False
+    ptrace = bool(_effective_caps() & (1 << CAP_SYS_PTRACE))
+    device = os.access("/dev/userfaultfd", os.R_OK | os.W_OK)
+    if not (ptrace or unprivileged or device):
+        raise CkptError("--lazy needs userfaultfd, which this user may not use: an administrator "
+                        "can allow it by running the restart as root, setting "
+                        "vm.unprivileged_userfaultfd=1, or giving read-write access to "
+                        "/dev/userfaultfd", exit_code=2)
+    if not ptrace:
+        raise CkptError("--lazy follows a process's fork() with userfaultfd's fork events, which "
+                        "need CAP_SYS_PTRACE: an administrator can allow it by running the "
+                        "restart as root", exit_code=2)
 
 
 @dataclasses.dataclass
@@ -193,7 +239,7 @@ class HostPlan:
     over: object        # over_ssh or over_srun
 
 
-def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged):
+def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged, lazy):
     """One ckpt-restart per host; returns {pid we wait for: its host}
     (ckpt-restart here, ssh or srun for other hosts).  staged: where each
     host may hold a copy of the checkpoint (--stage-dir), or None."""
@@ -207,7 +253,7 @@ def _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, st
         root_here = old_host == processes[0]["host"] and mapping[old_host] == here
         argv = restart_command(binary, job.socket_path, job.entry.job_id, images,
                                status_write if root_here else None, peers, hosts.addr_map,
-                               staged)
+                               staged, lazy)
         if mapping[old_host] == here:
             pids[job.spawn(argv, env)] = here
         else:
@@ -228,7 +274,11 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         os.set_inheritable(status_write, True)
         stage_dir = manifest.get("stage_dir")
         staged = paths.staged_dir(stage_dir, job_id, manifest["checkpoint"]) if stage_dir else None
-        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged)
+        if config.lazy:
+            job.coordinator.lazy_left = sum(int(p.get("size", 0)) for p in processes)
+        pids = _start_hosts(job, binary, checkpoint_dir, processes, hosts, status_write, staged,
+                            config.lazy)
+        lazy = LazyProgress(job, job_dir, manifest) if config.lazy else None
         os.close(status_write)
         outcome = events.restart_fields(manifest, checkpoint_dir, start, hosts.mapping)
         try:
@@ -243,25 +293,58 @@ async def _run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_sess
         announce(job_id)  # only once restored: a refused image says one line
         job.start_periodic()
         ended = asyncio.gather(*(job.wait_exit(pid) for pid in pids))
-        root_exit = asyncio.ensure_future(_root_exit(status_read))
-        await asyncio.wait([ended, root_exit], return_when=asyncio.FIRST_COMPLETED)
-        if ended.done():
-            root_exit.cancel()
-            return ended.result()[0]
+        root_exit = asyncio.get_running_loop().create_future()
+        lines = asyncio.ensure_future(_status_lines(status_read, root_exit, lazy))
+        await asyncio.wait([ended, root_exit, lines], return_when=asyncio.FIRST_COMPLETED)
+        if not root_exit.done():
+            # ckpt-restart ended (its exit decides), or the pipe did
+            # without a word: then the same
+            await asyncio.wait([lines], timeout=5)  # the page server's last lines, if any
+            lines.cancel()
+            return (await ended)[0]
+        # the job lives on without its root: the page server's lines still count
+        lines.add_done_callback(lambda task: task.cancelled() or task.exception())
         return await job.lives_on(f"process {processes[0]['pid']}", root_exit.result())
 
 
-async def _root_exit(fd):
-    """The root's status, once ckpt-restart says "exited N"."""
+class LazyProgress:
+    """A lazy restart's page server says on the status fd how many bytes
+    are still to come ("lazy-left N") and when the last page is in
+    ("lazy-done BYTES NS"): the coordinator answers `ckpt status` with
+    the first and refuses checkpoints until the second, which is logged."""
+
+    def __init__(self, job, job_dir, manifest):
+        self.job, self.job_dir, self.manifest = job, job_dir, manifest
+
+    def line(self, word, rest):
+        numbers = [int(n) for n in rest.split() if n.isdigit()]
+        if word == "lazy-left" and numbers:
+            self.job.coordinator.lazy_left = numbers[0]
+        elif word == "lazy-done" and len(numbers) == 2:
+            self.job.coordinator.lazy_left = None
+            seconds = numbers[1] / 1e9
+            events.record(self.job_dir, "lazy_restore_done",
+                          events.lazy_done_fields(self.manifest, numbers[0], seconds),
+                          self.job.coordinator.warn)
+            print(f"ckpt: restart of {self.manifest['job_id']}: the last page is in "
+                  f"({human_size(numbers[0])} in {seconds:.2f} s after the page server "
+                  "started)", file=sys.stderr, flush=True)
+
+
+async def _status_lines(fd, root_exit, lazy=None):
+    """ckpt-restart's status fd to its end: root_exit gets the root's
+    status once it says "exited N"; lazy: a LazyProgress told of the page
+    server's lines."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                  os.fdopen(fd, "rb", buffering=0))
     while line := await reader.readline():
         word, _, status = line.decode().partition(" ")
-        if word == "exited" and status.strip().isdigit():
-            return int(status)
-    await asyncio.Future()  # no word: ckpt-restart's own exit ends the restart
+        if word == "exited" and status.strip().isdigit() and not root_exit.done():
+            root_exit.set_result(int(status))
+        if lazy is not None and word.startswith("lazy-"):
+            lazy.line(word, status)
 
 
 def _signal_targets(job, root_pid):

@@ -29,6 +29,8 @@ QUICK = {
     "test_fuzz_images.py": {"test_fuzzed_checkpoints_fail_cleanly": None},
     "test_incremental.py": {"test_incremental_checkpoints_restart": ["threads"]},
     "test_compression.py": {"test_compressed_checkpoints_restart": ["counter-zstd"]},
+    "test_lazy.py": {"test_lazy_restart_restores_every_page": ["incremental-zstd"],
+                     "test_page_server_killed_ends_the_job": None},
     "test_staging.py": {"test_staged_checkpoints_restart": ["proctree"]},
     "test_faults.py": {"test_corrupt_image_is_refused_before_restoring": None,
                        "test_full_disk_abandons_checkpoint_and_job_keeps_running": None},

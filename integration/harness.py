@@ -261,9 +261,9 @@ class Job:
 class Restart:
     """A job restarted with `ckpt restart`; its processes write where they did."""
 
-    def __init__(self, session, image_dir):
+    def __init__(self, session, image_dir, *options):
         self.s = session
-        self.proc = subprocess.Popen(session.ckpt_argv("restart", image_dir),
+        self.proc = subprocess.Popen(session.ckpt_argv("restart", image_dir, *options),
                                      cwd=session.work, env=session.env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)

@@ -121,3 +121,26 @@ def test_bad_env_value(config_file, monkeypatch):
     monkeypatch.setenv("CKPT_BARRIER_TIMEOUT", "-3")
     with pytest.raises(CkptError, match="CKPT_BARRIER_TIMEOUT"):
         load_config()
+
+
+def test_lazy_from_file_env_or_flag(config_file, monkeypatch):
+    monkeypatch.delenv("CKPT_LAZY", raising=False)
+    assert not load_config().lazy  # a plain restore unless asked
+    config_file.write_text("lazy: yes\n")
+    assert load_config().lazy
+    monkeypatch.setenv("CKPT_LAZY", "0")
+    assert not load_config().lazy
+    assert load_config(lazy=True).lazy
+    monkeypatch.setenv("CKPT_LAZY", "sometimes")
+    with pytest.raises(CkptError, match="CKPT_LAZY: lazy must be yes or no"):
+        load_config()
+
+
+def test_lazy_restart_command_and_refusals():
+    from ckpt.restart import check_lazy, restart_command
+    from ckpt.jobs import this_host
+    argv = restart_command("ckpt-restart", "/s", "j", [("a.img", "00")], lazy=True)
+    assert "--lazy" in argv and argv.index("--lazy") < argv.index("a.img")
+    assert "--lazy" not in restart_command("ckpt-restart", "/s", "j", [("a.img", "00")])
+    with pytest.raises(CkptError, match="--lazy restores a job on this host only"):
+        check_lazy({this_host(): this_host(), "h2": "elsewhere-host"})

@@ -14,7 +14,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 # a flag's parameter name -> its setting
 SETTING_OF = {"ckpt_dir": "ckpt_dir", "interval": "interval", "keep": "keep",
               "forked": "forked_write", "compress": "compress", "incremental": "incremental",
-              "full_every": "full_every", "stage_dir": "stage_dir", "verify": "verify"}
+              "full_every": "full_every", "stage_dir": "stage_dir", "verify": "verify",
+              "lazy": "lazy"}
 # how help texts and the README word a default value
 WORDS = {"forked": True, "yes": True, "in place": False, "no": False, "on": True,
          "off": False, "all": 0, "none": None}

@@ -3,14 +3,15 @@
  * tree in one fresh pid namespace (docs/PROTOCOL.md, "ckpt-restart").
  *
  *   ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--addr-map OLD=NEW]...
- *                [--peer-image FILE]... [--staged-dir DIR] [--xxh3 HEX]... IMAGE...
+ *                [--peer-image FILE]... [--staged-dir DIR] [--lazy] [--xxh3 HEX]... IMAGE...
  *
  * The n-th --xxh3 is the checksum of the n-th image; an image of the same
  * name in --staged-dir with that checksum is read instead (--stage-dir).  On --status-fd it
  * writes "exited N" when the job's root exits while other processes of the
  * job still run; it then goes on until they are gone.  --peer-image names
  * the images of the job's other hosts, and --addr-map a host that moved
- * (cross_host.c).
+ * (cross_host.c).  --lazy: private memory is filled on demand after the
+ * processes resume (lazy.c).
  *
  * Statically linked at CKPT_RESERVE_START, a range every checkpointed
  * process keeps free, so it can replace the whole address space around
@@ -39,7 +40,7 @@ static char job_copy[64];
 static void usage(void)
 {
 	die("usage: ckpt-restart --coord SOCKET --job-id ID [--status-fd FD] [--addr-map OLD=NEW]... "
-	    "[--peer-image FILE]... [--staged-dir DIR] [--xxh3 HEX]... IMAGE...");
+	    "[--peer-image FILE]... [--staged-dir DIR] [--lazy] [--xxh3 HEX]... IMAGE...");
 }
 
 static void parse_args(int argc, char **argv)
@@ -52,6 +53,7 @@ static void parse_args(int argc, char **argv)
 		{ "addr-map", required_argument, NULL, 'a' },
 		{ "peer-image", required_argument, NULL, 'p' },
 		{ "staged-dir", required_argument, NULL, 'S' },
+		{ "lazy", no_argument, NULL, 'L' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -68,6 +70,7 @@ static void parse_args(int argc, char **argv)
 			break;
 		case 'a': addr_map_add(optarg); break;
 		case 'S': args.staged_dir = optarg; break;
+		case 'L': args.lazy = 1; break;
 		case 'p':
 			if (args.npeer_images == MAX_IMAGES)
 				die("too many --peer-image");
@@ -203,7 +206,7 @@ static int init_main(void)
 
 int main(int argc, char **argv)
 {
-	int err;
+	int err, status_fd;
 
 	timing = getenv("CKPT_RESTART_TIMING") != NULL;
 	t_start_ns = now_ns();
@@ -221,8 +224,11 @@ int main(int argc, char **argv)
 	check_pids(imgs, args.nimages);
 	mark("images checked and loaded");
 	prepare_fds(imgs, args.nimages);
-	tree_init(imgs, args.nimages, restorer,
-		  args.status_fd < 0 ? -1 : move_high(args.status_fd, "the status fd"));
+	if (args.lazy)		/* its fds above the image's (prepare_fds) */
+		lazy_init(imgs, args.nimages);
+	status_fd = args.status_fd < 0 ? -1 : move_high(args.status_fd, "the status fd");
+	tree_init(imgs, args.nimages, restorer, status_fd);
+	lazy_server_start(status_fd);
 	helpers_pick_pids();
 	enter_namespaces();
 	shared_create(imgs, args.nimages, args.coord);	/* System V segments: in the new IPC namespace */

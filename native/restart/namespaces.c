@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -82,6 +83,19 @@ static int exit_status(int status)
 	return 128 + WTERMSIG(status);
 }
 
+/* The page server of --lazy ended before the last page was in (it said
+ * why, unless killed): the job ends, none of its processes left waiting. */
+static void page_server_lost(pid_t init, int status)
+{
+	if (WIFSIGNALED(status))
+		warn("--lazy: the page server was killed (signal %d) before every page was in: "
+		     "the job ends", WTERMSIG(status));
+	kill(init, SIGKILL);
+	while (waitpid(init, &status, 0) < 0 && errno == EINTR)
+		;
+	exit(EXIT_RESTORE_FAILED);
+}
+
 /* Forks pid 1 of the new pid namespace, which mounts its /proc and runs
  * init_main; we wait for it and pass on its status. */
 int run_init(int (*init_main)(void))
@@ -99,13 +113,27 @@ int run_init(int (*init_main)(void))
 		_exit(init_main());
 	}
 	init_pid = init;
+	lazy_close_requests();	/* the server sees when no process is left to send */
 	shared_close_pipes();	/* the job's now, in the namespace */
 	shared_close_shms();
 	signal(SIGINT, forward_signal);
 	signal(SIGTERM, forward_signal);
 	signal(SIGHUP, forward_signal);
-	while (waitpid(init, &status, 0) < 0)
-		if (errno != EINTR)
+	for (;;) {
+		pid_t got = waitpid(-1, &status, 0);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
 			die("lost the restart namespace: %s", strerror(errno));
-	return exit_status(status);
+		if (got == init) {
+			lazy_server_wait();	/* its last word on the status fd */
+			return exit_status(status);
+		}
+		if (got == lazy_server_pid()) {
+			lazy_server_forget();
+			if (status)
+				page_server_lost(init, status);
+		}
+	}
 }

@@ -29,6 +29,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include "fast_hash.h"
+#include "pages.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -38,35 +39,6 @@
 #define GAP_STEP (1UL << 20)		/* record headers between pieces, at once */
 #define PARALLEL_FROM (128UL << 20)	/* below this, helpers cost more than they save */
 
-/* Raw: len bytes at offset off of file fd belong at addr.  A chunk (lv
- * set): the len bytes of lv's page data from pos on, stored at off.  Pages
- * of an earlier image's chunk (ref set): len bytes from into on of its
- * chunk_len decompressed bytes, stored at off, belong at addr. */
-struct piece {
-	uint64_t addr, len, off;
-	const uint64_t *block_sum;	/* its block's checksum, if the reader checks it */
-	uint64_t block_lo, block_hi;	/* and where that block lies in the file */
-	int fd;
-	const struct loaded_vma *lv;
-	const struct ckpt_page_ref *ref;
-	uint64_t pos;
-	uint32_t stored, format;
-};
-
-/* What one task decompresses and hashes with. */
-struct unpacker {
-	XXH3_state_t block_hash;	/* first: 64-byte aligned */
-	ZSTD_DCtx *dctx;
-	char *in;			/* a chunk as stored */
-	char *out;			/* a chunk whose pages are not contiguous */
-	char *gap;			/* record headers of a checked block */
-};
-
-/* What a task takes at once: a piece, or the pieces of a block it checks. */
-struct unit {
-	unsigned first, count;
-};
-
 static struct {
 	struct piece *pieces;
 	unsigned npieces, max_pieces;
@@ -75,18 +47,19 @@ static struct {
 	uint64_t bytes;
 	unsigned next;			/* the next unit to take (atomic) */
 	unsigned joined;		/* tasks at work, each an unpacker (atomic) */
+	uint64_t piece_max;		/* PIECE, or less for the page server */
 	long error;			/* the first failed read (atomic) */
 	struct unpacker unpackers[HELPERS_MAX_TASKS];
 } plan;
 
-static size_t chunk_len(const struct loaded_vma *lv, uint64_t i)
+size_t chunk_len(const struct loaded_vma *lv, uint64_t i)
 {
 	uint64_t left = lv->v.data_size - i * CKPT_CHUNK_SIZE;
 
 	return left < CKPT_CHUNK_SIZE ? left : CKPT_CHUNK_SIZE;
 }
 
-static void unpacker_init(struct unpacker *u)
+void unpacker_init(struct unpacker *u)
 {
 	size_t size = ZSTD_estimateDCtxSize();
 
@@ -136,25 +109,42 @@ void check_chunks(struct image *img, const struct loaded_vma *lv)
 		    img->file, (unsigned long long)total, (unsigned long long)lv->v.stored_size);
 }
 
-/* Room for the pieces of every region of img. */
-void reader_prepare(struct image *img)
-{
-	unsigned max = 0, compressed = 0;
+static void make_units(void);
 
+static uint64_t piece_max(void)
+{
+	return plan.piece_max ? plan.piece_max : PIECE;
+}
+
+/* How many pieces the regions of img can make at most. */
+unsigned reader_room(const struct image *img, int *compressed, uint64_t piece)
+{
+	unsigned max = 0;
+
+	*compressed = 0;
 	for (unsigned i = 0; i < img->nvmas; i++) {
 		const struct loaded_vma *lv = &img->vmas[i];
 
 		/* a piece ends at a block's end too */
 		max += lv->v.nruns + lv->nchunks + lv->v.nrefs + 1 +
 		       lv->v.data_size / CKPT_CHECKSUM_BLOCK;
-		compressed |= lv->nchunks > 0;
+		*compressed |= lv->nchunks > 0;
 		for (unsigned r = 0; r < lv->v.nruns; r++)
-			max += lv->runs[r].npages * CKPT_PAGE_SIZE / PIECE;
+			max += lv->runs[r].npages * CKPT_PAGE_SIZE / piece;
 		for (unsigned r = 0; r < lv->v.nrefs; r++) {
-			max += lv->refs[r].len / PIECE;
-			compressed |= lv->refs[r].stored > 0;
+			max += lv->refs[r].len / piece;
+			*compressed |= lv->refs[r].stored > 0;
 		}
 	}
+	return max;
+}
+
+/* Room for the pieces of every region of img. */
+void reader_prepare(struct image *img)
+{
+	int compressed;
+	unsigned max = reader_room(img, &compressed, PIECE);
+
 	plan.max_pieces = max;
 	plan.pieces = arena_alloc((max + 1) * sizeof(*plan.pieces));
 	plan.units = arena_alloc((max + 1) * sizeof(*plan.units));
@@ -162,6 +152,26 @@ void reader_prepare(struct image *img)
 		unpacker_init(&plan.unpackers[i]);
 	for (unsigned i = 0; img->block_sums && i < HELPERS_MAX_TASKS; i++)
 		plan.unpackers[i].gap = arena_alloc(GAP_STEP);
+}
+
+/* The page server's plan of one process: pieces of at most max_piece
+ * bytes into arrays of its own with room for max of them. */
+void reader_plan_into(struct piece *pieces, struct unit *units, unsigned max, uint64_t max_piece)
+{
+	plan.pieces = pieces;
+	plan.units = units;
+	plan.max_pieces = max;
+	plan.npieces = 0;
+	plan.bytes = 0;
+	plan.piece_max = max_piece;
+}
+
+/* The plan's units, once every piece is added; *bytes: their page data. */
+unsigned reader_plan_units(uint64_t *bytes)
+{
+	make_units();
+	*bytes = plan.bytes;
+	return plan.nunits;
 }
 
 static void add_piece(const struct piece *p)
@@ -196,8 +206,8 @@ static void add_raw(const struct image *img, int fd, uint64_t addr, uint64_t len
 		uint64_t n = lo + CKPT_CHECKSUM_BLOCK - off;
 		int checked = img && img->block_sums && img->deferred[block];
 
-		if (n > PIECE)
-			n = PIECE;
+		if (n > piece_max())
+			n = piece_max();
 		if (n > len)
 			n = len;
 		add_piece(&(struct piece){
@@ -234,7 +244,7 @@ void reader_add_refs(const struct image *img, const struct loaded_vma *lv)
 	}
 }
 
-static long read_at(int fd, uint64_t addr, uint64_t len, uint64_t off)
+long read_at(int fd, uint64_t addr, uint64_t len, uint64_t off)
 {
 	while (len) {
 		long n = sys4(SYS_pread64, fd, addr, len, off);
@@ -261,7 +271,7 @@ static long populate(uint64_t addr, uint64_t len)
 }
 
 /* The run of lv holding byte pos of its page data, and where in it. */
-static uint64_t run_of(const struct loaded_vma *lv, uint64_t pos, uint64_t *into)
+uint64_t run_of(const struct loaded_vma *lv, uint64_t pos, uint64_t *into)
 {
 	uint64_t r = 0, at = 0;
 
@@ -350,7 +360,7 @@ static long read_piece(const struct piece *p, struct unpacker *u)
 }
 
 /* The file's bytes [from, to) of fd, hashed (record headers). */
-static long hash_gap(int fd, uint64_t from, uint64_t to, struct unpacker *u)
+long hash_gap(int fd, uint64_t from, uint64_t to, struct unpacker *u)
 {
 	while (from < to) {
 		uint64_t n = to - from < GAP_STEP ? to - from : GAP_STEP;

@@ -109,6 +109,7 @@ struct restart_args {
 	unsigned npeer_images;
 	int status_fd;			/* -1, or where "exited N" goes */
 	const char *staged_dir;		/* node-local copies of the images (--stage-dir) */
+	int lazy;			/* --lazy: lazy.c */
 };
 
 /* arena.c */
@@ -246,6 +247,23 @@ void close_restart_fds(void);
 /* state/memory.c */
 void prepare_memory(struct image *img);
 void restore_memory(struct image *img);
+void memory_add_pages(const struct image *img, const struct loaded_vma *lv);
+
+/* lazy.c: --lazy, private memory filled on demand by a page server */
+void lazy_init(struct image *imgs, unsigned n);
+int lazy_region(const struct loaded_vma *lv);
+unsigned lazy_fds(int *out, unsigned max);
+void lazy_server_start(int status_fd);
+pid_t lazy_server_pid(void);
+void lazy_server_forget(void);
+void lazy_server_wait(void);
+void lazy_close_requests(void);
+void lazy_attach(struct image *img);
+int lazy_new_uffd(void);
+
+/* lazy_server.c */
+int lazy_serve(struct image *imgs, unsigned expected, int requests, int keeper, int keeper_send,
+	       int status_fd) __attribute__((noreturn));
 
 /* state/aio.c */
 void aio_read_rings(struct image *img);

@@ -95,7 +95,7 @@ static void keep_stdio(void)
  * but what this process restores from. */
 static void close_others(void)
 {
-	unsigned max = 6 + MAX_SOURCES + MAX_FDS * 3, nkeep = 0, lo = 0;
+	unsigned max = 9 + MAX_SOURCES + MAX_FDS * 3, nkeep = 0, lo = 0;
 	int *keep = arena_alloc(sizeof(int) * max);
 
 	keep[nkeep++] = image_fd;
@@ -106,6 +106,7 @@ static void close_others(void)
 	for (int i = 0; i < 3; i++)
 		keep[nkeep++] = stdio_fds[i];
 	nkeep += shared_fds(keep + nkeep, max - nkeep);
+	nkeep += lazy_fds(keep + nkeep, max - nkeep);
 	for (unsigned i = 1; i < nkeep; i++)	/* sort, then close the gaps */
 		for (unsigned j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
 			int t = keep[j];

@@ -416,6 +416,22 @@ static void attach_sysv(const struct ckpt_vma *v)
 		fatal("protecting a System V segment", r);
 }
 
+/* The reader's pieces of a region's page data. */
+void memory_add_pages(const struct image *img, const struct loaded_vma *lv)
+{
+	const struct ckpt_vma *v = &lv->v;
+
+	if (lv->nchunks)
+		reader_add_chunks(img, lv);
+	for (uint64_t i = 0, off = v->data_offset; !lv->nchunks && i < v->nruns; i++) {
+		uint64_t bytes = lv->runs[i].npages * CKPT_PAGE_SIZE;
+
+		reader_add(img, v->start + lv->runs[i].offset, bytes, off);
+		off += bytes;
+	}
+	reader_add_refs(img, lv);
+}
+
 static void map_region(struct image *img, unsigned idx)
 {
 	const struct loaded_vma *lv = &img->vmas[idx];
@@ -474,15 +490,8 @@ static void map_region(struct image *img, unsigned idx)
 		fatal("mapping a saved region", r);
 	if ((uint64_t)r != v->start)
 		fatal("a saved region landed elsewhere", -EFAULT);
-	if (lv->nchunks)
-		reader_add_chunks(img, lv);
-	for (uint64_t i = 0, off = v->data_offset; !lv->nchunks && i < v->nruns; i++) {
-		uint64_t bytes = lv->runs[i].npages * CKPT_PAGE_SIZE;
-
-		reader_add(img, v->start + lv->runs[i].offset, bytes, off);
-		off += bytes;
-	}
-	reader_add_refs(img, lv);
+	if (!lazy_region(lv))		/* else the page server's (lazy.c) */
+		memory_add_pages(img, lv);
 	if (v->nruns || v->nrefs)
 		img->vmas[idx].filled = 1;	/* writable until its pages are in */
 }
@@ -605,6 +614,7 @@ void restore_memory(struct image *img)
 	for (unsigned i = 0; i < img->nvmas; i++)
 		map_region(img, i);
 	reader_run();
+	lazy_attach(img);
 	protect_filled(img);
 	install_guards(img);
 	for (unsigned i = 0; i < img->nvmas; i++)
