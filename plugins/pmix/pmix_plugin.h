@@ -21,6 +21,7 @@
 int pmix_value_to_text(const pmix_value_t *v, char *out, size_t size);
 /* A value made as libpmix would (PMIX_VALUE_RELEASE frees it): 0 or errno. */
 int pmix_value_from_text(const char *text, pmix_value_t *v);
+int pmix_to_hex(const void *p, size_t n, char *out, size_t size);
 
 /* ---- records.c: what the rank put and was answered ---- */
 

@@ -116,33 +116,30 @@ static int quiet(int fd)
 
 /* ---- name-service keys ---- */
 
-static void hex(const char *in, char *out, size_t size)
-{
-	static const char digits[] = "0123456789abcdef";
-	size_t n = 0;
-
-	for (; *in && n + 3 <= size; in++) {
-		out[n++] = digits[(unsigned char)*in >> 4];
-		out[n++] = digits[*in & 15];
-	}
-	out[n] = '\0';
-}
-
-/* "pmix:<nspace>:<epoch>:<rank>:<key>#<chunk>", names in hex */
-static void value_key(char *out, size_t size, pmix_rank_t rank, const char *key, unsigned chunk)
+/* "pmix:<nspace>:<epoch>:<rank>:<key>#<chunk>", names in hex; a key too
+ * long for its room is an error, never cut short (two keys would meet). */
+static int value_key(char *out, size_t size, pmix_rank_t rank, const char *key, unsigned chunk)
 {
 	char ns[2 * PMIX_MAX_NSLEN + 3], k[KEY_MAX];
+	const char *nspace = pmix_state.me.nspace;
+	int err;
 
-	hex(pmix_state.me.nspace, ns, sizeof(ns));
-	hex(key, k, sizeof(k));
-	snprintf(out, size, "pmix:%s:%u:%u:%s#%u", ns, pmix_state.epoch, rank, k, chunk);
+	err = pmix_to_hex(nspace, strnlen(nspace, PMIX_MAX_NSLEN), ns, sizeof(ns));
+	if (!err)
+		err = pmix_to_hex(key, strlen(key), k, sizeof(k));
+	if (!err && snprintf(out, size, "pmix:%s:%u:%u:%s#%u", ns, pmix_state.epoch, rank, k,
+			     chunk) >= (int)size)
+		err = ENOSPC;
+	return err;
 }
 
 static void fence_key(char *out, size_t size, unsigned k)
 {
 	char ns[2 * PMIX_MAX_NSLEN + 3];
+	const char *nspace = pmix_state.me.nspace;
 
-	hex(pmix_state.me.nspace, ns, sizeof(ns));
+	/* cannot fail: ns holds the longest namespace */
+	pmix_to_hex(nspace, strnlen(nspace, PMIX_MAX_NSLEN), ns, sizeof(ns));
 	snprintf(out, size, "pmix:%s:%u:fence:%u", ns, pmix_state.epoch, k);
 }
 
@@ -168,8 +165,9 @@ static int put_text(const struct kv_client *kv, struct put_room *room, pmix_rank
 		int n = i ? 0 : snprintf(v, sizeof(room->v), "%u/", count);
 
 		snprintf(v + n, sizeof(room->v) - n, "%.*s", CHUNK, text + (size_t)i * CHUNK);
-		value_key(k, sizeof(room->k), rank, key, i);
-		err = kv_client_put(kv, k, v);
+		err = value_key(k, sizeof(room->k), rank, key, i);
+		if (!err)
+			err = kv_client_put(kv, k, v);
 	}
 	return err;
 }
@@ -238,8 +236,9 @@ int pmix_published_get(pmix_rank_t rank, const char *key, pmix_value_t **value)
 	for (unsigned i = 0; i < count && !err; i++) {
 		const char *part = v;
 
-		value_key(k, sizeof(k), rank, key, i);
-		err = kv_client_get(&app_kv, k, v, sizeof(v));
+		err = value_key(k, sizeof(k), rank, key, i);
+		if (!err)
+			err = kv_client_get(&app_kv, k, v, sizeof(v));
 		if (err)
 			break;
 		if (!i) {

@@ -30,7 +30,8 @@ static size_t scalar_size(pmix_data_type_t type)
 	}
 }
 
-static int to_hex(const void *p, size_t n, char *out, size_t size)
+/* n bytes as 2n lowercase hex digits and a NUL; ENOSPC where they do not fit. */
+int pmix_to_hex(const void *p, size_t n, char *out, size_t size)
 {
 	static const char digits[] = "0123456789abcdef";
 	const unsigned char *b = p;
@@ -75,15 +76,15 @@ int pmix_value_to_text(const pmix_value_t *v, char *out, size_t size)
 	out += n;
 	size -= n;
 	if (bytes)
-		return to_hex(&v->data, bytes, out, size);
+		return pmix_to_hex(&v->data, bytes, out, size);
 	switch (v->type) {
 	case PMIX_STRING:
-		return v->data.string ? to_hex(v->data.string, strlen(v->data.string), out, size)
+		return v->data.string ? pmix_to_hex(v->data.string, strlen(v->data.string), out, size)
 				      : ENOTSUP;
 	case PMIX_BYTE_OBJECT:
-		return to_hex(v->data.bo.bytes, v->data.bo.size, out, size);
+		return pmix_to_hex(v->data.bo.bytes, v->data.bo.size, out, size);
 	case PMIX_PROC:
-		return v->data.proc ? to_hex(v->data.proc, sizeof(*v->data.proc), out, size)
+		return v->data.proc ? pmix_to_hex(v->data.proc, sizeof(*v->data.proc), out, size)
 				    : ENOTSUP;
 	default:
 		return ENOTSUP;
