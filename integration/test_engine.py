@@ -53,6 +53,8 @@ PROGRAMS = {
     "ctty_reopen": ["150", "10"],
     "proc_maps_peers": ["150", "10"],
     "deleted_in_removed_dir": ["150", "10", "."],
+    "socket_dgram_dead_peers": ["150", "10", "."],
+    "ctty_shared_fork": ["150", "10"],
     "file_locks": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "proc_attrs": ["150", "10"],

@@ -555,7 +555,7 @@ struct ckpt_fd {
 					 * (O_DIRECT), each after a uint32_t length;
 					 * CKPT_FD_FILE, CKPT_FD_DELETED_FILE: the
 					 * locks held through it (below) */
-	int32_t share_pid;		/* CKPT_FD_FILE, CKPT_FD_PIPE_*: the same
+	int32_t share_pid;		/* CKPT_FD_FILE, CKPT_FD_PIPE_*, /dev/tty: the same
 					 * open file (offset, flags) as fd
 					 * share_fd of process */
 	int32_t share_fd;		/* share_pid, inherited across fork; 0: none */

@@ -213,6 +213,11 @@ void files_create(struct image *imgs, unsigned n);
 int shared_file_fd(int32_t pid, const struct ckpt_fd *f);
 unsigned open_file_fds(int *out, unsigned max);
 void files_close(void);
+void dev_ttys_open(const struct image *img);
+int dev_tty_fd(int32_t pid, const struct ckpt_fd *f);
+unsigned dev_tty_fds(int *out, unsigned max);
+void dev_ttys_close(void);
+int is_job_dev_tty(const struct image *img, const struct loaded_fd *lf);
 
 /* state/cross_host.c: TCP connections of the job between hosts */
 #define MAX_CROSS_ENDS 1024

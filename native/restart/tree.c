@@ -180,6 +180,7 @@ void tree_enter(struct image *img)
 	set_failure_hook(restore_failed);
 	take_session_and_group(p, pid);
 	pty_take_controlling(p, pid);
+	dev_ttys_open(img);	/* for the children to inherit */
 	for (unsigned i = 0; i < nimages; i++)
 		if (images[i].proc->ppid == pid && &images[i] != img)
 			spawn(images[i].hdr.pid, NULL, restore_one, &images[i]);

@@ -362,17 +362,23 @@ static int restarter_stdio(int which)
 
 /* /dev/tty of a process whose controlling terminal is a pty of the job
  * (tree.c made it the session's terminal again before the fds). */
-static int is_job_dev_tty(const struct image *img, const struct loaded_fd *lf)
+int is_job_dev_tty(const struct image *img, const struct loaded_fd *lf)
 {
 	uint32_t ctty = img->proc->ctty_pty;
 
 	return !strcmp(lf->path, "/dev/tty") && ctty && pty_end(ctty - 1, 0) >= 0;
 }
 
-/* /dev/tty again: that pty, through an open file of its own. */
+/* /dev/tty again: that pty, through the open file it shares across fork
+ * (files.c), else an open file of its own. */
 static int open_dev_tty(const struct image *img, const struct loaded_fd *lf)
 {
-	int fd = open("/dev/tty", (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+	int shared = dev_tty_fd(img->hdr.pid, &lf->f);
+	int fd;
+
+	if (shared >= 0)
+		return fcntl(shared, F_DUPFD_CLOEXEC, 0);
+	fd = open("/dev/tty", (lf->f.flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
 
 	if (fd < 0)
 		die("fd %d: cannot open /dev/tty, pty %u, the process's controlling terminal, "
@@ -813,6 +819,7 @@ void restore_fds(struct image *img)
 	}
 	fill_epoll_sets(img);
 	shared_close_pipes();
+	dev_ttys_close();
 	restore_mq_notify(img);
 	restore_locks(img, 0);
 }

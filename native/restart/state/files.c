@@ -2,7 +2,10 @@
  * Open files and devices shared between processes (one open file, one
  * offset, inherited across fork; saved by native/shim/state/fds.c): opened once by
  * pid 1 of the restart namespace, at the owner's offset, and inherited by
- * every process whose image shares it.
+ * every process whose image shares it.  /dev/tty on a pty of the job can
+ * only be opened by a process of that terminal's session: the first
+ * process of the tree that has it opens it (dev_ttys_open), and its
+ * children inherit it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -117,4 +120,72 @@ void files_close(void)
 {
 	for (unsigned i = 0; i < nfiles; i++)
 		close(files[i].file);
+}
+
+/* /dev/tty on a pty of the job, by its owner (share_pid, share_fd, or
+ * the fd itself); static, so that children made by clone have the
+ * table as they have the fds. */
+#define MAX_DEV_TTYS 16
+
+static struct shared_file dev_ttys[MAX_DEV_TTYS];
+static unsigned ndev_ttys;
+
+static struct shared_file *find_dev_tty(int32_t pid, const struct ckpt_fd *f)
+{
+	int32_t opid = f->share_pid ? f->share_pid : pid, ofd = f->share_pid ? f->share_fd : f->fd;
+
+	for (unsigned i = 0; i < ndev_ttys; i++)
+		if (dev_ttys[i].pid == opid && dev_ttys[i].fd == ofd)
+			return &dev_ttys[i];
+	return NULL;
+}
+
+/*
+ * In a restored process, once its session has its terminal and before it
+ * makes its children: its /dev/tty files that no ancestor opened, opened
+ * here, so that every child that shares one inherits it (one open file,
+ * one set of flags, as fork left it).  An open that fails is left to
+ * open_dev_tty, which says why.
+ */
+void dev_ttys_open(const struct image *img)
+{
+	for (unsigned i = 0; i < img->nfds && ndev_ttys < MAX_DEV_TTYS; i++) {
+		const struct loaded_fd *lf = &img->fds[i];
+		const struct ckpt_fd *f = &lf->f;
+		int fd;
+
+		if (f->kind != CKPT_FD_TTY || f->dup_of >= 0 || !is_job_dev_tty(img, lf) ||
+		    find_dev_tty(img->hdr.pid, f))
+			continue;
+		fd = open("/dev/tty", (f->flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		dev_ttys[ndev_ttys++] = (struct shared_file){
+			f->share_pid ? f->share_pid : img->hdr.pid,
+			f->share_pid ? f->share_fd : f->fd, move_high(fd, "/dev/tty") };
+	}
+}
+
+/* The /dev/tty file a TTY record has from dev_ttys_open, or -1. */
+int dev_tty_fd(int32_t pid, const struct ckpt_fd *f)
+{
+	const struct shared_file *t = find_dev_tty(pid, f);
+
+	return t ? t->file : -1;
+}
+
+unsigned dev_tty_fds(int *out, unsigned max)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < ndev_ttys && k < max; i++)
+		out[k++] = dev_ttys[i].file;
+	return k;
+}
+
+void dev_ttys_close(void)
+{
+	for (unsigned i = 0; i < ndev_ttys; i++)
+		close(dev_ttys[i].file);
+	ndev_ttys = 0;
 }

@@ -31,6 +31,7 @@ unsigned shared_fds(int *out, unsigned max)
 	k += socket_fds(out + k, max - k);
 	k += pty_fds(out + k, max - k);
 	k += open_file_fds(out + k, max - k);
+	k += dev_tty_fds(out + k, max - k);
 	return k + mqueue_fds(out + k, max - k);
 }
 

@@ -4,8 +4,9 @@
  * two ends of each connection inside the job again, TCP ones on their old
  * ports, refills their queues, reconnects those leading outside the job,
  * meets the other hosts' restarts for connections across hosts
- * (cross_host.c), gives ends whose peer closed a stand-in peer that sends
- * their queue and closes, and shuts down what was shut down.
+ * (cross_host.c), gives ends whose peer closed (datagram ones too) a
+ * stand-in peer that sends their queue and closes, and shuts down what
+ * was shut down.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -497,6 +498,95 @@ static void pair_with_ghost(struct shared_socket *ss)
 	ss->ghosted = 1;
 }
 
+/*
+ * A Unix datagram socket whose peer closed: the kernel keeps it connected
+ * to the dead socket (getpeername still names it, sock_diag gives no peer
+ * inode) until a send fails with ECONNREFUSED.
+ */
+static int unix_dgram_peer_gone(const struct loaded_fd *lf)
+{
+	const struct ckpt_fd *f = &lf->f;
+
+	return f->sock_domain == AF_UNIX && f->sock_type == SOCK_DGRAM &&
+	       (f->sock_flags & CKPT_SOCK_CONNECTED) && !f->peer_id;
+}
+
+static const char *unix_path(const struct ckpt_sockaddr *a)
+{
+	return ((const struct sockaddr_un *)a->addr)->sun_path;
+}
+
+/* A name in the file system that is in the way of a bind of a moment:
+ * moved aside next to itself (1), to be put back by put_back(). */
+static int move_aside(const char *path, char *aside, size_t size)
+{
+	struct stat st;
+
+	if (lstat(path, &st))
+		return 0;
+	snprintf(aside, size, "%s.ckpt-aside-%d", path, getpid());
+	if (strlen(path) + 32 > size || rename(path, aside))
+		die("cannot move %s aside for a moment to name a closed socket peer: %s", path,
+		    strerror(errno ? errno : ENAMETOOLONG));
+	return 1;
+}
+
+static void put_back(const char *path, const char *aside, int moved)
+{
+	unlink(path);
+	if (moved && rename(aside, path))
+		die("cannot put %s back: %s", path, strerror(errno));
+}
+
+/*
+ * The stand-in gets the closed peer's name, so that getpeername and
+ * recvfrom name it as before: bound for a moment (relative names in the
+ * process's working directory), its socket file removed again and what
+ * was there put back.  A name the stand-in cannot take is said.
+ */
+static void name_ghost(int ghost, const struct shared_socket *ss)
+{
+	const struct ckpt_fd *f = &ss->rec->f;
+	const char *path = unix_path(&f->sock_peer);
+	char aside[sizeof(struct sockaddr_un) + 32];
+	int abstract = !path[0], moved = 0;
+
+	if (f->sock_peer.len <= sizeof(sa_family_t))
+		return;		/* unnamed, as a socketpair's end */
+	if (!abstract && chdir(ss->img->proc->cwd))
+		die("pid %d: cannot enter its working directory %s: %s", ss->img->hdr.pid,
+		    ss->img->proc->cwd, strerror(errno));
+	if (!abstract)
+		moved = move_aside(path, aside, sizeof(aside));
+	if (bind(ghost, sa(&f->sock_peer), f->sock_peer.len))
+		warn("pid %d: fd %d: the name of its closed datagram peer (%s%s) cannot be given "
+		     "back: %s; getpeername and recvfrom give no name", ss->img->hdr.pid, f->fd,
+		     abstract ? "@" : "", path + abstract, strerror(errno));
+	if (!abstract)
+		put_back(path, aside, moved);
+}
+
+/* The other end of a new datagram pair stands in for the dead peer: it
+ * sends the queue again, datagram by datagram, and closes.  The end is
+ * then connected to a dead socket, as it was. */
+static void dgram_pair_with_ghost(struct shared_socket *ss)
+{
+	const struct ckpt_fd *f = &ss->rec->f;
+	int sv[2];
+
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv))
+		die("cannot recreate a datagram socket whose peer closed: %s", strerror(errno));
+	ss->fd = move_high(sv[0], "a socket");
+	sockopts_apply(ss->fd, f);
+	if (f->sock_flags & CKPT_SOCK_BOUND)
+		bind_as_before(ss->fd, ss);
+	name_ghost(sv[1], ss);
+	ckpt_raise_socket_buffer(sv[1], SO_SNDBUF, 2 * f->data_size);
+	refill_socket(ss->rec, sv[1]);
+	close(sv[1]);
+	ss->ghosted = 1;
+}
+
 /* Datagrams waiting on a named socket (from whoever sent them): sent to
  * its name again, from a socket of a moment. */
 static void refill_by_name(const struct loaded_fd *lf)
@@ -653,6 +743,9 @@ void sockets_create(struct image *imgs, unsigned n, const char *coord)
 	for (unsigned i = 0; i < nsocks; i++)
 		if (socks[i].fd < 0 && unix_peer_gone(socks[i].rec))
 			pair_with_ghost(&socks[i]);
+	for (unsigned i = 0; i < nsocks; i++)
+		if (socks[i].fd < 0 && unix_dgram_peer_gone(socks[i].rec))
+			dgram_pair_with_ghost(&socks[i]);
 	for (unsigned i = 0; i < nsocks; i++) {
 		const struct ckpt_fd *f = &socks[i].rec->f;
 

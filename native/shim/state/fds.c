@@ -528,7 +528,8 @@ static int hold_contents(const struct fd_info *fi)
 static int shares_open_files(const struct fd_info *fi)
 {
 	return fi->rec.kind == CKPT_FD_FILE || fi->rec.kind == CKPT_FD_DEVICE ||
-	       fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_PIPE_WRITE;
+	       fi->rec.kind == CKPT_FD_PIPE_READ || fi->rec.kind == CKPT_FD_PIPE_WRITE ||
+	       (fi->rec.kind == CKPT_FD_TTY && !strcmp(fi->path, "/dev/tty"));
 }
 
 /*
