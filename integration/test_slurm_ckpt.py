@@ -9,6 +9,7 @@ node-local directory or drained node is left, and every checkpoint is
 still there."""
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -105,7 +106,9 @@ class BatchJob:
         for line in self.text().splitlines():
             for marker in (": checkpoint /", "restarting from /"):
                 if line.startswith("ckpt: job") and marker in line:
-                    paths.append("/" + line.split(marker, 1)[1].strip())
+                    path = line.split(marker, 1)[1].strip()
+                    # "checkpoint PATH (SIZE in T s)": the path without its figures
+                    paths.append("/" + re.sub(r" \([^()]* in [0-9.]+ s\)$", "", path))
         return paths
 
     def wait_text(self, word, count=1, timeout=120):
