@@ -327,7 +327,7 @@ def _usr1_checkpoints_logged(job, written, moves):
         assert progress, lines
         # "ckpt-0001 writing images: 3.1 MiB of ~3.0 MiB (h1 1.6 MiB, h2 1.5 MiB)"
         for line in progress:
-            assert re.fullmatch(rf"ckpt: job {job.id}: {name} [a-z ()]+: [0-9.]+ [KMGT]?i?B"
+            assert re.fullmatch(rf"ckpt: job {job.id}: {name} [a-z_ ()-]+: [0-9.]+ [KMGT]?i?B"
                                 rf"( of ~[0-9.]+ [KMGT]?i?B)? \({hosts[0]} [0-9.]+ [KMGT]?i?B, "
                                 rf"{hosts[1]} [0-9.]+ [KMGT]?i?B\)", line), line
         said = f"ckpt: job {job.id}: checkpoint {event['path']} ("
