@@ -18,6 +18,7 @@ import pytest
 
 from cluster import kill_pids
 from harness import REPO
+from test_report import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows
 from test_status import events_of, validator
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
@@ -259,7 +260,8 @@ def reference(slurm, stack, args, ranks=4, program="ring"):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs, stack):
+def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs, stack,
+                                                                     tmp_path):
     args = (600, 20)
     job = jobs(stack, args).submit(exclude=("h3", "h4"))
     assert job.wait_running(0) == ["h1", "h2"]
@@ -282,6 +284,35 @@ def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs
     assert text.count("USR1: checkpoint and requeue") == 2 and "failed" not in text, text
     assert job.results() == reference(slurm, stack, args), text
     _usr1_checkpoints_logged(job, written, [{"h1": "h3", "h2": "h4"}, {"h3": "h1", "h4": "h2"}])
+    _inspected_and_reported(slurm, job, written, tmp_path)
+
+
+def _inspected_and_reported(slurm, job, written, tmp_path):
+    """`ckpt inspect --json` of each USR1 checkpoint (h1,h2's, then h3,h4's)
+    from a node outside the job: its schema, two ranks on each node; and
+    `ckpt report` of the job in chromium: every chart drawn, the newest
+    checkpoint's nodes, both restarts with their moves."""
+    env = ckpt_env(slurm)
+    for path, nodes in zip(written, (["h1", "h2"], ["h3", "h4"])):
+        found = json.loads(slurm.check("h3", [CKPT, "inspect", path, "--json"], env=env))
+        validator("inspect").validate(found)
+        assert found["path"] == path and sorted(found["hosts"]) == nodes, found["hosts"]
+        ranks = [p for p in found["processes"] if p["exe"].endswith("/ring")]
+        assert sorted(p["host"] for p in ranks) == sorted(nodes * 2), \
+            [(p["host"], p["exe"]) for p in found["processes"]]
+    if BROWSER is None:
+        pytest.skip(NO_BROWSER)
+    page = job.dir / "report.html"
+    made = slurm.check("h3", [CKPT, "report", str(job.img / job.id), "-o", str(page)], env=env)
+    assert made == f"{page}\n", made
+    tree, console, drawn = browse(page, tmp_path)
+    assert console == [], console
+    all_drawn(tree, drawn, PLOTS)
+    assert sorted(row[0] for row in rows(tree, "table-hosts")) == ["h3", "h4"]
+    assert {row[0] for row in rows(tree, "table-processes")} == {"h3", "h4"}
+    assert [(row[0], row[5], row[6]) for row in rows(tree, "table-restarts")] == [
+        (path.rsplit("-", 1)[1].lstrip("0"), moves, "ok")
+        for path, moves in zip(written, ("h1→h3, h2→h4", "h3→h1, h4→h2"))]
 
 
 def _restored_status_json(slurm, job, restarted_from):
