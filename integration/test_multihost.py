@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from harness import REPO
-from test_report import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows, seconds
+from test_report_page import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows, seconds
 from test_status import Terminal, events_of, validator
 from test_mpi_verbs import COUNTER_COLUMN, COUNTERS
 

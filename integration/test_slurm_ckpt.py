@@ -18,7 +18,7 @@ import pytest
 
 from cluster import kill_pids
 from harness import REPO
-from test_report import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows
+from test_report_page import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows
 from test_status import events_of, validator
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
