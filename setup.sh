@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 
 DEBS="gcc make libc6-dev libxxhash-dev libzstd-dev zstd util-linux procps
 python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
-python3-xxhash python3-pytest python3-pytest-xdist python3-rich python3-jsonschema python3-plotly chromium libibverbs-dev ibverbs-utils rdma-core ibverbs-providers
+python3-xxhash python3-pytest python3-pytest-xdist python3-rich python3-jsonschema python3-plotly python3-selenium chromium chromium-driver libibverbs-dev ibverbs-utils rdma-core ibverbs-providers
 libucx0 ucx-utils perftest
 mpich libmpich-dev openmpi-bin libopenmpi-dev libpmix-dev pkg-config python3-mpi4py python3-dev iproute2
 openssh-client openssh-server slurm-wlm slurm-client munge"
@@ -39,10 +39,10 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 
 # The python3 on PATH may not be Debian's (pyenv, venv): give it the modules.
-if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest, xdist, rich, jsonschema, plotly" 2>/dev/null; then
-	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly ||
+if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest, xdist, rich, jsonschema, plotly, selenium" 2>/dev/null; then
+	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly selenium ||
 		python3 -m pip install -q --user --break-system-packages \
-			click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly
+			click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly selenium
 fi
 
 make -s all

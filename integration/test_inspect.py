@@ -7,9 +7,19 @@ import os
 import re
 import time
 
-from harness import SYSTEM_PYTHON, Job
+import jsonschema
+
+from harness import REPO, SYSTEM_PYTHON, Job
 
 MiB = 1 << 20
+
+
+def validated(name, text):
+    """A command's --json output, checked against docs/schemas/NAME.schema.json."""
+    document = json.loads(text)
+    schema = json.loads((REPO / "docs" / "schemas" / f"{name}.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(document)
+    return document
 CHANGING = r'''
 import mmap, os, subprocess, sys, threading, time
 work = sys.argv[1]
@@ -47,7 +57,8 @@ def test_diff_of_two_checkpoints_of_a_real_job(session):
     opened_fd, child_pid = map(int, re.search(r"CHANGED (\d+) (\d+)", job.output()).groups())
     second = job.checkpoint()
 
-    found = json.loads(session.ckpt("inspect", "--diff", first, second, "--json").stdout)
+    found = validated("inspect-diff",
+                      session.ckpt("inspect", "--diff", first, second, "--json").stdout)
     assert found["v"] == 1 and found["job_id"] == job.id
     assert (found["a"]["checkpoint"], found["b"]["checkpoint"]) == (1, 2)
     [appeared] = found["appeared"]
@@ -80,6 +91,9 @@ def test_diff_of_two_checkpoints_of_a_real_job(session):
     assert "    + thread " in text
 
     # a checkpoint against itself: no change; against another job's: refused
+    for checkpoint, pids in ((first, {pid}), (second, {pid, child_pid})):  # every process
+        whole = validated("inspect", session.ckpt("inspect", checkpoint, "--json").stdout)
+        assert {p["pid"] for p in whole["processes"]} == pids, whole["processes"]
     same = session.ckpt("inspect", "--diff", second, second).stdout
     assert same.splitlines()[1:] == ["  unchanged: 2 processes", "  no change"], same
     other = Job(session, "other", [SYSTEM_PYTHON, "-c",
@@ -134,7 +148,7 @@ def test_signals_timers_and_rlimits_from_the_image(session):
     job.wait_ready()
     pid, timer_id = map(int, re.search(r"READY (\d+) (\d+)", job.output()).groups())
     path = job.checkpoint()
-    [proc] = json.loads(session.ckpt("inspect", path, "--json").stdout)["processes"]
+    [proc] = validated("inspect", session.ckpt("inspect", path, "--json").stdout)["processes"]
     assert proc["pid"] == pid
     signals = proc["signals"]
     # SIGUSR2 (kill) and SIGRTMIN+2 (sigqueue, its value) wait, blocked, in the process's queue

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from harness import REPO
+from test_report_page import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows, seconds
 from test_status import Terminal, events_of, validator
 from test_mpi_verbs import COUNTER_COLUMN, COUNTERS
 
@@ -298,7 +299,7 @@ def wait_restored(job, host, timeout=120):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_restart_on_same_other_and_swapped_hosts(cluster, jobs, request, stack, rng):
+def test_restart_on_same_other_and_swapped_hosts(cluster, jobs, request, stack, rng, tmp_path):
     """Three checkpoints, the last with --kill.  The first restarts on the
     same hosts and is checkpointed again (--kill) once restored; the last
     restarts on two other hosts, the new one on the same hosts swapped;
@@ -338,6 +339,67 @@ def test_restart_on_same_other_and_swapped_hosts(cluster, jobs, request, stack, 
             assert event["bytes"] == sum(h["bytes"] for h in event["hosts"].values())
     assert [e["hosts"] for e in logged if e["kind"] == "restart"] == [
         {"h1": "h1", "h2": "h2"}, {"h1": "h3", "h2": "h4"}, {"h1": "h2", "h2": "h1"}]
+    inspect_both_hosts(job, first, last)
+    report_of_both_hosts(job, Path(first).parent, logged, tmp_path)
+
+
+def inspect_both_hosts(job, first, last):
+    """`ckpt inspect --json` (from a host outside the job) of a checkpoint
+    of both hosts: each process of the manifest, on its host, decoded; and
+    --diff of two checkpoints of one run: the same processes."""
+    def validated(name, *args):
+        document = json.loads(job.ckpt("h3", "inspect", *args, "--json").stdout)
+        validator(name).validate(document)
+        return document
+    found = validated("inspect", first)
+    assert found["hosts"] == ["h1", "h2"] and found["job_id"] == job.id, found["hosts"]
+    listed = {(p["host"], p["pid"]) for p in manifest_of(first)["processes"]}
+    assert {(p["host"], p["pid"]) for p in found["processes"]} == listed
+    assert {host for host, _ in listed} == {"h1", "h2"}
+    for proc in found["processes"]:
+        assert proc["threads"] and proc["exe"].startswith("/"), proc["exe"]
+        assert sum(region["saved"] for region in proc["memory"]) > 0, (proc["host"], proc["pid"])
+    ranks = [p for p in found["processes"] if p["exe"].endswith("/ring")]
+    assert sorted(p["host"] for p in ranks) == ["h1", "h1", "h2", "h2"], \
+        [(p["host"], p["exe"]) for p in found["processes"]]
+    text = job.ckpt("h3", "inspect", first).stdout
+    assert " on h1: " in text and " on h2: " in text, text
+    changes = validated("inspect-diff", "--diff", first, last)
+    assert changes["appeared"] == [] and changes["gone"] == []
+    assert sorted([p["pid"] for p in changes["changed"]] + changes["unchanged"]) == \
+        sorted(pid for _, pid in listed)
+
+
+def report_of_both_hosts(job, job_dir, logged, tmp_path):
+    """`ckpt report` of the job, opened in headless chromium: every chart
+    drawn, and both hosts in the per-host and per-process charts and
+    tables of the newest checkpoint, and in the bandwidth chart."""
+    if BROWSER is None:
+        pytest.skip(NO_BROWSER)
+    page = job.dir / "report.html"
+    made = job.ckpt("h3", "report", str(job_dir), "-o", str(page))
+    assert made.stdout == f"{page}\n", made.stdout
+    tree, console, drawn = browse(page, tmp_path)
+    assert console == [], console
+    all_drawn(tree, drawn, PLOTS)
+    event = [e for e in logged if e["kind"] == "checkpoint"][-1]   # the one shown
+    assert rows(tree, "table-hosts") == [
+        [host, str(h["processes"]), str(h["bytes"]), seconds(h["stopped_s"]),
+         seconds(h["write_s"]), seconds(h["flush_s"]) if "flush_s" in h else ""]
+        for host, h in event["hosts"].items()]
+    assert sorted(event["hosts"]) == ["h1", "h2"]
+
+    def ticks(plot_id):
+        return [t.all_text() for t in tree.by_id[plot_id].find_all("text")
+                if "xtick" in (t.parent.attrs.get("class", "") if t.parent else "")]
+    assert sorted(ticks("plot-hosts")) == ["h1", "h2"]
+    processes = manifest_of(event["path"])["processes"]
+    assert [row[:2] for row in rows(tree, "table-processes")] == \
+        [[p["host"], str(p["pid"])] for p in processes]
+    assert {p["host"] for p in processes} == {"h1", "h2"}
+    assert sorted(ticks("plot-processes")) == sorted(f"{p['host']}:{p['pid']}" for p in processes)
+    legend = [t.all_text() for t in tree.by_id["plot-bandwidth"].find_all("text", "legendtext")]
+    assert sorted(legend) == ["h1 write", "h2 write"], legend
 
 
 def status_from_another_host(job, host, restarted_from, last):

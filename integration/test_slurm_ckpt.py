@@ -18,6 +18,7 @@ import pytest
 
 from cluster import kill_pids
 from harness import REPO
+from test_report_page import BROWSER, NO_BROWSER, PLOTS, all_drawn, browse, rows
 from test_status import events_of, validator
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slurm]
@@ -260,7 +261,8 @@ def reference(slurm, stack, args, ranks=4, program="ring"):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs, stack):
+def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs, stack,
+                                                                     tmp_path):
     args = (600, 20)
     job = jobs(stack, args).submit(exclude=("h3", "h4"))
     assert job.wait_running(0) == ["h1", "h2"]
@@ -275,10 +277,95 @@ def test_usr1_checkpoints_requeues_and_restarts_on_other_nodes_twice(slurm, jobs
         assert job.wait_running(restarts) == to
         job.wait_text("requeued run", count=restarts)
         job.wait_text(f"ckpt: job {job.id}\n", count=restarts + 1)   # restored
+    written = job.checkpoints_named()[::2]   # each checkpoint written, then restarted from
+    assert job.checkpoints_named() == [p for path in written for p in (path, path)], job.text()
+    _restored_status_json(slurm, job, restarted_from=int(written[-1].rsplit("-", 1)[1]))
     job.finish()
     text = job.text()
     assert text.count("USR1: checkpoint and requeue") == 2 and "failed" not in text, text
     assert job.results() == reference(slurm, stack, args), text
+    _usr1_checkpoints_logged(job, written, [{"h1": "h3", "h2": "h4"}, {"h3": "h1", "h4": "h2"}])
+    _inspected_and_reported(slurm, job, written, tmp_path)
+
+
+def _inspected_and_reported(slurm, job, written, tmp_path):
+    """`ckpt inspect --json` of each USR1 checkpoint (h1,h2's, then h3,h4's)
+    from a node outside the job: its schema, two ranks on each node; and
+    `ckpt report` of the job in chromium: every chart drawn, the newest
+    checkpoint's nodes, both restarts with their moves."""
+    env = ckpt_env(slurm)
+    for path, nodes in zip(written, (["h1", "h2"], ["h3", "h4"])):
+        found = json.loads(slurm.check("h3", [CKPT, "inspect", path, "--json"], env=env))
+        validator("inspect").validate(found)
+        assert found["path"] == path and sorted(found["hosts"]) == nodes, found["hosts"]
+        ranks = [p for p in found["processes"] if p["exe"].endswith("/ring")]
+        assert sorted(p["host"] for p in ranks) == sorted(nodes * 2), \
+            [(p["host"], p["exe"]) for p in found["processes"]]
+    if BROWSER is None:
+        pytest.skip(NO_BROWSER)
+    page = job.dir / "report.html"
+    made = slurm.check("h3", [CKPT, "report", str(job.img / job.id), "-o", str(page)], env=env)
+    assert made == f"{page}\n", made
+    tree, console, drawn = browse(page, tmp_path)
+    assert console == [], console
+    all_drawn(tree, drawn, PLOTS)
+    assert sorted(row[0] for row in rows(tree, "table-hosts")) == ["h3", "h4"]
+    assert {row[0] for row in rows(tree, "table-processes")} == {"h3", "h4"}
+    assert [(row[0], sorted(row[5].split(", ")), row[6])
+            for row in rows(tree, "table-restarts")] == [
+        (path.rsplit("-", 1)[1].lstrip("0"), moves, "ok")
+        for path, moves in zip(written, (["h1→h3", "h2→h4"], ["h3→h1", "h4→h2"]))]
+
+
+def _restored_status_json(slurm, job, restarted_from):
+    """`ckpt status --json` of the batch job restored by its requeued run,
+    from a node outside it: its schema, its hosts, what it restarted from."""
+    deadline = time.monotonic() + 60
+    while True:   # until every host's processes registered again
+        document = json.loads(slurm.check("h3", [CKPT, "status", job.id, "--json"],
+                                          env=ckpt_env(slurm)))
+        validator("status").validate(document)
+        [described] = document["jobs"]
+        if {p["host"] for p in described["processes"]} == {"h1", "h2"} or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert described["job_id"] == job.id and described["reachable"], described
+    assert described["hosts"] == ["h1", "h2"], described
+    assert described["restarted_from"] == restarted_from, described
+    assert described["last_checkpoint"]["checkpoint"] == restarted_from, described
+    assert {p["host"] for p in described["processes"]} == {"h1", "h2"}
+    assert all(p["restored"] for p in described["processes"]), described["processes"]
+
+
+def _usr1_checkpoints_logged(job, written, moves):
+    """The event log has each USR1 checkpoint (both hosts' bytes and
+    times, the job killed) and the restart of the requeued run that
+    followed it, onto the new nodes; the job's log has each checkpoint's
+    progress lines, with each host's bytes, before it says it is done."""
+    logged = events_of(job.img / job.id)
+    assert [(e["kind"], e["path"]) for e in logged] == \
+        [(kind, path) for path in written for kind in ("checkpoint", "restart")], logged
+    for event, mapping in zip(logged[1::2], moves):
+        assert event["hosts"] == mapping, event
+    lines = job.text().splitlines()
+    for event, mapping in zip(logged[0::2], moves):
+        assert event["kill"] and event["processes"] >= 4, event
+        assert sorted(event["hosts"]) == sorted(mapping), event   # where it was taken
+        assert event["bytes"] == sum(h["bytes"] for h in event["hosts"].values()) > 0
+        assert all(h["write_s"] > 0 and h["processes"] >= 2 for h in event["hosts"].values())
+        name = Path(event["path"]).name
+        hosts = sorted(event["hosts"])
+        progress = [line for line in lines if line.startswith(f"ckpt: job {job.id}: {name} ")]
+        assert progress, lines
+        # "ckpt-0001 writing images: 3.1 MiB of ~3.0 MiB (h1 1.6 MiB, h2 1.5 MiB)"
+        for line in progress:
+            assert re.fullmatch(rf"ckpt: job {job.id}: {name} [a-z_ ()-]+: [0-9.]+ [KMGT]?i?B"
+                                rf"( of ~[0-9.]+ [KMGT]?i?B)? \({hosts[0]} [0-9.]+ [KMGT]?i?B, "
+                                rf"{hosts[1]} [0-9.]+ [KMGT]?i?B\)", line), line
+        said = f"ckpt: job {job.id}: checkpoint {event['path']} ("
+        done = next(i for i, line in enumerate(lines) if line.startswith(said))
+        assert lines.index(progress[0]) < done, lines
 
 
 def test_time_limit_signal_requeues_and_the_job_finishes(slurm, jobs):

@@ -1,5 +1,5 @@
 """`ckpt report` on event logs written here: the refusals (one line, a
-non-zero exit) and what the page's tables hold.  integration/test_report.py
+non-zero exit) and what the page's tables hold.  integration/test_report_page.py
 builds one from a real job and opens it in a browser."""
 import json
 import subprocess

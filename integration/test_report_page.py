@@ -1,11 +1,12 @@
 """`ckpt report` of a real job (several checkpoints, full and incremental,
 a restart, a failed restart), opened in a real headless browser (Debian's
-chromium): every chart drawn, no script error, and the page's tables and
-chart labels say what the event log and the manifests say."""
+chromium, driven through its chromedriver by selenium): every chart drawn
+(an svg with its traces), nothing logged on the browser's console, and the
+page's tables and chart labels say what the event log and the manifests
+say."""
 import json
 import os
 import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import pytest
@@ -14,7 +15,16 @@ from ckpt import manifest as manifests
 from ckpt.job_status import human_size
 from harness import Job, Restart
 
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:   # setup.sh installs it
+    webdriver = None
 CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+BROWSER = None if webdriver is None or CHROMIUM is None or CHROMEDRIVER is None else CHROMIUM
+NO_BROWSER = "needs Debian's chromium and chromium-driver, and selenium (setup.sh installs them)"
 COUNTER = ["counter", "600", "10"]
 PLOTS = ["plot-phases", "plot-hosts", "plot-processes", "plot-sizes", "plot-times",
          "plot-bandwidth"]
@@ -39,7 +49,7 @@ class Node:
 
 
 class Tree(HTMLParser):
-    """The DOM chromium dumped, as a tree of Nodes (the stdlib's parser)."""
+    """The DOM of the page as chromium left it, as a tree of Nodes (the stdlib's parser)."""
     VOID = {"meta", "link", "br", "img", "input", "hr", "col", "area", "base", "wbr"}
 
     def __init__(self, text):
@@ -72,17 +82,50 @@ class Tree(HTMLParser):
         self.at.text += data
 
 
-def browse(page, tmp_path):
-    """(the DOM once its scripts ran, chromium's console lines)."""
-    profile = tmp_path / "chromium-profile"
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000",
-         "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-    return Tree(done.stdout), console
+# each plotly chart of the page: its id, the svgs plotly drew, the traces
+# of its figure and the trace groups drawn for them
+DRAWN = """
+return Array.from(document.querySelectorAll("div.js-plotly-plot")).map(function (div) {
+  return {id: div.id, svgs: div.querySelectorAll("svg.main-svg").length,
+          traces: (div.data || []).length, drawn: div.querySelectorAll("g.trace").length};
+});
+"""
+
+
+def browse(page, tmp_path, timeout=120):
+    """(the DOM once its charts are drawn, the browser's console entries,
+    {chart id: what was drawn}): the page opened in headless chromium
+    through chromedriver, until its body says the charts are drawn (or a
+    script failed)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.get(page.as_uri())
+        WebDriverWait(driver, timeout).until(lambda d: d.execute_script(
+            "return document.body.dataset.plots || document.body.dataset.errors"))
+        drawn = {chart["id"]: chart for chart in driver.execute_script(DRAWN)}
+        dom = driver.execute_script("return document.documentElement.outerHTML")
+        console = driver.get_log("browser")
+    finally:
+        driver.quit()
+    return Tree(dom), console, drawn
+
+
+def all_drawn(tree, drawn, plots):
+    """Every chart of plots drawn: the body says so, no script error, and
+    each chart's svg holds a drawn group for every trace of its figure."""
+    body = tree.root.find_all("body")[0]
+    assert body.attrs.get("data-plots") == f"rendered {len(plots)}", body.attrs
+    assert "data-errors" not in body.attrs, body.attrs["data-errors"]
+    assert sorted(drawn) == sorted(plots), drawn
+    for chart in drawn.values():
+        assert chart["svgs"] > 0 and chart["traces"] > 0, chart
+        assert chart["drawn"] >= chart["traces"], chart
 
 
 def rows(tree, table_id):
@@ -95,7 +138,7 @@ def seconds(value):
     return f"{value:.6f}"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (setup.sh installs it)")
+@pytest.mark.skipif(BROWSER is None, reason=NO_BROWSER)
 def test_report_of_a_real_job_in_a_browser(session, tmp_path):
     job = Job(session, "reported", *COUNTER, launch_args=("--incremental",))
     job.wait_ready()
@@ -129,13 +172,9 @@ def test_report_of_a_real_job_in_a_browser(session, tmp_path):
     text = page.read_text()
     # self-contained: no script, style or font fetched from elsewhere
     assert "<script src" not in text and "<link" not in text and "@import" not in text
-    tree, console = browse(page, tmp_path)
-    assert console == [], console
-    body = tree.root.find_all("body")[0]
-    assert body.attrs.get("data-plots") == f"rendered {len(PLOTS)}", body.attrs
-    assert "data-errors" not in body.attrs, body.attrs["data-errors"]
-    for plot in PLOTS:  # drawn by plotly: its svg is in the div
-        assert tree.by_id[plot].find_all("svg", "main-svg"), f"{plot} not drawn"
+    tree, console, drawn = browse(page, tmp_path)
+    assert console == [], console   # no error, nor anything else, on the console
+    all_drawn(tree, drawn, PLOTS)
 
     # the newest checkpoint in detail: its phases, hosts and processes
     newest = checkpoints[-1]
