@@ -418,6 +418,23 @@ static int open_pipe_end(const struct image *img, const struct loaded_fd *lf)
 	return open("/dev/null", O_RDWR | O_CLOEXEC);
 }
 
+/* The write end of a named pipe whose readers had all closed: opened
+ * O_WRONLY while a reader of our own is there for a moment, so that its
+ * writes fail with EPIPE as they did. */
+static int open_fifo_orphan_writer(const struct loaded_fd *lf, int flags)
+{
+	int reader = open(lf->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	int fd;
+
+	if (reader < 0)
+		die("cannot reopen fifo %s: %s", lf->path, strerror(errno));
+	fd = open(lf->path, flags | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		die("cannot reopen fifo %s for writing: %s", lf->path, strerror(errno));
+	close(reader);
+	return fd;
+}
+
 /* A named pipe, made again if it is gone; opened without blocking (no
  * reader or writer is there yet), its blocking mode set back after. */
 static int open_fifo(const struct loaded_fd *lf)
@@ -426,6 +443,8 @@ static int open_fifo(const struct loaded_fd *lf)
 	int fd;
 
 	make_fifo_again(lf);
+	if ((flags & O_ACCMODE) == O_WRONLY && lf->f.value[0])
+		return open_fifo_orphan_writer(lf, flags);
 	if ((flags & O_ACCMODE) == O_WRONLY)	/* O_WRONLY alone: ENXIO without a reader */
 		flags = (flags & ~O_ACCMODE) | O_RDWR;
 	fd = open(lf->path, flags | O_NONBLOCK | O_CLOEXEC);
