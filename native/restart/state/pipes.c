@@ -2,7 +2,8 @@
  * Pipes and FIFOs of the job (saved by native/shim/state/fds.c): pid 1 of
  * the restart namespace makes each pipe once, refilled with the bytes its
  * readers had not read, before any restored process exists.  A pipe with
- * an end outside the job is not recreated.
+ * an end outside the job is not recreated; one whose other side had all
+ * closed (no writer: EOF; no reader: EPIPE) is.
  */
 #define _GNU_SOURCE
 #include <errno.h>
