@@ -55,6 +55,8 @@ PROGRAMS = {
     "deleted_in_removed_dir": ["150", "10", "."],
     "socket_dgram_dead_peers": ["150", "10", "."],
     "ctty_shared_fork": ["150", "10"],
+    "pipe_orphans": ["150", "10", "."],
+    "task_fds": ["150", "10"],
     "file_locks": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "proc_attrs": ["150", "10"],

@@ -97,6 +97,8 @@ EXACT = {
     "deleted_in_removed_dir": ["150", "10", "."],
     "socket_dgram_dead_peers": ["150", "10", "."],
     "ctty_shared_fork": ["150", "10"],
+    "pipe_orphans": ["150", "10", "."],
+    "task_fds": ["150", "10"],
     "ptys": ["150", "10"],
     "posix_timers": ["150", "10"],
     "process_limits": ["150", "10"],
@@ -106,7 +108,8 @@ EXACT = {
 # issue 37's shapes, fixed: their restart has nothing to warn of
 SILENT = {"pipe_reopen", "socket_dead_peers", "mem_droppable", "unlinked_private_maps",
           "ctty_reopen", "proc_maps_peers", "deleted_in_removed_dir",
-          "socket_dgram_dead_peers", "ctty_shared_fork"}
+          "socket_dgram_dead_peers", "ctty_shared_fork", "pipe_orphans",
+          "task_fds"}
 
 
 @pytest.mark.parametrize("app", sorted(EXACT))

@@ -553,6 +553,9 @@ struct ckpt_fd {
 					 * no writer was left (EOF after the data),
 					 * value[1] 1 when the data are packets
 					 * (O_DIRECT), each after a uint32_t length;
+					 * CKPT_FD_PIPE_WRITE, a CKPT_FD_FIFO open
+					 * O_WRONLY: value[0] 1 when no reader was
+					 * left (writes fail, EPIPE);
 					 * CKPT_FD_FILE, CKPT_FD_DELETED_FILE: the
 					 * locks held through it (below) */
 	int32_t share_pid;		/* CKPT_FD_FILE, CKPT_FD_PIPE_*, /dev/tty: the same

@@ -243,6 +243,7 @@ void kv_wait(const char *key, unsigned seconds, char *value, size_t size);
 /* state/fds.c */
 void prepare_fds(struct image *imgs, unsigned n);
 void restore_fds(struct image *img);
+void restore_task_fds(struct image *img);
 void restore_locks(struct image *img, int posix);	/* posix: after the memory */
 int restart_fd_base(void);
 int move_high(int fd, const char *what);

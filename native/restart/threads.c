@@ -6,9 +6,11 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/futex.h>
 #include <linux/ioprio.h>
 #include <linux/sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/rseq.h>
@@ -216,11 +218,28 @@ static void restore_capabilities(const struct ckpt_thread *t)
 /* The image whose threads are being made: become() reads it. */
 static const struct image *restoring;
 
+/* 0 until the main thread has the fds that needed the threads
+ * (restore_task_fds): the other threads wait for it before running. */
+static uint32_t threads_go;
+
+static void wait_for_go(void)
+{
+	while (!__atomic_load_n(&threads_go, __ATOMIC_ACQUIRE))
+		sys6(SYS_futex, (long)&threads_go, FUTEX_WAIT_PRIVATE, 0, 0, 0, 0);
+}
+
+static void let_threads_go(void)
+{
+	__atomic_store_n(&threads_go, 1, __ATOMIC_RELEASE);
+	sys6(SYS_futex, (long)&threads_go, FUTEX_WAKE_PRIVATE, INT32_MAX, 0, 0, 0);
+}
+
 /* Runs on a zone stack with the image's TLS: raw system calls only. */
 static void become(const struct ckpt_thread *t)
 {
 	long r;
 
+	wait_for_go();
 	restore_thread_pending(restoring, t);	/* only the thread may queue them */
 	restore_scheduling(t);
 	restore_credentials(t);
@@ -299,6 +318,8 @@ void restore_threads(struct image *img)
 	}
 	if (!leader)
 		fatal("the image has no main thread", -22);
+	restore_task_fds(img);
+	let_threads_go();
 	restore_async_owners(img);
 	restore_posix_timers(img->proc);
 	sys2(SYS_arch_prctl, ARCH_SET_FS, leader->fs_base);

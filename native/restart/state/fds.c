@@ -418,6 +418,23 @@ static int open_pipe_end(const struct image *img, const struct loaded_fd *lf)
 	return open("/dev/null", O_RDWR | O_CLOEXEC);
 }
 
+/* The write end of a named pipe whose readers had all closed: opened
+ * O_WRONLY while a reader of our own is there for a moment, so that its
+ * writes fail with EPIPE as they did. */
+static int open_fifo_orphan_writer(const struct loaded_fd *lf, int flags)
+{
+	int reader = open(lf->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	int fd;
+
+	if (reader < 0)
+		die("cannot reopen fifo %s: %s", lf->path, strerror(errno));
+	fd = open(lf->path, flags | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		die("cannot reopen fifo %s for writing: %s", lf->path, strerror(errno));
+	close(reader);
+	return fd;
+}
+
 /* A named pipe, made again if it is gone; opened without blocking (no
  * reader or writer is there yet), its blocking mode set back after. */
 static int open_fifo(const struct loaded_fd *lf)
@@ -426,6 +443,8 @@ static int open_fifo(const struct loaded_fd *lf)
 	int fd;
 
 	make_fifo_again(lf);
+	if ((flags & O_ACCMODE) == O_WRONLY && lf->f.value[0])
+		return open_fifo_orphan_writer(lf, flags);
 	if ((flags & O_ACCMODE) == O_WRONLY)	/* O_WRONLY alone: ENXIO without a reader */
 		flags = (flags & ~O_ACCMODE) | O_RDWR;
 	fd = open(lf->path, flags | O_NONBLOCK | O_CLOEXEC);
@@ -705,6 +724,60 @@ static int keeps_file_flags(uint32_t kind)
 	       kind == CKPT_FD_INOTIFY;
 }
 
+/*
+ * A file of one of the process's threads other than its main one
+ * (/proc/<pid>/task/<tid>/...): that thread is made after the fds
+ * (threads.c), so until restore_task_fds reopens it the fd holds /dev/null.
+ */
+static int other_thread_file(const struct image *img, const struct loaded_fd *lf)
+{
+	char prefix[40];
+	size_t len;
+	char *end;
+	long tid;
+
+	if (lf->f.kind != CKPT_FD_FILE)
+		return 0;
+	len = snprintf(prefix, sizeof(prefix), "/proc/%d/task/", img->hdr.pid);
+	if (strncmp(lf->path, prefix, len))
+		return 0;
+	tid = strtol(lf->path + len, &end, 10);
+	return tid > 0 && tid != img->hdr.pid && (*end == '/' || *end == '\0');
+}
+
+/* An fd reopened by restore_task_fds: such a file, or a dup of one. */
+static int task_fd_deferred(const struct image *img, unsigned idx)
+{
+	int32_t of = img->fds[idx].f.dup_of;
+
+	if (of < 0)
+		return other_thread_file(img, &img->fds[idx]);
+	for (unsigned j = 0; j < idx; j++)
+		if (img->fds[j].f.fd == of)
+			return other_thread_file(img, &img->fds[j]);
+	return 0;
+}
+
+/* Once the threads exist (restore_threads), before any of them runs: the
+ * files of threads, reopened in their fds (over the /dev/null they held),
+ * dups after the fd they are a dup of. */
+void restore_task_fds(struct image *img)
+{
+	for (unsigned i = 0; i < img->nfds; i++) {
+		const struct loaded_fd *lf = &img->fds[i];
+		int cloexec = (lf->f.fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0;
+		int fd;
+
+		if (!task_fd_deferred(img, i))
+			continue;
+		fd = lf->f.dup_of >= 0 ? lf->f.dup_of : open_one(img, lf);
+		if (dup3(fd, lf->f.fd, cloexec) < 0)
+			die("cannot place fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
+		if (fd != lf->f.dup_of)
+			close(fd);
+	}
+}
+
 /* Another fd on the open file of a lower fd (fds 1 and 2 of `>log 2>&1`). */
 static int dup_placed(struct image *img, const int *placed, unsigned idx)
 {
@@ -806,7 +879,9 @@ void restore_fds(struct image *img)
 	restoring = img;
 	close_others();
 	for (unsigned i = 0; i < img->nfds; i++)
-		placed[i] = move_high(img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
+		placed[i] = move_high(task_fd_deferred(img, i) ?
+				      open("/dev/null", O_RDONLY | O_CLOEXEC) :
+				      img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
 				      open_one(img, &img->fds[i]), img->fds[i].path);
 	for (unsigned i = 0; i < img->nfds; i++) {
 		const struct ckpt_fd *f = &img->fds[i].f;

@@ -2,7 +2,8 @@
  * Pipes and FIFOs of the job (saved by native/shim/state/fds.c): pid 1 of
  * the restart namespace makes each pipe once, refilled with the bytes its
  * readers had not read, before any restored process exists.  A pipe with
- * an end outside the job is not recreated.
+ * an end outside the job is not recreated; one whose other side had all
+ * closed (no writer: EOF; no reader: EPIPE) is.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -76,6 +77,29 @@ static int writers_gone(struct image *imgs, unsigned n, uint64_t id)
 			    imgs[i].fds[j].f.object_id == id && imgs[i].fds[j].f.value[0] == 1)
 				return 1;
 	return 0;
+}
+
+/* A pipe whose readers had all closed it: its writers saw so. */
+static int readers_gone(struct image *imgs, unsigned n, uint64_t id)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < imgs[i].nfds; j++)
+			if (imgs[i].fds[j].f.kind == CKPT_FD_PIPE_WRITE &&
+			    imgs[i].fds[j].f.object_id == id && imgs[i].fds[j].f.value[0] == 1)
+				return 1;
+	return 0;
+}
+
+/* A pipe made again: both its ends in the job, or one end whose other side
+ * was all closed (not one to outside the job). */
+static int pipe_of_job(struct image *imgs, unsigned n, uint64_t id)
+{
+	int readers = job_has_end(imgs, n, id, CKPT_FD_PIPE_READ);
+	int writers = job_has_end(imgs, n, id, CKPT_FD_PIPE_WRITE);
+
+	if (readers)
+		return writers || writers_gone(imgs, n, id);
+	return writers && readers_gone(imgs, n, id);
 }
 
 static struct shared_pipe *find_pipe(uint64_t id)
@@ -214,6 +238,27 @@ int pipe_open_of(int32_t pid, const struct ckpt_fd *f)
 	return o ? o->file : -1;
 }
 
+/*
+ * A pipe with no reader in the job, whose readers had all closed: its read
+ * end goes once the other open files of its write end are made (opening
+ * one needs a reader), so that writes fail with EPIPE as they did; the
+ * read end's slot keeps the write end.
+ */
+static void close_orphan_readers(struct image *imgs, unsigned n)
+{
+	for (unsigned i = 0; i < npipes; i++) {
+		struct shared_pipe *sp = &pipes[i];
+
+		if (job_has_end(imgs, n, sp->id, CKPT_FD_PIPE_READ) ||
+		    !readers_gone(imgs, n, sp->id))
+			continue;
+		close(sp->end[0]);
+		sp->end[0] = fcntl(sp->end[1], F_DUPFD_CLOEXEC, sp->end[1]);
+		if (sp->end[0] < 0)
+			die("cannot keep a pipe's write end: %s", strerror(errno));
+	}
+}
+
 void pipes_create(struct image *imgs, unsigned n)
 {
 	unsigned total = 0;
@@ -228,9 +273,7 @@ void pipes_create(struct image *imgs, unsigned n)
 			int p[2];
 
 			if (!is_pipe(lf) || find_pipe(lf->f.object_id) ||
-			    !job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_READ) ||
-			    (!job_has_end(imgs, n, lf->f.object_id, CKPT_FD_PIPE_WRITE) &&
-			     !writers_gone(imgs, n, lf->f.object_id)))
+			    !pipe_of_job(imgs, n, lf->f.object_id))
 				continue;
 			if (pipe2(p, O_CLOEXEC))
 				die("cannot recreate a pipe: %s", strerror(errno));
@@ -248,6 +291,7 @@ void pipes_create(struct image *imgs, unsigned n)
 			}
 		}
 	create_opens(imgs, n, total);
+	close_orphan_readers(imgs, n);
 }
 
 int shared_pipe_end(uint64_t id, int write_end)

@@ -297,6 +297,21 @@ static int pipe_writers_gone(int fd)
 	return gone;
 }
 
+/* A pipe's write end whose readers are all closed: each write fails with
+ * EPIPE.  poll says so with POLLERR. */
+static int pipe_readers_gone(int fd)
+{
+	struct pollfd pfd = { .events = POLLOUT };
+	int gone;
+
+	pfd.fd = app_getfd(fd);
+	if (pfd.fd < 0)
+		return 0;
+	gone = syscall(SYS_poll, &pfd, 1, 0) == 1 && (pfd.revents & POLLERR);
+	close(pfd.fd);
+	return gone;
+}
+
 static long pipe_size(pid_t pid, int fd)
 {
 	int f = app_open(pid, fd, O_RDONLY | O_NONBLOCK);
@@ -459,6 +474,8 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		fi->rec.kind = CKPT_FD_FIFO;	/* reopened by name */
 		fi->rec.object_id = st->st_ino;
 		fi->rec.offset = pipe_size(getpid(), fd);
+		if ((fi->rec.flags & O_ACCMODE) == O_WRONLY)
+			fi->rec.value[0] = pipe_readers_gone(fd);
 	} else if (S_ISFIFO(st->st_mode) && !strncmp(fi->path, "pipe:", 5)) {
 		/* whether the other end is in the job, the restart decides from
 		 * all the images; a stdio pipe to outside is the restarter's */
@@ -467,8 +484,8 @@ static void classify_fd(struct fd_info *fi, const struct stat *st, unsigned seq)
 		fi->rec.object_id = st->st_ino;
 		fi->rec.offset = pipe_size(getpid(), fd);
 		fi->rec.stdio_fd = fd <= 2 ? fd : -1;
-		if (fi->rec.kind == CKPT_FD_PIPE_READ)
-			fi->rec.value[0] = pipe_writers_gone(fd);
+		fi->rec.value[0] = fi->rec.kind == CKPT_FD_PIPE_READ ?
+				   pipe_writers_gone(fd) : pipe_readers_gone(fd);
 	} else if (S_ISSOCK(st->st_mode) &&
 		   !(err = socket_describe(fd, st->st_ino, &fi->rec, &fi->payload,
 					  fi->path, sizeof(fi->path)))) {
