@@ -39,10 +39,10 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 
 # The python3 on PATH may not be Debian's (pyenv, venv): give it the modules.
-if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest, xdist, rich, jsonschema, plotly" 2>/dev/null; then
-	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly ||
+if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest, xdist, rich, jsonschema, plotly, hypothesis" 2>/dev/null; then
+	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly hypothesis ||
 		python3 -m pip install -q --user --break-system-packages \
-			click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly
+			click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly hypothesis
 fi
 
 make -s all
