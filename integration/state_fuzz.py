@@ -143,10 +143,23 @@ def run_restarted(text, root, job_id="sf"):
         session.end()
 
 
+def section(output, tag):
+    """One observation of an output (OBSERVE tag ... END tag)."""
+    start = output.find(f"OBSERVE {tag}\n")
+    return output[start:output.find(f"END {tag}\n", start)] if start >= 0 else ""
+
+
 def difference(text, expected, got):
     """None, or what a finding prints: the program and the diff."""
     if expected == got:
         return None
+    if section(expected, "gate") != section(got, "gate"):
+        # before the checkpoint: the launch's difference, not the restore's
+        raise RuntimeError("the job differs from an uninterrupted run before its checkpoint "
+                           "(a difference of `ckpt launch`, or the subject prints something "
+                           "that is not the same on every run):\n" + text + "".join(
+                               difflib.unified_diff(section(expected, "gate").splitlines(True),
+                                                    section(got, "gate").splitlines(True))))
     diff = "".join(difflib.unified_diff(expected.splitlines(True), got.splitlines(True),
                                         "uninterrupted", "restarted", n=2))
     return (f"the restarted run differs from the uninterrupted one.\n"

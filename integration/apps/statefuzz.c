@@ -763,6 +763,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);	/* writes to a closed pipe log EPIPE */
 	for (opno = 0; fgets(line, sizeof(line), prog); opno++) {
 		if (!strncmp(line, "gate", 4)) {
+			observe("gate");	/* before the checkpoint */
 			printf("READY\n");
 			fflush(stdout);
 			zdtm_hold();
