@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -160,6 +161,9 @@ static void nonblock_end(int fd, int fl)
 
 static void child_loop(void)
 {
+	prctl(PR_SET_PDEATHSIG, SIGKILL);	/* never outlives a failed run */
+	if (getppid() == 1)
+		_exit(0);
 	for (;;)
 		pause();
 }
