@@ -62,8 +62,10 @@ OPERATIONS = {
     # fd flags
     "setfl": st.tuples(SLOT, st.integers(0, 1), st.integers(0, 1)),  # O_NONBLOCK, O_APPEND
     "setfd": st.tuples(SLOT, st.integers(0, 1)),    # FD_CLOEXEC
-    # memory: anonymous private/shared, file shared/private (of file c)
-    "mmap": st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2)),
+    # memory: anonymous private, file shared, file private (of file c), of
+    # a pages; shared anonymous memory is a kind of its own
+    "mmap": st.tuples(st.sampled_from([0, 2, 3]), st.integers(0, 3), st.integers(0, 2)),
+    "mmap_shared_anon": st.tuples(st.integers(0, 3)),
     "mwrite": st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(0, 25)),
     "pwrite": st.tuples(st.integers(0, 2), st.integers(0, 3)),  # the file under a map changes
     # signals: SIGUSR1, SIGUSR2, SIGWINCH, SIGRTMIN+2
@@ -78,7 +80,7 @@ OPERATIONS = {
 
 # Operations that set up objects (drawn more often at first, so that
 # the others find something to work on)
-MAKERS = ["open", "pipe", "socketpair", "mmap"]
+MAKERS = ["open", "pipe", "socketpair", "mmap", "mmap_shared_anon"]
 
 
 def operation(kinds):

@@ -335,9 +335,9 @@ static void op(char *line)
 						got++;
 					}
 		logr(name, r < 0 ? -1 : r * 100 + got);
-	} else if (!strcmp(name, "mmap")) {
-		int kind = a % 4, f = -1;
-		size_t len = (1 + b % 4) * PAGE;
+	} else if (!strcmp(name, "mmap") || !strcmp(name, "mmap_shared_anon")) {
+		int kind = name[4] ? 1 : a % 4, f = -1;
+		size_t len = (1 + (name[4] ? a : b) % 4) * PAGE;
 		char *p;
 
 		if (nmaps == MAX_MAPS) {
