@@ -1,6 +1,6 @@
 # ckpt: build the native parts and the test programs; run the demo,
 # the tests and the benchmarks.
-.PHONY: all native plugins apps mpi softverbs demo test bench bench-smoke bench-load fuzz clean
+.PHONY: all native plugins apps mpi softverbs demo test bench bench-smoke bench-load fuzz statefuzz clean
 
 all: native plugins apps mpi softverbs
 
@@ -59,6 +59,15 @@ fuzz: all
 	CKPT_FUZZ_MUTANTS=$${FUZZ_MUTANTS:-20000} CKPT_FUZZ_SEED=$${FUZZ_SEED:-random} \
 	CKPT_FUZZ_REPORT=$$PWD/fuzz-report.txt \
 		python3 -m pytest -q -s integration/test_fuzz_images.py -k fuzzed_checkpoints
+
+# the fuzzer of process state, longer than in the suite: STATEFUZZ_EXAMPLES
+# programs of a new seed, of every operation kind (the suite leaves out the
+# kinds of known findings); STATEFUZZ_SEED=N repeats a seed; each finding is
+# shrunk to its smallest program and printed with the diff
+statefuzz: all
+	CKPT_STATEFUZZ_EXAMPLES=$${STATEFUZZ_EXAMPLES:-300} CKPT_STATEFUZZ_SEED=$${STATEFUZZ_SEED:-random} \
+	CKPT_STATEFUZZ_KINDS=$${STATEFUZZ_KINDS:-all} \
+		python3 -m pytest -q -s integration/test_state_fuzz.py -k restored_state_equals
 
 clean:
 	$(MAKE) -C native clean

@@ -39,10 +39,10 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 
 # The python3 on PATH may not be Debian's (pyenv, venv): give it the modules.
-if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest, xdist, rich, jsonschema, plotly, selenium" 2>/dev/null; then
-	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly selenium ||
+if ! python3 -c "import click, yaml, cffi, xxhash, psutil, pytest, xdist, rich, jsonschema, plotly, selenium, hypothesis" 2>/dev/null; then
+	python3 -m pip install -q click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly selenium hypothesis ||
 		python3 -m pip install -q --user --break-system-packages \
-			click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly selenium
+			click pyyaml cffi xxhash psutil pytest pytest-xdist rich jsonschema plotly selenium hypothesis
 fi
 
 make -s all

@@ -1,0 +1,791 @@
+/*
+ * The subject of the state fuzzer (integration/state_fuzz.py): an
+ * interpreter of a short program of operations on kernel state, read from
+ * a file.  It runs the operations before the file's "gate" line, prints
+ * READY and waits (zdtm_hold: the harness checkpoints and kills it there,
+ * then restarts it), prints an observation of its state, runs the
+ * operations after the gate, and prints a second observation.
+ *
+ *     statefuzz PROGRAM_FILE
+ *
+ * Everything printed is the same on every run of the same program in
+ * the same kind of directory: no fd numbers, pids, addresses or inode
+ * numbers, only structure (which slot shares an open file description,
+ * a pipe or a socket pair with which), so an uninterrupted run and a
+ * checkpointed, killed and restarted one must print the same text.
+ *
+ * Operations name their objects by slot (an index into the program's
+ * table of fds, maps or children, taken modulo the table's size), so
+ * every list of operations is a valid program: an operation that does not
+ * apply logs its errno, which must be the same in both runs too.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/kcmp.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <linux/sockios.h>
+#include "zdtm.h"
+
+#define MAX_SLOTS 64
+#define MAX_MAPS 12
+#define MAX_CHILDREN 4
+#define PAGE 4096
+#define NFILES 3
+
+static char base[4096];
+static int slots[MAX_SLOTS], nslots;
+static struct map { char *addr; size_t len; int kind; } maps[MAX_MAPS];
+static int nmaps;
+static struct child { pid_t pid; int fds[MAX_SLOTS]; int nfds; int nmaps; } children[MAX_CHILDREN];
+static int nchildren;
+static long opno;
+
+static const int SIGS[] = { SIGUSR1, SIGUSR2, SIGWINCH, 0 /* SIGRTMIN+2 */ };
+#define NSIGS 4
+static volatile sig_atomic_t caught[2][NSIGS];
+
+static int sig_at(long i)
+{
+	return i % NSIGS == 3 ? SIGRTMIN + 2 : SIGS[i % NSIGS];
+}
+
+static int sig_index(int sig)
+{
+	for (int i = 0; i < NSIGS; i++)
+		if (sig_at(i) == sig)
+			return i;
+	return 0;
+}
+
+static void h1(int sig) { caught[0][sig_index(sig)]++; }
+static void h2(int sig) { caught[1][sig_index(sig)]++; }
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 1099511628211ULL;
+	return h;
+}
+
+static void logr(const char *name, long r)
+{
+	if (r < 0)
+		printf("op %ld %s -> %s\n", opno, name, strerrorname_np(errno) ?: "?");
+	else
+		printf("op %ld %s -> %ld\n", opno, name, r);
+}
+
+static int slot_fd(long s)
+{
+	return nslots ? slots[s % nslots] : -1;
+}
+
+static void add_slot(int fd)
+{
+	if (fd < 0)
+		return;
+	for (int i = 0; i < nslots; i++)	/* dup2 over a slot's fd */
+		if (slots[i] == fd) {
+			memmove(&slots[i], &slots[i + 1], (nslots - i - 1) * sizeof(int));
+			nslots--;
+			break;
+		}
+	if (nslots == MAX_SLOTS) {
+		close(fd);
+		return;
+	}
+	slots[nslots++] = fd;
+}
+
+static void drop_slot(long s)
+{
+	s %= nslots;
+	memmove(&slots[s], &slots[s + 1], (nslots - s - 1) * sizeof(int));
+	nslots--;
+}
+
+static void file_name(char *out, size_t n, long f)
+{
+	snprintf(out, n, "%s/f%ld", base, f % NFILES);
+}
+
+static const int OPEN_MODES[] = { O_RDWR, O_RDWR | O_APPEND, O_RDONLY, O_WRONLY | O_APPEND };
+
+/* fill a buffer with a pattern of this operation */
+static char *pattern(size_t n)
+{
+	static char buf[1 << 17];
+
+	if (n > sizeof(buf))
+		n = sizeof(buf);
+	for (size_t i = 0; i < n; i++)
+		buf[i] = (char)('a' + (opno * 7 + i) % 26);
+	return buf;
+}
+
+/* an I/O call that never blocks: O_NONBLOCK for just this call */
+static int nonblock_begin(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	return fl;
+}
+
+static void nonblock_end(int fd, int fl)
+{
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		fcntl(fd, F_SETFL, fl);
+}
+
+static void child_loop(void)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);	/* never outlives a failed run */
+	if (getppid() == 1)
+		_exit(0);
+	for (;;)
+		pause();
+}
+
+static void op(char *line)
+{
+	char name[32];
+	long a = 0, b = 0, c = 0;
+	int fd, r, fl;
+
+	if (sscanf(line, "%31s %ld %ld %ld", name, &a, &b, &c) < 1)
+		return;
+	if (!strcmp(name, "open")) {
+		char path[4200];
+
+		file_name(path, sizeof(path), a);
+		fd = open(path, OPEN_MODES[b % 4] | ((b % 4) == 2 ? 0 : O_CREAT), 0644);
+		logr(name, fd < 0 ? -1 : 0);
+		add_slot(fd);
+	} else if (!strcmp(name, "reopen")) {
+		char path[64];
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", slot_fd(a));
+		fd = open(path, (int[]){ O_RDONLY, O_WRONLY, O_RDWR }[b % 3]);
+		logr(name, fd < 0 ? -1 : 0);
+		add_slot(fd);
+	} else if (!strcmp(name, "write")) {
+		fd = slot_fd(a);
+		fl = nonblock_begin(fd);
+		r = write(fd, pattern(b), b % (1 << 17));
+		logr(name, r);
+		nonblock_end(fd, fl);
+	} else if (!strcmp(name, "read")) {
+		static char buf[1 << 17];
+
+		fd = slot_fd(a);
+		fl = nonblock_begin(fd);
+		r = read(fd, buf, b < (long)sizeof(buf) ? b : (long)sizeof(buf));
+		logr(name, r);
+		if (r > 0)
+			printf("  data %016llx\n", (unsigned long long)hash_bytes(buf, r));
+		nonblock_end(fd, fl);
+	} else if (!strcmp(name, "fill")) {
+		long total = 0;
+
+		fd = slot_fd(a);
+		fl = nonblock_begin(fd);
+		for (int i = 0; i < 64 && (r = write(fd, pattern(4096), 4096)) > 0; i++)
+			total += r;
+		logr(name, total);
+		nonblock_end(fd, fl);
+	} else if (!strcmp(name, "lseek")) {
+		logr(name, lseek(slot_fd(a), b, (int[]){ SEEK_SET, SEEK_CUR, SEEK_END }[c % 3]));
+	} else if (!strcmp(name, "dup")) {
+		fd = dup(slot_fd(a));
+		logr(name, fd < 0 ? -1 : 0);
+		add_slot(fd);
+	} else if (!strcmp(name, "dup2")) {
+		fd = dup2(slot_fd(a), 40 + b % 8);
+		logr(name, fd < 0 ? -1 : 0);
+		if (fd >= 0 && fd != slot_fd(a))
+			add_slot(fd);
+	} else if (!strcmp(name, "dupfd")) {
+		fd = fcntl(slot_fd(a), c % 2 ? F_DUPFD_CLOEXEC : F_DUPFD, 50 + b % 8);
+		logr(name, fd < 0 ? -1 : 0);
+		add_slot(fd);
+	} else if (!strcmp(name, "close")) {
+		if (!nslots) {
+			logr(name, 0);
+			return;
+		}
+		logr(name, close(slot_fd(a)));
+		drop_slot(a);
+	} else if (!strcmp(name, "pipe")) {
+		int p[2];
+
+		r = pipe2(p, a % 2 ? O_NONBLOCK : 0);
+		logr(name, r);
+		if (!r) {
+			add_slot(p[0]);
+			add_slot(p[1]);
+		}
+	} else if (!strcmp(name, "socketpair")) {
+		int p[2];
+
+		r = socketpair(AF_UNIX, (int[]){ SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET }[a % 3], 0, p);
+		logr(name, r);
+		if (!r) {
+			add_slot(p[0]);
+			add_slot(p[1]);
+		}
+	} else if (!strcmp(name, "shutdown")) {
+		logr(name, shutdown(slot_fd(a), (int[]){ SHUT_RD, SHUT_WR, SHUT_RDWR }[b % 3]));
+	} else if (!strcmp(name, "setfl")) {
+		fd = slot_fd(a);
+		fl = fcntl(fd, F_GETFL);
+		if (fl >= 0) {
+			fl = (fl & ~(O_NONBLOCK | O_APPEND)) | (b % 2 ? O_NONBLOCK : 0) | (c % 2 ? O_APPEND : 0);
+			fl = fcntl(fd, F_SETFL, fl);
+		}
+		logr(name, fl);
+	} else if (!strcmp(name, "setfd")) {
+		logr(name, fcntl(slot_fd(a), F_SETFD, b % 2 ? FD_CLOEXEC : 0));
+	} else if (!strcmp(name, "fork")) {
+		pid_t pid;
+
+		if (nchildren == MAX_CHILDREN) {
+			logr(name, 0);
+			return;
+		}
+		fflush(stdout);
+		pid = fork();
+		if (pid == 0)
+			child_loop();
+		logr(name, pid < 0 ? -1 : 0);
+		if (pid > 0) {
+			struct child *ch = &children[nchildren++];
+
+			ch->pid = pid;
+			ch->nfds = nslots;
+			memcpy(ch->fds, slots, sizeof(slots));
+			ch->nmaps = nmaps;
+		}
+	} else if (!strcmp(name, "childwrite")) {
+		/* a child writes to a slot, closes everything and ends */
+		pid_t pid;
+		int status;
+
+		fd = slot_fd(a);
+		fflush(stdout);
+		pid = fork();
+		if (pid == 0) {
+			fl = nonblock_begin(fd);
+			r = write(fd, pattern(b), b % (1 << 17));
+			nonblock_end(fd, fl);
+			_exit(r < 0 ? 100 : 0);
+		}
+		waitpid(pid, &status, 0);
+		logr(name, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	} else if (!strcmp(name, "sendfd")) {
+		/* slot b's fd in flight over socket slot a */
+		char cbuf[CMSG_SPACE(sizeof(int))] = { 0 }, byte = 'F';
+		struct iovec iov = { &byte, 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+				    .msg_controllen = sizeof(cbuf) };
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		fd = slot_fd(b);
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+		logr(name, sendmsg(slot_fd(a), &m, MSG_DONTWAIT));
+	} else if (!strcmp(name, "recvfd")) {
+		char cbuf[CMSG_SPACE(sizeof(int) * 4)], byte;
+		struct iovec iov = { &byte, 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+				    .msg_controllen = sizeof(cbuf) };
+		struct cmsghdr *cm;
+		int got = 0;
+
+		r = recvmsg(slot_fd(a), &m, MSG_DONTWAIT);
+		if (r >= 0)
+			for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+				if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+					for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+						memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+						add_slot(fd);
+						got++;
+					}
+		logr(name, r < 0 ? -1 : r * 100 + got);
+	} else if (!strcmp(name, "mmap") || !strcmp(name, "mmap_shared_anon")) {
+		int kind = name[4] ? 1 : a % 4, f = -1;
+		size_t len = (1 + (name[4] ? a : b) % 4) * PAGE;
+		char *p;
+
+		if (nmaps == MAX_MAPS) {
+			logr(name, 0);
+			return;
+		}
+		if (kind >= 2) {
+			char path[4200];
+			struct stat st;
+
+			file_name(path, sizeof(path), c);
+			f = open(path, O_RDWR | O_CREAT, 0644);
+			if (f >= 0 && !fstat(f, &st) && st.st_size < (off_t)len)
+				r = ftruncate(f, len);
+		}
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 (kind == 1 || kind == 2 ? MAP_SHARED : MAP_PRIVATE) | (kind < 2 ? MAP_ANONYMOUS : 0),
+			 f, 0);
+		if (f >= 0)
+			close(f);
+		logr(name, p == MAP_FAILED ? -1 : 0);
+		if (p != MAP_FAILED)
+			maps[nmaps++] = (struct map){ p, len, kind };
+	} else if (!strcmp(name, "mwrite")) {
+		struct map *m;
+
+		if (!nmaps) {
+			logr(name, 0);
+			return;
+		}
+		m = &maps[a % nmaps];
+		memset(m->addr + (b * PAGE) % m->len + 64 * (opno % 16), (int)('A' + c % 26), 64);
+		logr(name, 0);
+	} else if (!strcmp(name, "pwrite")) {
+		/* the file under a file map changes, through an fd of its own */
+		char path[4200];
+
+		file_name(path, sizeof(path), a);
+		fd = open(path, O_RDWR | O_CREAT, 0644);
+		r = pwrite(fd, pattern(64), 64, (b % 4) * PAGE + 64 * (opno % 16));
+		logr(name, r);
+		close(fd);
+	} else if (!strcmp(name, "unlink")) {
+		char path[4200];
+
+		file_name(path, sizeof(path), a);
+		logr(name, unlink(path));
+	} else if (!strcmp(name, "sigblock")) {
+		sigset_t set;
+
+		struct sigaction sa;
+		sigset_t pending;
+
+		sigemptyset(&set);
+		sigaddset(&set, sig_at(a));
+		sigpending(&pending);
+		sigaction(sig_at(a), NULL, &sa);
+		/* a pending signal let through to its default action would end us */
+		if (!(b % 2) && sigismember(&pending, sig_at(a)) && sa.sa_handler == SIG_DFL &&
+		    sig_at(a) != SIGWINCH)
+			logr(name, 0);
+		else
+			logr(name, sigprocmask(b % 2 ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL));
+	} else if (!strcmp(name, "sigaction")) {
+		struct sigaction sa = { 0 };
+
+		sa.sa_handler = (void (*[])(int)){ SIG_DFL, SIG_IGN, h1, h2 }[b % 4];
+		sa.sa_flags = (c & 1 ? SA_RESTART : 0) | (c & 2 ? SA_NODEFER : 0);
+		sigemptyset(&sa.sa_mask);
+		if (c & 4)
+			sigaddset(&sa.sa_mask, sig_at(a + 1));
+		logr(name, sigaction(sig_at(a), &sa, NULL));
+	} else if (!strcmp(name, "raise")) {
+		/* only a signal that is blocked or has a handler: no default action */
+		struct sigaction sa;
+		sigset_t cur;
+		int sig = sig_at(a);
+
+		sigprocmask(SIG_BLOCK, NULL, &cur);
+		sigaction(sig, NULL, &sa);
+		if (!sigismember(&cur, sig) && sa.sa_handler == SIG_DFL && sig != SIGWINCH)
+			logr(name, 0);
+		else
+			logr(name, kill(getpid(), sig));
+	} else if (!strcmp(name, "umask")) {
+		logr(name, umask((mode_t)(a & 0777)));
+	} else if (!strcmp(name, "chdir")) {
+		char path[4200];
+
+		snprintf(path, sizeof(path), a % 3 ? "%s/d%ld" : "%s", base, a % 3);
+		logr(name, chdir(path));
+	} else if (!strcmp(name, "rlimit")) {
+		static const int RES[] = { RLIMIT_CORE, RLIMIT_NOFILE, RLIMIT_MSGQUEUE, RLIMIT_SIGPENDING };
+		struct rlimit rl;
+		int res = RES[a % 4];
+
+		getrlimit(res, &rl);
+		rl.rlim_cur = res == RLIMIT_NOFILE ? 256 + 64 * (b % 8) : 4096 * (b % 8);
+		if (rl.rlim_max != RLIM_INFINITY && rl.rlim_cur > rl.rlim_max)
+			rl.rlim_cur = rl.rlim_max;
+		if (c % 2 && res != RLIMIT_NOFILE)
+			rl.rlim_max = rl.rlim_cur;
+		logr(name, setrlimit(res, &rl));
+	} else {
+		printf("op %ld %s -> unknown\n", opno, name);
+	}
+}
+
+/* ---- the observation ---- */
+
+struct unix_peer { unsigned ino, peer; };
+static struct unix_peer upeers[4096];
+static int nupeers;
+
+/* every Unix socket's peer inode, from sock_diag */
+static void read_unix_peers(void)
+{
+	int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+	struct { struct nlmsghdr nh; struct unix_diag_req r; } req = {
+		.nh = { .nlmsg_len = sizeof(req), .nlmsg_type = SOCK_DIAG_BY_FAMILY,
+			.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP },
+		.r = { .sdiag_family = AF_UNIX, .udiag_states = -1, .udiag_show = UDIAG_SHOW_PEER },
+	};
+	static char buf[1 << 16];
+
+	nupeers = 0;
+	if (nl < 0 || send(nl, &req, sizeof(req), 0) < 0)
+		goto out;
+	for (;;) {
+		ssize_t n = recv(nl, buf, sizeof(buf), 0);
+		struct nlmsghdr *h;
+
+		if (n <= 0)
+			goto out;
+		for (h = (void *)buf; NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+			struct unix_diag_msg *m = NLMSG_DATA(h);
+			struct rtattr *a;
+			int len;
+
+			if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR)
+				goto out;
+			len = h->nlmsg_len - NLMSG_LENGTH(sizeof(*m));
+			for (a = (void *)(m + 1); RTA_OK(a, len); a = RTA_NEXT(a, len))
+				if (a->rta_type == UNIX_DIAG_PEER && nupeers < 4096)
+					upeers[nupeers++] = (struct unix_peer){ m->udiag_ino, *(unsigned *)RTA_DATA(a) };
+		}
+	}
+out:
+	if (nl >= 0)
+		close(nl);
+}
+
+static unsigned unix_peer_of(unsigned ino)
+{
+	for (int i = 0; i < nupeers; i++)
+		if (upeers[i].ino == ino)
+			return upeers[i].peer;
+	return 0;
+}
+
+static void fdinfo(pid_t pid, int fd, long *pos, long *flags)
+{
+	char path[64], line[256];
+	FILE *f;
+
+	*pos = *flags = -1;
+	snprintf(path, sizeof(path), "/proc/%d/fdinfo/%d", pid, fd);
+	if (!(f = fopen(path, "re")))
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		sscanf(line, "pos: %ld", pos);
+		sscanf(line, "flags: %lo", flags);
+	}
+	fclose(f);
+}
+
+/* the fd's target with the base directory as "@" and ids as "#" */
+static void target(pid_t pid, int fd, char *out, size_t n, unsigned long *ino)
+{
+	char path[64], t[4200];
+	ssize_t len;
+	size_t bl = strlen(base);
+
+	*ino = 0;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	len = readlink(path, t, sizeof(t) - 1);
+	if (len < 0) {
+		snprintf(out, n, "closed");
+		return;
+	}
+	t[len] = 0;
+	if (sscanf(t, "pipe:[%lu]", ino) == 1)
+		snprintf(out, n, "pipe");
+	else if (sscanf(t, "socket:[%lu]", ino) == 1)
+		snprintf(out, n, "socket");
+	else if (!strncmp(t, base, bl) && (t[bl] == '/' || !t[bl]))
+		snprintf(out, n, "@%s", t + bl);
+	else
+		snprintf(out, n, "%s", t);
+}
+
+struct seen { pid_t pid; int fd; unsigned long ino; char kind[8]; };
+
+static void observe(const char *tag)
+{
+	static struct seen all[MAX_SLOTS * (MAX_CHILDREN + 1)];
+	int nall = 0;
+	struct rlimit rl;
+	sigset_t set;
+	char cwd[4200];
+	mode_t um = umask(0);
+	static const int RES[] = { RLIMIT_CORE, RLIMIT_NOFILE, RLIMIT_MSGQUEUE, RLIMIT_SIGPENDING };
+
+	umask(um);
+	printf("OBSERVE %s\n", tag);
+	printf("umask %03o\n", um);
+	if (!getcwd(cwd, sizeof(cwd)))
+		snprintf(cwd, sizeof(cwd), "?%s", strerrorname_np(errno));
+	printf("cwd %s\n", !strncmp(cwd, base, strlen(base)) ? cwd + strlen(base) : cwd);
+	for (int i = 0; i < 4; i++) {
+		getrlimit(RES[i], &rl);
+		printf("rlimit %d %lld %lld\n", RES[i], (long long)rl.rlim_cur, (long long)rl.rlim_max);
+	}
+	sigprocmask(SIG_BLOCK, NULL, &set);
+	printf("sigmask");
+	for (int s = 1; s < 65; s++)
+		if (sigismember(&set, s))
+			printf(" %d", s);
+	sigpending(&set);
+	printf("\nsigpending");
+	for (int s = 1; s < 65; s++)
+		if (sigismember(&set, s))
+			printf(" %d", s);
+	printf("\n");
+	for (int i = 0; i < NSIGS; i++) {
+		struct sigaction sa;
+		int sig = sig_at(i);
+		const char *h;
+
+		sigaction(sig, NULL, &sa);
+		h = sa.sa_handler == SIG_DFL ? "dfl" : sa.sa_handler == SIG_IGN ? "ign" :
+		    sa.sa_handler == h1 ? "h1" : sa.sa_handler == h2 ? "h2" : "other";
+		printf("signal %d %s flags %x mask%s caught %d %d\n", i, h,
+		       sa.sa_flags & ~0x04000000 /* SA_RESTORER */,
+		       sigismember(&sa.sa_mask, sig_at(i + 1)) ? " next" : "",
+		       caught[0][i], caught[1][i]);
+	}
+
+	read_unix_peers();
+	for (int p = 0; p <= nchildren; p++) {
+		pid_t pid = p ? children[p - 1].pid : getpid();
+		int n = p ? children[p - 1].nfds : nslots;
+		int *fds = p ? children[p - 1].fds : slots;
+
+		for (int i = 0; i < n; i++) {
+			struct seen *s = &all[nall++];
+			char what[4300];
+
+			s->pid = pid;
+			s->fd = fds[i];
+			target(pid, fds[i], what, sizeof(what), &s->ino);
+			snprintf(s->kind, sizeof(s->kind), "%.7s", what);
+		}
+	}
+	for (int p = 0, k = 0; p <= nchildren; p++) {
+		pid_t pid = p ? children[p - 1].pid : getpid();
+		int n = p ? children[p - 1].nfds : nslots;
+		int *fds = p ? children[p - 1].fds : slots;
+
+		for (int i = 0; i < n; i++, k++) {
+			struct seen *s = &all[k];
+			char what[4300];
+			long pos, flags;
+			unsigned long ino;
+
+			target(pid, fds[i], what, sizeof(what), &ino);
+			fdinfo(pid, fds[i], &pos, &flags);
+			printf("fd %d.%d %s pos %ld flags %lo", p, i, what, pos, flags);
+			if (p == 0) {
+				struct pollfd pfd = { fds[i], POLLIN | POLLOUT, 0 };
+				int q = -1, fdfl = fcntl(fds[i], F_GETFD);
+
+				poll(&pfd, 1, 0);
+				if (ioctl(fds[i], FIONREAD, &q) < 0)
+					q = -errno;
+				printf(" fd_flags %d poll %x inq %d", fdfl, pfd.revents, q);
+			}
+			if (!strcmp(s->kind, "socket")) {
+				int type = 0, err = 0;
+				socklen_t l = sizeof(int);
+				struct sockaddr_un sun;
+				socklen_t sl = sizeof(sun);
+				unsigned peer = unix_peer_of(s->ino);
+				int pj = -1;
+
+				if (p == 0) {
+					getsockopt(fds[i], SOL_SOCKET, SO_TYPE, &type, &l);
+					l = sizeof(int);
+					getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &l);
+					printf(" type %d so_error %d peername %s", type, err,
+					       getpeername(fds[i], (void *)&sun, &sl) ? strerrorname_np(errno) : "ok");
+				}
+				for (int j = 0; j < nall && peer; j++)
+					if (all[j].ino == peer && !strcmp(all[j].kind, "socket")) {
+						pj = j;
+						break;
+					}
+				/* the peer: the first fd seen of it, else inside the job or not at all */
+				if (pj >= 0)
+					printf(" peer-of #%d", pj);
+				else
+					printf(" peer %s", peer ? "elsewhere" : "none");
+			}
+			if (p == 0 && (!strcmp(s->kind, "socket") || !strcmp(s->kind, "pipe"))) {
+				static char buf[1 << 17];
+				ssize_t got;
+
+				if (!strcmp(s->kind, "socket")) {
+					got = recv(fds[i], buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+				} else {	/* a pipe's bytes, through tee, left in place */
+					int t[2];
+
+					got = -1;
+					if (!pipe2(t, O_NONBLOCK)) {
+						fcntl(t[1], F_SETPIPE_SZ, 1 << 20);
+						got = tee(fds[i], t[1], sizeof(buf), SPLICE_F_NONBLOCK);
+						if (got > 0)
+							got = read(t[0], buf, got);
+						close(t[0]);
+						close(t[1]);
+					}
+				}
+				if (got < 0)
+					printf(" peek %s", strerrorname_np(errno));
+				else
+					printf(" peek %zd %016llx", got, (unsigned long long)hash_bytes(buf, got));
+			}
+			/* the same open file description as an fd before it (kcmp),
+			 * the same pipe as one before it (inode) */
+			for (int j = 0; j < k; j++)
+				if (!syscall(SYS_kcmp, pid, all[j].pid, KCMP_FILE, fds[i], all[j].fd)) {
+					printf(" same-file-as #%d", j);
+					break;
+				}
+			for (int j = 0; j < k; j++)
+				if (s->ino && all[j].ino == s->ino && !strcmp(all[j].kind, s->kind)) {
+					printf(" same-object-as #%d", j);
+					break;
+				}
+			printf("\n");
+		}
+	}
+
+	for (int p = 0; p <= nchildren; p++) {
+		pid_t pid = p ? children[p - 1].pid : getpid();
+		int n = p ? children[p - 1].nmaps : nmaps;
+
+		for (int i = 0; i < n; i++) {
+			static char buf[4 * PAGE];
+			struct iovec local = { buf, maps[i].len }, remote = { maps[i].addr, maps[i].len };
+			ssize_t got = p ? process_vm_readv(pid, &local, 1, &remote, 1, 0)
+				      : (memcpy(buf, maps[i].addr, maps[i].len), (ssize_t)maps[i].len);
+
+			printf("map %d.%d kind %d", p, i, maps[i].kind);
+			if (got != (ssize_t)maps[i].len)
+				printf(" read %s\n", strerrorname_np(errno));
+			else
+				printf(" %016llx\n", (unsigned long long)hash_bytes(buf, got));
+		}
+	}
+	/* the maps' protections and backing, as /proc/self/maps shows them */
+	for (int i = 0; i < nmaps; i++) {
+		char line[4400], perms[8] = "?", path[4300] = "";
+		unsigned long lo, hi;
+		FILE *f = fopen("/proc/self/maps", "re");
+
+		while (f && fgets(line, sizeof(line), f)) {
+			path[0] = 0;
+			if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %4299[^\n]", &lo, &hi, perms, path) >= 3 &&
+			    lo <= (unsigned long)maps[i].addr && (unsigned long)maps[i].addr < hi)
+				break;
+			strcpy(perms, "?");
+		}
+		if (f)
+			fclose(f);
+		printf("maprange %d %s %s\n", i, perms,
+		       !strncmp(path, base, strlen(base)) ? path + strlen(base) : path);
+	}
+	for (int f = 0; f < NFILES; f++) {
+		char path[4200], buf[1 << 16];
+		int fd;
+		ssize_t n;
+		uint64_t h = 0;
+		long size = 0;
+
+		file_name(path, sizeof(path), f);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			printf("file %d absent\n", f);
+			continue;
+		}
+		while ((n = read(fd, buf, sizeof(buf))) > 0) {
+			h = zdtm_mix(h, hash_bytes(buf, n));
+			size += n;
+		}
+		close(fd);
+		printf("file %d size %ld %016llx\n", f, size, (unsigned long long)h);
+	}
+	printf("END %s\n", tag);
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	static char line[256];
+	FILE *prog;
+	int after = 0;
+
+	if (argc < 2 || !(prog = fopen(argv[1], "re")))
+		zdtm_fail("usage: statefuzz PROGRAM_FILE");
+	if (!getcwd(base, sizeof(base)))
+		zdtm_fail("getcwd");
+	mkdir("d1", 0755);
+	mkdir("d2", 0755);
+	/* what the run starts with is the same under ckpt as without it */
+	umask(022);
+	signal(SIGPIPE, SIG_IGN);	/* writes to a closed pipe log EPIPE */
+	for (opno = 0; fgets(line, sizeof(line), prog); opno++) {
+		if (!strncmp(line, "gate", 4)) {
+			observe("gate");	/* before the checkpoint */
+			printf("READY\n");
+			fflush(stdout);
+			zdtm_hold();
+			observe("restart");
+			after = 1;
+			continue;
+		}
+		op(line);
+		fflush(stdout);
+	}
+	fclose(prog);
+	if (!after)
+		zdtm_fail("no gate line");
+	observe("end");
+	for (int i = 0; i < nchildren; i++) {
+		kill(children[i].pid, SIGKILL);
+		waitpid(children[i].pid, NULL, 0);
+	}
+	zdtm_pass("done");
+	return 0;
+}
