@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_bench import BIN, REPO, checkpoint, ckpt, launch, restart_time, table  # noqa: E402
+from engine_bench import BIN, REPO, bench_env, checkpoint, ckpt, launch, restart_time, table  # noqa: E402
 
 MODES = ("none", "zstd", "auto")
 KINDS = ("random", "field", "halfzero", "mixed")
@@ -124,8 +124,7 @@ def main():
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
-        env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-                   CKPT_CONFIG=str(work / "none.yaml"))
+        env = bench_env(work)
         print(f"ckpt compression benchmark, work dir {work}, {os.cpu_count()} CPUs")
         for kind in KINDS:
             if args.only in (None, kind):

@@ -398,6 +398,13 @@ def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
           f"{baseline_name})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
 
 
+def bench_env(work):
+    """The environment a benchmark's ckpt commands run in: this checkout's
+    ckpt, the job registry in the work dir, no user configuration."""
+    return dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
+                CKPT_CONFIG=str(work / "none.yaml"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=2048)
@@ -421,8 +428,7 @@ def main():
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
-        env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-                   CKPT_CONFIG=str(work / "none.yaml"))
+        env = bench_env(work)
         print(f"ckpt engine benchmarks, work dir {work}")
         if args.only in (None, "big"):
             bench_big(env, work, args.mib, args.reps, dmtcp_side.find(args.dmtcp))

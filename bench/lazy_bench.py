@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_bench import BIN, REPO, checkpoint, ckpt, launch, table  # noqa: E402
+from engine_bench import BIN, REPO, bench_env, checkpoint, ckpt, launch, table  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from ckpt import events  # noqa: E402
@@ -167,8 +167,7 @@ def main():
     subprocess.run(["make", "-s", "-C", REPO / "bench" / "apps"], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
-        env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-                   CKPT_CONFIG=str(work / "none.yaml"))
+        env = bench_env(work)
         print(f"ckpt lazy restart benchmark, work dir {work}, {os.cpu_count()} CPUs")
         for mib in (int(m) for m in args.mib.split(",")):
             bench_size(env, work, mib, args.reps, args.cold)
