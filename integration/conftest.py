@@ -125,3 +125,15 @@ def slurm(cluster):
     atexit.register(s.stop)    # before cluster.stop (atexit runs in reverse)
     yield s
     s.stop()
+
+
+@pytest.fixture(autouse=True)
+def slurm_controller_kept(request):
+    """After every test that used Slurm: its controller still runs.  One
+    that died is started again and this test fails with its log."""
+    yield
+    if "slurm" not in request.fixturenames:
+        return
+    lost = request.getfixturevalue("slurm").controller_lost()
+    if lost:
+        pytest.fail(lost)

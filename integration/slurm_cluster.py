@@ -296,6 +296,36 @@ class SlurmCluster:
         self._start_daemon(host, ["slurmd", "-D", "-N", host], f"slurmd-{host}")
         self._wait_idle(timeout)
 
+    def controller_lost(self):
+        """None while slurmctld runs on h1.  Else why it does not (its
+        nsenter's exit status and the end of its logs), after starting it
+        again with its saved state: a controller lost in one test must
+        fail that test, not every later one."""
+        if "slurmctld" in self._daemon_names("h1"):
+            return None
+        why = "slurmctld on h1 is gone"
+        for p in self._popens.get("h1", []):
+            if "slurmctld" in p.args and p.poll() is not None:
+                why += f" (exit status {p.returncode})"
+        why += "\n" + "\n".join(f"--- {name}\n{self._tail(self.log_dir / name, 40)}"
+                                 for name in ("slurmctld.log", "slurmctld.out"))
+        self._start_daemon("h1", ["slurmctld", "-D"], "slurmctld")
+        deadline = time.monotonic() + START_TIMEOUT
+        while self.run("h1", ["sinfo", "-h"], timeout=30).returncode:
+            if time.monotonic() > deadline:
+                raise SlurmError(why + "\nand slurmctld did not answer once started again")
+            time.sleep(0.2)
+        return why
+
+    def _daemon_names(self, host):
+        names = []
+        for pid in self._slurm_pids(host):
+            try:
+                names.append(psutil.Process(pid).name())
+            except psutil.NoSuchProcess:
+                pass
+        return names
+
     def _host_alive(self, host):
         try:
             h = self.cluster.host(host)

@@ -93,13 +93,23 @@ def paused_lazy_restart(session, job, image):
         session.extra_env.pop("CKPT_LAZY_PAUSE", None)
 
 
-def page_servers():
-    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "ckpt-pageserver"]
+def _of_session(session, proc):
+    """Whether proc runs with this session's job registry: another pytest
+    worker's lazy restarts are none of this test's business."""
+    try:
+        return proc.environ().get("XDG_RUNTIME_DIR") == str(session.state)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def page_servers(session):
+    return [p for p in psutil.process_iter(["name"])
+            if p.info["name"] == "ckpt-pageserver" and _of_session(session, p)]
 
 
 def job_processes(session, job):
     return [p for p in psutil.process_iter(["cmdline"])
-            if "lazy_memory" in " ".join(p.info["cmdline"] or ())]
+            if "lazy_memory" in " ".join(p.info["cmdline"] or ()) and _of_session(session, p)]
 
 
 def test_status_shows_memory_to_come_and_checkpoints_wait_for_it(session):
@@ -160,8 +170,9 @@ def test_page_server_killed_ends_the_job(session):
     image = job.checkpoint()
     job.kill()
     restarted, pause = paused_lazy_restart(session, job, image)
-    servers = page_servers()
+    servers = page_servers(session)
     assert len(servers) == 1, servers
+    assert job_processes(session, job)      # the filter sees the paused job
     servers[0].send_signal(signal.SIGKILL)
     rc = restarted.wait(timeout=60)
     assert rc != 0
