@@ -195,7 +195,7 @@ def bench_big(env, work, mib, reps, dmtcp_bin):
 def dirty_and_wait(pid, out, round_):
     """SIGUSR1: the program rewrites 5% of its pages and says so."""
     os.kill(pid, signal.SIGUSR1)
-    wait_for(out, f"DIRTIED", timeout=120)
+    wait_for(out, "DIRTIED", timeout=120)
     while out.read_text(errors="replace").count("DIRTIED") < round_:
         time.sleep(0.01)
 
@@ -398,11 +398,13 @@ def bench_stopped(env, work, reps, ref, threads=(1, 16, 64)):
           f"{baseline_name})", ["threads", f"{ref} ms", "this shim ms", "ratio"], rows)
 
 
-def bench_env(work):
+def bench_env(work, **extra):
     """The environment a benchmark's ckpt commands run in: this checkout's
-    ckpt, the job registry in the work dir, no user configuration."""
+    ckpt, the job registry in the work dir, no user configuration, and the
+    directories of jobs launched without --ckpt-dir in the work dir too
+    (not in the caller's current directory); extra on top."""
     return dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-                CKPT_CONFIG=str(work / "none.yaml"))
+                CKPT_CONFIG=str(work / "none.yaml"), CKPT_DIR=str(work / "images"), **extra)
 
 
 def main():

@@ -13,7 +13,6 @@
 benchmarks still run, in seconds.
 """
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from engine_bench import REPO, baseline, checkpoint, ckpt, fmt, launch, table
+from engine_bench import REPO, baseline, bench_env, checkpoint, ckpt, fmt, launch, table
 
 MPI_BIN = REPO / "bench" / "mpi" / "bin"
 
@@ -168,10 +167,7 @@ def main():
         subprocess.run(["make", "-s", "-C", d], check=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
-        # CKPT_DIR: the overhead runs' jobs keep their (empty) directories
-        # in the work dir, not in the caller's current directory
-        env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-                   CKPT_CONFIG=str(work / "none.yaml"), CKPT_DIR=str(work / "images"))
+        env = bench_env(work)
         print(f"ckpt MPI benchmarks, work dir {work}")
         if not args.only_overhead:
             bench_job(env, work, args.ranks, args.mib, args.reps)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from engine_bench import REPO, baseline, checkpoint, ckpt, table, wait_for
+from engine_bench import REPO, baseline, bench_env, checkpoint, ckpt, table, wait_for
 from mpi_bench import restart_time
 
 MPI_BIN = REPO / "bench" / "mpi" / "bin"
@@ -59,10 +59,8 @@ PHASE = re.compile(r"ckpt-ib\[(\d+)\]: (stopped|released|rebuilt) in ([\d.]+) ms
 
 
 def verbs_env(work):
-    env = dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(work),
-               CKPT_CONFIG=str(work / "none.yaml"), LD_LIBRARY_PATH=str(SOFTVERBS),
-               SOFTVERBS_DIR=str(work / "fabric"), UCX_TLS="ud_verbs,self",
-               UCX_UD_TIMEOUT="10m")
+    env = bench_env(work, LD_LIBRARY_PATH=str(SOFTVERBS), SOFTVERBS_DIR=str(work / "fabric"),
+                    UCX_TLS="ud_verbs,self", UCX_UD_TIMEOUT="10m")
     env.pop("LD_PRELOAD", None)
     return env
 

@@ -8,13 +8,14 @@ engine and on a process of 2 GiB (bench/apps/bigproc).  Medians of --reps.
 """
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from engine_bench import bench_env
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = REPO / "integration" / "apps" / "bin"
@@ -78,9 +79,7 @@ def main():
     }
     with tempfile.TemporaryDirectory(prefix="verify-bench-") as tmp:
         work = Path(tmp)
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(work / "state"), PYTHONPATH=str(REPO),
-                   CKPT_CONFIG=str(work / "none.yaml"), CKPT_VERIFY="on")
-        (work / "state").mkdir()
+        env = bench_env(work, CKPT_VERIFY="on")
         rows = []
         for name, argv in programs.items():
             results = [one_round(env, work, name.split()[0], argv, n) for n in range(reps)]

@@ -57,7 +57,9 @@ def ckpt_dir_of(job):
 
 
 def staged_dir(stage_dir, job_id, number):
-    """A host's node-local copy of checkpoint `number` under --stage-dir."""
+    """A host's node-local copy of checkpoint `number` under --stage-dir.
+    Its parent holds this job's staged checkpoints and nothing else:
+    ckpt-flush removes the older ones it finds there."""
     return Path(stage_dir) / job_id / checkpoint_name(number)
 
 

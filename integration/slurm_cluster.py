@@ -297,16 +297,27 @@ class SlurmCluster:
         self._wait_idle(timeout)
 
     def controller_lost(self):
-        """None while slurmctld runs on h1.  Else why it does not (its
-        nsenter's exit status and the end of its logs), after starting it
-        again with its saved state: a controller lost in one test must
-        fail that test, not every later one."""
-        if "slurmctld" in self._daemon_names("h1"):
+        """None while slurmctld on h1 answers.  Else why it does not (its
+        process state or exit status, what sinfo said, the end of its
+        logs), after starting it again with its saved state: a controller
+        lost in one test must fail that test, not every later one."""
+        pid = self._controller_pid()
+        asked = self.run("h1", ["sinfo", "-h"], timeout=30)
+        if pid and not asked.returncode:
             return None
-        why = "slurmctld on h1 is gone"
-        for p in self._popens.get("h1", []):
-            if "slurmctld" in p.args and p.poll() is not None:
-                why += f" (exit status {p.returncode})"
+        if pid:
+            try:
+                state = psutil.Process(pid).status()
+            except psutil.NoSuchProcess:
+                state = "gone meanwhile"
+            why = (f"slurmctld on h1 (pid {pid}, {state}) does not answer: "
+                   f"{asked.stderr.strip()}; stopped on h1: {self._stopped('h1')}")
+            cluster_mod.kill_pids([pid])
+        else:
+            why = "slurmctld on h1 is gone"
+            for p in self._popens.get("h1", []):
+                if "slurmctld" in p.args and p.poll() is not None:
+                    why += f" (exit status {p.returncode})"
         why += "\n" + "\n".join(f"--- {name}\n{self._tail(self.log_dir / name, 40)}"
                                  for name in ("slurmctld.log", "slurmctld.out"))
         self._start_daemon("h1", ["slurmctld", "-D"], "slurmctld")
@@ -317,14 +328,25 @@ class SlurmCluster:
             time.sleep(0.2)
         return why
 
-    def _daemon_names(self, host):
-        names = []
-        for pid in self._slurm_pids(host):
+    def _stopped(self, host):
+        stopped = []
+        for pid in self.cluster.processes(host):
             try:
-                names.append(psutil.Process(pid).name())
+                proc = psutil.Process(pid)
+                if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    stopped.append(f"{pid} {proc.name()}")
             except psutil.NoSuchProcess:
                 pass
-        return names
+        return stopped
+
+    def _controller_pid(self):
+        for pid in self._slurm_pids("h1"):
+            try:
+                if psutil.Process(pid).name() == "slurmctld":
+                    return pid
+            except psutil.NoSuchProcess:
+                pass
+        return None
 
     def _host_alive(self, host):
         try:

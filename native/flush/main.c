@@ -151,7 +151,12 @@ static const char *key_value(const char *keys, const char *key)
 	return NULL;
 }
 
-/* Older staged copies of name in STAGE/../ckpt-*: only the newest stays. */
+/*
+ * Older staged copies of name, in the other directories beside STAGE_DIR:
+ * a staged checkpoint's parent is its job's stage directory, which holds
+ * nothing but that job's staged checkpoints (ckpt/paths.py staged_dir).
+ * Only the newest copy stays.
+ */
 static void drop_older_copies(const char *stage_dir, const char *name)
 {
 	char parent[PATH_MAX], path[PATH_MAX * 2 + 2];
@@ -166,7 +171,8 @@ static void drop_older_copies(const char *stage_dir, const char *name)
 	if (!d)
 		return;
 	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, "ckpt-", 5) || !strcmp(e->d_name, own))
+		if ((e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) || e->d_name[0] == '.' ||
+		    !strcmp(e->d_name, own))
 			continue;
 		snprintf(path, sizeof(path), "%s/%s/%s", parent, e->d_name, name);
 		unlink(path);
