@@ -399,8 +399,22 @@ class SlurmCluster:
         r = self.run(host, argv, **kw)
         if r.returncode:
             raise SlurmError(f"{' '.join(argv)} on {host}: exit {r.returncode}: "
-                             f"{r.stderr.strip()}")
+                             f"{r.stderr.strip()}" + self._unreachable(r.stderr))
         return r.stdout
+
+    def _unreachable(self, stderr):
+        """What h1 shows when a client could not reach slurmctld: its
+        process, its listening sockets and addresses (empty otherwise)."""
+        if "Unable to contact slurm controller" not in stderr:
+            return ""
+        pid = self._controller_pid()
+        try:
+            state = psutil.Process(pid).status() if pid else "no process"
+        except psutil.NoSuchProcess:
+            state = "gone meanwhile"
+        shown = self.run("h1", ["sh", "-c", "ss -ltnp; ip -br addr"], timeout=30).stdout
+        return (f"\nslurmctld on h1: pid {pid}, {state}; stopped on h1: {self._stopped('h1')}"
+                f"\n{shown}{self.logs()}")
 
     def sbatch(self, host, args, cwd=None):
         """Submit; the job id."""
@@ -439,7 +453,7 @@ class SlurmCluster:
         """Job ids squeue still lists (pending, running, completing)."""
         r = self.run("h1", ["squeue", "-h", "-o", "%i %T"], timeout=30)
         if r.returncode:
-            raise SlurmError(f"squeue: {r.stderr.strip()}")
+            raise SlurmError(f"squeue: {r.stderr.strip()}" + self._unreachable(r.stderr))
         return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 
     def job_processes(self, host):

@@ -59,22 +59,32 @@ def leftover_processes():
     return found
 
 
-def kill_leftovers(grace=2.0):
+def kill_leftovers(grace=10.0):
     """Restored processes still there after `grace` seconds (a pid
-    namespace goes down asynchronously once its ckpt-restart is gone);
-    killed, so that one finding does not spill into the next mutant."""
+    namespace goes down asynchronously once its ckpt-restart is gone: on a
+    loaded CI machine once more than 2 s), killed so that one finding does
+    not spill into the next mutant; each as "pid (state, pid namespace)"."""
     deadline = time.monotonic() + grace
     while leftover_processes() and time.monotonic() < deadline:
         reap_orphans()
         time.sleep(0.01)
     pids = leftover_processes()
+    described = [_described(pid) for pid in pids]
     kill_pids(pids)
     deadline = time.monotonic() + 10
     while leftover_processes() and time.monotonic() < deadline:
         reap_orphans()
         time.sleep(0.01)
     reap_orphans()
-    return pids
+    return described
+
+
+def _described(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return f"{pid} ({state}, {os.readlink(f'/proc/{pid}/ns/pid')})"
+    except (OSError, IndexError):
+        return f"{pid} (gone)"
 
 
 @pytest.fixture
