@@ -31,7 +31,8 @@
 
     python3 bench/multihost_bench.py [--reps 3] [--mib 512]
                                      [--only barrier|restart|history|names|job]
-                                     [--scales 1024/16,8192/128,...] [--history N] [--smoke]
+                                     [--scales 1024/16,8192/128,...] [--history N]
+                                     [--profile FILE] [--smoke]
 
 --smoke: the smallest and a middle barrier size (1,024 processes on 16
 hosts, 8,192 on 128), 20 checkpoints of history, 1,024 and 8,192
@@ -40,6 +41,7 @@ in seconds (`make bench-smoke`).
 """
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -59,6 +61,7 @@ from ckpt.coordinator import Coordinator, no_cycle_collection  # noqa: E402
 from ckpt.names import NameService  # noqa: E402
 from ckpt.write_mode import WriteMode  # noqa: E402
 from engine_bench import baseline, fmt, table  # noqa: E402
+from sampled_profile import SampledProfile  # noqa: E402
 
 MPIMEM = REPO / "bench" / "mpi" / "bin" / "mpimem"
 CKPT = str(REPO / "bin" / "ckpt")
@@ -84,17 +87,18 @@ def parse_scales(text):
     return scales
 
 
-async def barrier_rounds(processes, hosts, reps, work, restart=False):
+async def barrier_rounds(processes, hosts, reps, work, restart=False, profile=None):
     """[(wall s, coordinator CPU s, messages)] of `reps` checkpoint rounds
     (restart: the restart's rounds, REBUILD, REFILL and RESUME, once every
-    restored process joined; a new job each)."""
+    restored process joined; a new job each).  profile: a SampledProfile
+    of the rounds (a checkpoint's only)."""
     rounds = []
     for _ in range(reps if restart else 1):
-        rounds += await _rounds(processes, hosts, 1 if restart else reps, work, restart)
+        rounds += await _rounds(processes, hosts, 1 if restart else reps, work, restart, profile)
     return rounds
 
 
-async def _rounds(processes, hosts, reps, work, restart):
+async def _rounds(processes, hosts, reps, work, restart, profile=None):
     work = Path(tempfile.mkdtemp(dir=work))   # a job of its own
     job_dir = work / f"job-{processes}"
     secret_file = work / f"secret-{processes}"
@@ -111,15 +115,8 @@ async def _rounds(processes, hosts, reps, work, restart):
         if not await coord.wait_for_processes(processes, 600):
             raise RuntimeError(f"only {len(coord.live_processes())} processes joined")
         rounds = []
-        for _ in range(reps):
-            messages = sum(coord.agent_messages.values())
-            start, cpu = time.perf_counter(), time.process_time()
-            if restart:
-                await coord.restart([p.pid for p in coord.live_processes()])
-            else:
-                await coord.checkpoint()
-            rounds.append((time.perf_counter() - start, time.process_time() - cpu,
-                           sum(coord.agent_messages.values()) - messages))
+        with profile or contextlib.nullcontext():
+            await _timed_rounds(coord, reps, restart, rounds)
         return rounds
     finally:
         await coord.close()
@@ -127,12 +124,29 @@ async def _rounds(processes, hosts, reps, work, restart):
         agents.wait()
 
 
-def barrier_scale(reps, scales, restart=False):
+async def _timed_rounds(coord, reps, restart, rounds):
+    for _ in range(reps):
+        messages = sum(coord.agent_messages.values())
+        start, cpu = time.perf_counter(), time.process_time()
+        if restart:
+            await coord.restart([p.pid for p in coord.live_processes()])
+        else:
+            await coord.checkpoint()
+        rounds.append((time.perf_counter() - start, time.process_time() - cpu,
+                       sum(coord.agent_messages.values()) - messages))
+
+
+def barrier_scale(reps, scales, restart=False, profile_path=None):
+    """profile_path: the rounds of the largest size sampled by py-spy into
+    this file, and summarised after the table."""
     rows = []
     base = None
+    profile = SampledProfile(profile_path) if profile_path else None
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
         for processes, hosts in scales:
-            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp), restart))
+            largest = (processes, hosts) == max(scales)
+            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp), restart,
+                                                profile if largest else None))
             walls = [wall for wall, _, _ in rounds]
             median = statistics.median(walls)
             cpu = statistics.median(c for _, c, _ in rounds)
@@ -152,6 +166,11 @@ def barrier_scale(reps, scales, restart=False):
           "  coordinator and the agents in one round (2 per host and request).\n"
           + ("  Target: flat per process." if restart else
              "  Targets: 32,768 processes under 0.5 s, 131,072 under 2 s."))
+    if profile:
+        processes, hosts = max(scales)
+        print(f"\nWhere the coordinator's process spent the rounds at {processes:,} processes "
+              f"on {hosts} hosts (py-spy, its event loop's samples)")
+        profile.print_summary(within="_run_once")
 
 
 # ---- a long history: --keep and incremental parents ---------------------------
@@ -401,6 +420,9 @@ def main():
                         default=SCALES, metavar="P/H,P/H,...",
                         help="barrier sizes, processes/hosts (default: "
                              + ",".join(f"{p}/{h}" for p, h in SCALES) + ")")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="sample the coordinator's rounds at the largest barrier size with "
+                             "py-spy into FILE (raw stacks) and print where the time went")
     parser.add_argument("--smoke", action="store_true",
                         help="smallest sizes, once: does it still run (seconds)")
     args = parser.parse_args()
@@ -409,7 +431,7 @@ def main():
         args.reps, args.mib, scales, args.history = 1, 16, SMOKE_SCALES, 20
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
     if args.only in (None, "barrier"):
-        barrier_scale(args.reps, scales)
+        barrier_scale(args.reps, scales, profile_path=args.profile)
     if args.only in (None, "restart"):
         barrier_scale(args.reps, [s for s in scales if s[0] <= RESTART_MAX], restart=True)
     if args.only in (None, "history"):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt import events
+from ckpt import image_check
 from ckpt import manifest as manifests
 from ckpt import paths
 from ckpt import stopped as stopped_processes
@@ -262,6 +263,8 @@ class CheckpointRun:
             if keys is None:
                 self.note(f"{proc.describe()} exited during the checkpoint; it is left out")
             else:
+                # its writer's answer came by file, not through its host's check
+                image_check.check(self.tmp, {proc: keys}, lambda proc: proc.describe())
                 answers[proc] = keys
         self.procs = [p for p in self.procs if p in answers]
         if not self.procs:
@@ -314,35 +317,35 @@ class CheckpointRun:
         raise PhaseError("processes kept starting during the checkpoint")
 
     def _image_entries(self, written, threads):
-        """Manifest entries from the DONE WRITE keys, checked against the files."""
+        """Manifest entries from the DONE WRITE keys.  The images of this
+        host's processes are checked against their files here; each other
+        host's agent checked its own before it answered (ckpt/image_check.py)."""
+        image_check.check(self.tmp, {p: written[p] for p in self.procs if p.agent is None},
+                          lambda proc: proc.describe())
         entries = {}
-        # one pass over the directory, not a path lookup per image
-        sizes = {entry.name: entry.stat().st_size for entry in os.scandir(self.tmp)}
+        no_keys = {}
         for proc in self.procs:
             keys = written[proc]
             name = keys.get("file", "")
-            if not name or "/" in name or name.startswith("."):
-                raise PhaseError(f"{proc.describe()} reported a bad image name {name!r}")
-            if name not in sizes:
-                raise PhaseError(f"image {name} of {proc.describe()} is not in {self.tmp}")
-            size = sizes[name]
-            if str(size) != keys.get("size"):
-                raise PhaseError(f"image {name} has {size} bytes, {proc.describe()} reported {keys.get('size')}")
-            entries[proc] = {
+            if image_check.bad_name(name):
+                raise PhaseError(f"{proc.describe()} reported {image_check.bad_name(name)}")
+            if "size" not in keys:
+                raise PhaseError(f"{proc.describe()} reported no size for image {name}")
+            entry = entries[proc] = {
                 "pid": proc.pid,
                 "host": proc.host,
                 "image": name,
-                "size": size,
+                "size": int(keys["size"]),
                 "xxh3": keys.get("xxh3", "").lower(),
                 "write_ns": int(keys.get("write_ns", 0)),
                 # a process may write in place when asked for a forked write
                 "written": "forked" if "forked" in keys else "in place",
-                "threads": int(threads.get(proc, {}).get("threads", 0)),
+                "threads": int(threads.get(proc, no_keys).get("threads", 0)),
             }
             if "flush_ns" in keys:  # staged: written there, then copied here
-                entries[proc]["flush_ns"] = int(keys["flush_ns"])
+                entry["flush_ns"] = int(keys["flush_ns"])
             if "chain" in keys:  # incremental: what the image holds, what it reads elsewhere
-                entries[proc].update(
+                entry.update(
                     own=int(keys.get("own", 0)), referred=int(keys.get("referred", 0)),
                     chain=int(keys["chain"]),
                     sources=[n for n in keys.get("sources", "").split(",")
@@ -351,11 +354,12 @@ class CheckpointRun:
 
     def _publish(self, entries, stopped):
         images = {entry["image"] for entry in entries.values()}
-        for name in os.listdir(self.tmp):  # images of processes that were left out
+        # what else is in the directory: images of processes that were left
+        # out (set arithmetic: no Python step per image kept)
+        for name in set(os.listdir(self.tmp)) - images:
             # an incremental image's page list, every image's block checksums
             stem, _, suffix = name.rpartition(".")
-            if name in images or (suffix in ("pages", "sum") and stem in images) \
-                    or verify.kept(name):
+            if (suffix in ("pages", "sum") and stem in images) or verify.kept(name):
                 continue
             os.unlink(self.tmp / name)
         processes = []
