@@ -176,7 +176,7 @@ def barrier_scale(reps, scales, restart=False, profile_path=None):
 # ---- a long history: --keep and incremental parents ---------------------------
 
 HISTORY = 1000          # checkpoints of one job
-HISTORY_WINDOW = 20     # rounds timed at its start and at its end
+HISTORY_MARK_ROUNDS = 5  # rounds timed at each checkpoint number shown
 HISTORY_SIZE = (256, 4)
 
 
@@ -211,25 +211,50 @@ async def history_rounds(label, count, work, keep, full_every):
         agents.wait()
 
 
+def history_marks(count):
+    """The checkpoint numbers the history table shows: 1, 10, 100, ...
+    up to count, and count itself."""
+    marks, n = [], 1
+    while n <= count:
+        marks.append(n)
+        n *= 10
+    return marks if marks[-1] == count else marks + [count]
+
+
 def history(count):
     """A round at checkpoint 1,000 costs what it did at checkpoint 1: --keep
     pruning and the incremental parent's lookup do not grow with the job's
-    history."""
-    window = min(HISTORY_WINDOW, count // 2)
-    rows = []
+    history.  Each checkpoint number's figure is the median of the
+    HISTORY_MARK_ROUNDS rounds from it (the last: up to it)."""
+    modes = (("every one kept", 0, 0), ("--keep 5", 5, 0), ("--keep 5, incremental", 5, 8))
+    marks = history_marks(count)
+    columns = []
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
-        for label, keep, full_every in (("every one kept", 0, 0), ("--keep 5", 5, 0),
-                                        ("--keep 5, incremental", 5, 8)):
+        for label, keep, full_every in modes:
             times = asyncio.run(history_rounds(label.replace(" ", "_").replace(",", ""),
                                                count, Path(tmp), keep, full_every))
-            first = statistics.median(times[1:window + 1])   # the first has no parent yet
-            last = statistics.median(times[-window:])
-            rows.append([label, f"{first * 1e3:.1f}", f"{last * 1e3:.1f}", f"{last / first:.2f}"])
+            columns.append([statistics.median(_mark_window(times, mark)) for mark in marks])
+    rows = []
+    for i, mark in enumerate(marks):
+        row = [f"{mark:,}"]
+        for column in columns:
+            row += [f"{column[i] * 1e3:.1f}", f"{column[i] / column[0]:.2f}"]
+        rows.append(row)
     processes, hosts = HISTORY_SIZE
+    header = ["checkpoint"]
+    for label, _, _ in modes:
+        header += [f"{label} ms", "ratio"]
     table(f"{count:,} checkpoints of one job ({processes} simulated processes on {hosts} hosts): "
-          f"median round of {window} at its start and at its end",
-          ["job", "first ms", "last ms", "ratio"], rows)
-    print("  incremental: --full-every 8 (the parent is looked up and read at each round).")
+          f"the round at checkpoint number N (median of {HISTORY_MARK_ROUNDS} rounds)",
+          header, rows)
+    print("  ratio: against checkpoint 1 of the same job (target: 1).  incremental: "
+          "--full-every 8 (the parent is looked up and read at each round).")
+
+
+def _mark_window(times, mark):
+    """The rounds from checkpoint `mark` on, or up to it at the end of the job."""
+    start = min(mark - 1, len(times) - HISTORY_MARK_ROUNDS)
+    return times[max(start, 0):][:HISTORY_MARK_ROUNDS]
 
 
 # ---- a restart's connections met through the name service -------------------
