@@ -234,10 +234,13 @@ class CheckpointRun:
         if not group:
             return {}
         for phase in SUSPENDING_PHASES:
-            # those of group still in the checkpoint (a set: a list made it
-            # quadratic in the job's size, issue 33)
-            still = set(self.procs)
-            answers = await self._phase(phase, procs=[p for p in group if p in still])
+            before = self.procs
+            answers = await self._phase(phase, procs=group)
+            if self.procs is not before:
+                # some exited: those of group still in the checkpoint (a
+                # set: a list made it quadratic in the job's size, issue 33)
+                still = set(self.procs)
+                group = [p for p in group if p in still]
         return answers
 
     async def _suspend_stopped(self, held):
