@@ -22,9 +22,9 @@
     RESUME rounds, once every restored process joined) with the same
     simulated hosts, up to 32,768 processes.  Target: flat per process.
 
-  - history: a round at a job's 1,000th checkpoint against its first
+  - history: the round at a job's checkpoint number 1, 10, 100 and 1,000
     (every checkpoint kept, --keep 5, --keep 5 incremental), 256 simulated
-    processes on 4 hosts.  Target: ratio 1.
+    processes on 4 hosts, as ratios to checkpoint 1.  Target: ratio 1.
 
   - names: a restart's cross-host connections (1,024 to 32,768) met
     through the coordinator's name service.  Target: flat per connection.
@@ -33,6 +33,10 @@
                                      [--only barrier|restart|history|names|job]
                                      [--scales 1024/16,8192/128,...] [--history N]
                                      [--profile FILE] [--smoke]
+
+--profile FILE: the barrier rounds at the largest size sampled by py-spy
+(raw stacks in FILE), summarised after the table: where the coordinator's
+process spends a round.
 
 --smoke: the smallest and a middle barrier size (1,024 processes on 16
 hosts, 8,192 on 128), 20 checkpoints of history, 1,024 and 8,192
