@@ -76,14 +76,14 @@ class CheckpointRun:
     the name-service keys it sets, the warnings it collects."""
 
     def __init__(self, job, procs, mode, kill=False, *, barrier, pause_before,
-                 live_processes, wait_for_ids, names, note, warn, warnings, host_addresses,
+                 live_processes, joins, wait_for_ids, names, note, warn, warnings, host_addresses,
                  barrier_timeout, fingerprint):
         """job: a CheckpointedJob; procs: its processes registered now;
         mode: a WriteMode; kill: the job is killed once it is taken.
         What the coordinator lends it: barrier(phase, procs, arg, timeout=,
         seq=) -> (answers, gone) and pause_before(phase, procs) over the
-        processes; live_processes() and wait_for_ids(ids, seconds) of its
-        registry; names, its NameService; note(message) for stderr and
+        processes; live_processes(), joins() (how many processes ever
+        joined) and wait_for_ids(ids, seconds) of its registry; names, its NameService; note(message) for stderr and
         `warnings`, the list this checkpoint's manifest and reply carry;
         warn(message) for stderr only; host_addresses() for the manifest;
         barrier_timeout, how long a forked writer's result is waited for;
@@ -99,6 +99,9 @@ class CheckpointRun:
         self.barrier = self._timed(barrier)
         self.pause_before = pause_before
         self.live_processes = live_processes
+        # processes that ever joined: unchanged, none can have joined since
+        # procs were taken (no list of the whole job to look through)
+        self.joins, self.joins_at_start = joins, joins()
         self.wait_for_ids = wait_for_ids
         self.names = names
         self.note = note
@@ -193,10 +196,11 @@ class CheckpointRun:
                 synced = await self._sync(written)
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
-            taken_part = set(self.procs)
-            for proc in self.live_processes():
-                if proc not in taken_part:
-                    self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
+            if self.joins() != self.joins_at_start:
+                taken_part = set(self.procs)
+                for proc in self.live_processes():
+                    if proc not in taken_part:
+                        self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
             with self._timing("PUBLISH"):
                 await self.pause_before("PUBLISH", self.procs)
                 return self._publish(entries, stopped)
@@ -307,6 +311,8 @@ class CheckpointRun:
             if not await self.wait_for_ids(children, CHILD_HELLO_WAIT):
                 self.note("a child forked just before the checkpoint did not register "
                           "in time (exited, or still in exec?); it may be left out")
+            if self.joins() == self.joins_at_start:
+                return taken   # nobody joined since the checkpoint began
             known = set(self.procs)
             newcomers = [p for p in self.live_processes() if p not in known]
             if not newcomers:
