@@ -80,5 +80,7 @@ class SampledProfile:
         print(f"  {total} samples at {self.rate}/s ({self.path})")
         for title, counter in (("self", own), ("inclusive", inclusive)):
             print(f"  -- {title}")
-            for frame, n in counter.most_common(top):
+            # frames under every sample (the event loop's own) say nothing
+            shown = [(f, n) for f, n in counter.most_common() if n < total][:top]
+            for frame, n in shown:
                 print(f"  {100 * n / total:5.1f}%  {frame}")
