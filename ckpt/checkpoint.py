@@ -83,9 +83,10 @@ class CheckpointRun:
         What the coordinator lends it: barrier(phase, procs, arg, timeout=,
         seq=) -> (answers, gone) and pause_before(phase, procs) over the
         processes; live_processes(), joins() (how many processes ever
-        joined) and wait_for_ids(ids, seconds) of its registry; names, its NameService; note(message) for stderr and
-        `warnings`, the list this checkpoint's manifest and reply carry;
-        warn(message) for stderr only; host_addresses() for the manifest;
+        joined) and wait_for_ids(ids, seconds) of its registry; names, its
+        NameService; note(message) for stderr and `warnings`, the list
+        this checkpoint's manifest and reply carry; warn(message) for
+        stderr only; host_addresses() for the manifest;
         barrier_timeout, how long a forked writer's result is waited for;
         fingerprint(procs, directory), the processes' fingerprints taken
         while they are parked (ckpt/verify.py)."""
@@ -237,14 +238,16 @@ class CheckpointRun:
         of it while the application still runs: docs/PROTOCOL.md), SUSPEND."""
         if not group:
             return {}
+        checked = None
         for phase in SUSPENDING_PHASES:
-            before = self.procs
-            answers = await self._phase(phase, procs=group)
-            if self.procs is not before:
-                # some exited: those of group still in the checkpoint (a
-                # set: a list made it quadratic in the job's size, issue 33)
+            if self.procs is not checked:
+                # those of group still in the checkpoint, again only once
+                # one left (a set: a list made it quadratic in the job's
+                # size, issue 33)
                 still = set(self.procs)
                 group = [p for p in group if p in still]
+                checked = self.procs
+            answers = await self._phase(phase, procs=group)
         return answers
 
     async def _suspend_stopped(self, held):
