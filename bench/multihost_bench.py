@@ -22,16 +22,21 @@
     RESUME rounds, once every restored process joined) with the same
     simulated hosts, up to 32,768 processes.  Target: flat per process.
 
-  - history: a round at a job's 1,000th checkpoint against its first
+  - history: the round at a job's checkpoint number 1, 10, 100 and 1,000
     (every checkpoint kept, --keep 5, --keep 5 incremental), 256 simulated
-    processes on 4 hosts.  Target: ratio 1.
+    processes on 4 hosts, as ratios to checkpoint 1.  Target: ratio 1.
 
   - names: a restart's cross-host connections (1,024 to 32,768) met
     through the coordinator's name service.  Target: flat per connection.
 
     python3 bench/multihost_bench.py [--reps 3] [--mib 512]
                                      [--only barrier|restart|history|names|job]
-                                     [--scales 1024/16,8192/128,...] [--history N] [--smoke]
+                                     [--scales 1024/16,8192/128,...] [--history N]
+                                     [--profile FILE] [--smoke]
+
+--profile FILE: the barrier rounds at the largest size sampled by py-spy
+(raw stacks in FILE), summarised after the table: where the coordinator's
+process spends a round.
 
 --smoke: the smallest and a middle barrier size (1,024 processes on 16
 hosts, 8,192 on 128), 20 checkpoints of history, 1,024 and 8,192
@@ -40,6 +45,7 @@ in seconds (`make bench-smoke`).
 """
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -59,6 +65,7 @@ from ckpt.coordinator import Coordinator, no_cycle_collection  # noqa: E402
 from ckpt.names import NameService  # noqa: E402
 from ckpt.write_mode import WriteMode  # noqa: E402
 from engine_bench import baseline, fmt, table  # noqa: E402
+from sampled_profile import SampledProfile  # noqa: E402
 
 MPIMEM = REPO / "bench" / "mpi" / "bin" / "mpimem"
 CKPT = str(REPO / "bin" / "ckpt")
@@ -84,17 +91,18 @@ def parse_scales(text):
     return scales
 
 
-async def barrier_rounds(processes, hosts, reps, work, restart=False):
+async def barrier_rounds(processes, hosts, reps, work, restart=False, profile=None):
     """[(wall s, coordinator CPU s, messages)] of `reps` checkpoint rounds
     (restart: the restart's rounds, REBUILD, REFILL and RESUME, once every
-    restored process joined; a new job each)."""
+    restored process joined; a new job each).  profile: a SampledProfile
+    of the rounds (a checkpoint's only)."""
     rounds = []
     for _ in range(reps if restart else 1):
-        rounds += await _rounds(processes, hosts, 1 if restart else reps, work, restart)
+        rounds += await _rounds(processes, hosts, 1 if restart else reps, work, restart, profile)
     return rounds
 
 
-async def _rounds(processes, hosts, reps, work, restart):
+async def _rounds(processes, hosts, reps, work, restart, profile=None):
     work = Path(tempfile.mkdtemp(dir=work))   # a job of its own
     job_dir = work / f"job-{processes}"
     secret_file = work / f"secret-{processes}"
@@ -111,15 +119,8 @@ async def _rounds(processes, hosts, reps, work, restart):
         if not await coord.wait_for_processes(processes, 600):
             raise RuntimeError(f"only {len(coord.live_processes())} processes joined")
         rounds = []
-        for _ in range(reps):
-            messages = sum(coord.agent_messages.values())
-            start, cpu = time.perf_counter(), time.process_time()
-            if restart:
-                await coord.restart([p.pid for p in coord.live_processes()])
-            else:
-                await coord.checkpoint()
-            rounds.append((time.perf_counter() - start, time.process_time() - cpu,
-                           sum(coord.agent_messages.values()) - messages))
+        with profile or contextlib.nullcontext():
+            await _timed_rounds(coord, reps, restart, rounds)
         return rounds
     finally:
         await coord.close()
@@ -127,12 +128,29 @@ async def _rounds(processes, hosts, reps, work, restart):
         agents.wait()
 
 
-def barrier_scale(reps, scales, restart=False):
+async def _timed_rounds(coord, reps, restart, rounds):
+    for _ in range(reps):
+        messages = sum(coord.agent_messages.values())
+        start, cpu = time.perf_counter(), time.process_time()
+        if restart:
+            await coord.restart([p.pid for p in coord.live_processes()])
+        else:
+            await coord.checkpoint()
+        rounds.append((time.perf_counter() - start, time.process_time() - cpu,
+                       sum(coord.agent_messages.values()) - messages))
+
+
+def barrier_scale(reps, scales, restart=False, profile_path=None):
+    """profile_path: the rounds of the largest size sampled by py-spy into
+    this file, and summarised after the table."""
     rows = []
     base = None
+    profile = SampledProfile(profile_path) if profile_path else None
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
         for processes, hosts in scales:
-            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp), restart))
+            largest = (processes, hosts) == max(scales)
+            rounds = asyncio.run(barrier_rounds(processes, hosts, reps, Path(tmp), restart,
+                                                profile if largest else None))
             walls = [wall for wall, _, _ in rounds]
             median = statistics.median(walls)
             cpu = statistics.median(c for _, c, _ in rounds)
@@ -152,12 +170,17 @@ def barrier_scale(reps, scales, restart=False):
           "  coordinator and the agents in one round (2 per host and request).\n"
           + ("  Target: flat per process." if restart else
              "  Targets: 32,768 processes under 0.5 s, 131,072 under 2 s."))
+    if profile:
+        processes, hosts = max(scales)
+        print(f"\nWhere the coordinator's process spent the rounds at {processes:,} processes "
+              f"on {hosts} hosts (py-spy, its event loop's samples)")
+        profile.print_summary(within="_run_once")
 
 
 # ---- a long history: --keep and incremental parents ---------------------------
 
 HISTORY = 1000          # checkpoints of one job
-HISTORY_WINDOW = 20     # rounds timed at its start and at its end
+HISTORY_MARK_ROUNDS = 5  # rounds timed at each checkpoint number shown
 HISTORY_SIZE = (256, 4)
 
 
@@ -192,25 +215,50 @@ async def history_rounds(label, count, work, keep, full_every):
         agents.wait()
 
 
+def history_marks(count):
+    """The checkpoint numbers the history table shows: 1, 10, 100, ...
+    up to count, and count itself."""
+    marks, n = [], 1
+    while n <= count:
+        marks.append(n)
+        n *= 10
+    return marks if marks[-1] == count else marks + [count]
+
+
 def history(count):
     """A round at checkpoint 1,000 costs what it did at checkpoint 1: --keep
     pruning and the incremental parent's lookup do not grow with the job's
-    history."""
-    window = min(HISTORY_WINDOW, count // 2)
-    rows = []
+    history.  Each checkpoint number's figure is the median of the
+    HISTORY_MARK_ROUNDS rounds from it (the last: up to it)."""
+    modes = (("every one kept", 0, 0), ("--keep 5", 5, 0), ("--keep 5, incremental", 5, 8))
+    marks = history_marks(count)
+    columns = []
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir="/dev/shm") as tmp:
-        for label, keep, full_every in (("every one kept", 0, 0), ("--keep 5", 5, 0),
-                                        ("--keep 5, incremental", 5, 8)):
+        for label, keep, full_every in modes:
             times = asyncio.run(history_rounds(label.replace(" ", "_").replace(",", ""),
                                                count, Path(tmp), keep, full_every))
-            first = statistics.median(times[1:window + 1])   # the first has no parent yet
-            last = statistics.median(times[-window:])
-            rows.append([label, f"{first * 1e3:.1f}", f"{last * 1e3:.1f}", f"{last / first:.2f}"])
+            columns.append([statistics.median(_mark_window(times, mark)) for mark in marks])
+    rows = []
+    for i, mark in enumerate(marks):
+        row = [f"{mark:,}"]
+        for column in columns:
+            row += [f"{column[i] * 1e3:.1f}", f"{column[i] / column[0]:.2f}"]
+        rows.append(row)
     processes, hosts = HISTORY_SIZE
+    header = ["checkpoint"]
+    for label, _, _ in modes:
+        header += [f"{label} ms", "ratio"]
     table(f"{count:,} checkpoints of one job ({processes} simulated processes on {hosts} hosts): "
-          f"median round of {window} at its start and at its end",
-          ["job", "first ms", "last ms", "ratio"], rows)
-    print("  incremental: --full-every 8 (the parent is looked up and read at each round).")
+          f"the round at checkpoint number N (median of {HISTORY_MARK_ROUNDS} rounds)",
+          header, rows)
+    print("  ratio: against checkpoint 1 of the same job (target: 1).  incremental: "
+          "--full-every 8 (the parent is looked up and read at each round).")
+
+
+def _mark_window(times, mark):
+    """The rounds from checkpoint `mark` on, or up to it at the end of the job."""
+    start = min(mark - 1, len(times) - HISTORY_MARK_ROUNDS)
+    return times[max(start, 0):][:HISTORY_MARK_ROUNDS]
 
 
 # ---- a restart's connections met through the name service -------------------
@@ -401,6 +449,9 @@ def main():
                         default=SCALES, metavar="P/H,P/H,...",
                         help="barrier sizes, processes/hosts (default: "
                              + ",".join(f"{p}/{h}" for p, h in SCALES) + ")")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="sample the coordinator's rounds at the largest barrier size with "
+                             "py-spy into FILE (raw stacks) and print where the time went")
     parser.add_argument("--smoke", action="store_true",
                         help="smallest sizes, once: does it still run (seconds)")
     args = parser.parse_args()
@@ -409,7 +460,7 @@ def main():
         args.reps, args.mib, scales, args.history = 1, 16, SMOKE_SCALES, 20
     os.environ.setdefault("CKPT_SHARED_STATE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-reg-"))
     if args.only in (None, "barrier"):
-        barrier_scale(args.reps, scales)
+        barrier_scale(args.reps, scales, profile_path=args.profile)
     if args.only in (None, "restart"):
         barrier_scale(args.reps, [s for s in scales if s[0] <= RESTART_MAX], restart=True)
     if args.only in (None, "history"):

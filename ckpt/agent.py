@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 from ckpt import auth
+from ckpt import image_check
 from ckpt import stopped as stopped_processes
 from ckpt import verify
 from ckpt.barrier import PhaseError, barrier
 from ckpt.errors import CkptError
 from ckpt.headers import integer_constants
 from ckpt.local_processes import LocalProcesses
-from ckpt.wire import escape, split_line
+from ckpt.wire import escape, split_line, unescape
 
 CONNECT_TIMEOUT = 10.0
 
@@ -48,6 +49,7 @@ class HostAgent:
         self.reader = self.writer = None
         self.child = None        # a restart's ckpt-restart (--run, --adopt): its pid
         self.thawed = []         # this checkpoint's stopped processes, thawed
+        self.checkpoint_dir = {}  # checkpoint number -> its directory, from WRITE (for SYNC)
 
     async def run(self, command=(), adopted=None):
         """Serve the host until the coordinator closes the connection; with
@@ -176,6 +178,7 @@ class HostAgent:
         try:
             done, _gone = await barrier(phase, procs, timeout=timeout,
                                         arg=arg[0] if arg else None, seq=int(seq))
+            self._check_images(phase, int(seq), arg, done)
             if len(done) == len(procs) and not any(done.values()):
                 answer["all"] = True   # every one, nothing to say: the usual case
             else:
@@ -183,6 +186,15 @@ class HostAgent:
         except PhaseError as exc:
             answer["fail"] = f"{exc} (on {self.host})"
         self._send(f"ANSWERS {ident} {json.dumps(answer, separators=(',', ':'))}")
+
+    def _check_images(self, phase, seq, arg, done):
+        """The images this host's processes report complete (WRITE in
+        place, SYNC) are in the checkpoint directory with their sizes:
+        checked here, so the coordinator looks at no file of this host."""
+        if phase == "WRITE":
+            self.checkpoint_dir = {seq: unescape(arg[0].split(" ", 1)[0])}
+        if phase in ("WRITE", "SYNC") and seq in self.checkpoint_dir:
+            image_check.check(self.checkpoint_dir[seq], done, lambda proc: proc.describe())
 
     # ---- stopped processes: only this host can thaw them (/proc, ptrace) --
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt import events
+from ckpt import image_check
 from ckpt import manifest as manifests
 from ckpt import paths
 from ckpt import stopped as stopped_processes
@@ -75,16 +76,17 @@ class CheckpointRun:
     the name-service keys it sets, the warnings it collects."""
 
     def __init__(self, job, procs, mode, kill=False, *, barrier, pause_before,
-                 live_processes, wait_for_ids, names, note, warn, warnings, host_addresses,
+                 live_processes, joins, wait_for_ids, names, note, warn, warnings, host_addresses,
                  barrier_timeout, fingerprint):
         """job: a CheckpointedJob; procs: its processes registered now;
         mode: a WriteMode; kill: the job is killed once it is taken.
         What the coordinator lends it: barrier(phase, procs, arg, timeout=,
         seq=) -> (answers, gone) and pause_before(phase, procs) over the
-        processes; live_processes() and wait_for_ids(ids, seconds) of its
-        registry; names, its NameService; note(message) for stderr and
-        `warnings`, the list this checkpoint's manifest and reply carry;
-        warn(message) for stderr only; host_addresses() for the manifest;
+        processes; live_processes(), joins() (how many processes ever
+        joined) and wait_for_ids(ids, seconds) of its registry; names, its
+        NameService; note(message) for stderr and `warnings`, the list
+        this checkpoint's manifest and reply carry; warn(message) for
+        stderr only; host_addresses() for the manifest;
         barrier_timeout, how long a forked writer's result is waited for;
         fingerprint(procs, directory), the processes' fingerprints taken
         while they are parked (ckpt/verify.py)."""
@@ -98,6 +100,9 @@ class CheckpointRun:
         self.barrier = self._timed(barrier)
         self.pause_before = pause_before
         self.live_processes = live_processes
+        # processes that ever joined: unchanged, none can have joined since
+        # procs were taken (no list of the whole job to look through)
+        self.joins, self.joins_at_start = joins, joins()
         self.wait_for_ids = wait_for_ids
         self.names = names
         self.note = note
@@ -192,10 +197,11 @@ class CheckpointRun:
                 synced = await self._sync(written)
                 entries = self._image_entries(
                     {p: {**written.get(p, {}), **synced[p]} for p in self.procs}, threads)
-            taken_part = set(self.procs)
-            for proc in self.live_processes():
-                if proc not in taken_part:
-                    self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
+            if self.joins() != self.joins_at_start:
+                taken_part = set(self.procs)
+                for proc in self.live_processes():
+                    if proc not in taken_part:
+                        self.note(f"{proc.describe()} started during the checkpoint and is not part of it")
             with self._timing("PUBLISH"):
                 await self.pause_before("PUBLISH", self.procs)
                 return self._publish(entries, stopped)
@@ -232,11 +238,16 @@ class CheckpointRun:
         of it while the application still runs: docs/PROTOCOL.md), SUSPEND."""
         if not group:
             return {}
+        checked = None
         for phase in SUSPENDING_PHASES:
-            # those of group still in the checkpoint (a set: a list made it
-            # quadratic in the job's size, issue 33)
-            still = set(self.procs)
-            answers = await self._phase(phase, procs=[p for p in group if p in still])
+            if self.procs is not checked:
+                # those of group still in the checkpoint, again only once
+                # one left (a set: a list made it quadratic in the job's
+                # size, issue 33)
+                still = set(self.procs)
+                group = [p for p in group if p in still]
+                checked = self.procs
+            answers = await self._phase(phase, procs=group)
         return answers
 
     async def _suspend_stopped(self, held):
@@ -262,6 +273,8 @@ class CheckpointRun:
             if keys is None:
                 self.note(f"{proc.describe()} exited during the checkpoint; it is left out")
             else:
+                # its writer's answer came by file, not through its host's check
+                image_check.check(self.tmp, {proc: keys}, lambda proc: proc.describe())
                 answers[proc] = keys
         self.procs = [p for p in self.procs if p in answers]
         if not self.procs:
@@ -301,6 +314,8 @@ class CheckpointRun:
             if not await self.wait_for_ids(children, CHILD_HELLO_WAIT):
                 self.note("a child forked just before the checkpoint did not register "
                           "in time (exited, or still in exec?); it may be left out")
+            if self.joins() == self.joins_at_start:
+                return taken   # nobody joined since the checkpoint began
             known = set(self.procs)
             newcomers = [p for p in self.live_processes() if p not in known]
             if not newcomers:
@@ -314,35 +329,35 @@ class CheckpointRun:
         raise PhaseError("processes kept starting during the checkpoint")
 
     def _image_entries(self, written, threads):
-        """Manifest entries from the DONE WRITE keys, checked against the files."""
+        """Manifest entries from the DONE WRITE keys.  The images of this
+        host's processes are checked against their files here; each other
+        host's agent checked its own before it answered (ckpt/image_check.py)."""
+        image_check.check(self.tmp, {p: written[p] for p in self.procs if p.agent is None},
+                          lambda proc: proc.describe())
         entries = {}
-        # one pass over the directory, not a path lookup per image
-        sizes = {entry.name: entry.stat().st_size for entry in os.scandir(self.tmp)}
+        no_keys = {}
         for proc in self.procs:
             keys = written[proc]
             name = keys.get("file", "")
-            if not name or "/" in name or name.startswith("."):
-                raise PhaseError(f"{proc.describe()} reported a bad image name {name!r}")
-            if name not in sizes:
-                raise PhaseError(f"image {name} of {proc.describe()} is not in {self.tmp}")
-            size = sizes[name]
-            if str(size) != keys.get("size"):
-                raise PhaseError(f"image {name} has {size} bytes, {proc.describe()} reported {keys.get('size')}")
-            entries[proc] = {
+            if image_check.bad_name(name):
+                raise PhaseError(f"{proc.describe()} reported {image_check.bad_name(name)}")
+            if "size" not in keys:
+                raise PhaseError(f"{proc.describe()} reported no size for image {name}")
+            entry = entries[proc] = {
                 "pid": proc.pid,
                 "host": proc.host,
                 "image": name,
-                "size": size,
+                "size": int(keys["size"]),
                 "xxh3": keys.get("xxh3", "").lower(),
                 "write_ns": int(keys.get("write_ns", 0)),
                 # a process may write in place when asked for a forked write
                 "written": "forked" if "forked" in keys else "in place",
-                "threads": int(threads.get(proc, {}).get("threads", 0)),
+                "threads": int(threads.get(proc, no_keys).get("threads", 0)),
             }
             if "flush_ns" in keys:  # staged: written there, then copied here
-                entries[proc]["flush_ns"] = int(keys["flush_ns"])
+                entry["flush_ns"] = int(keys["flush_ns"])
             if "chain" in keys:  # incremental: what the image holds, what it reads elsewhere
-                entries[proc].update(
+                entry.update(
                     own=int(keys.get("own", 0)), referred=int(keys.get("referred", 0)),
                     chain=int(keys["chain"]),
                     sources=[n for n in keys.get("sources", "").split(",")
@@ -351,11 +366,12 @@ class CheckpointRun:
 
     def _publish(self, entries, stopped):
         images = {entry["image"] for entry in entries.values()}
-        for name in os.listdir(self.tmp):  # images of processes that were left out
+        # what else is in the directory: images of processes that were left
+        # out (set arithmetic: no Python step per image kept)
+        for name in set(os.listdir(self.tmp)) - images:
             # an incremental image's page list, every image's block checksums
             stem, _, suffix = name.rpartition(".")
-            if name in images or (suffix in ("pages", "sum") and stem in images) \
-                    or verify.kept(name):
+            if (suffix in ("pages", "sum") and stem in images) or verify.kept(name):
                 continue
             os.unlink(self.tmp / name)
         processes = []

@@ -61,6 +61,7 @@ class Coordinator:
         # process leaves in constant time (a big job's end is no quadratic)
         self.processes = {}
         self._restored_count = 0          # of them, restored ones
+        self.joins = 0                    # processes that ever joined: did any since?
         self.names = NameService()
         self.checkpoints_taken = 0
         self.last_checkpoint = None
@@ -193,6 +194,7 @@ class Coordinator:
     async def add_process(self, proc):
         async with self._registered:
             self.processes[proc] = None
+            self.joins += 1
             self._restored_count += proc.restored
             self._registered.notify_all()
 
@@ -324,7 +326,8 @@ class Coordinator:
         job = CheckpointedJob(self.job_id, self.job_dir, self.command, self.restarted_from)
         return CheckpointRun(
             job, procs, mode, kill, barrier=self.barrier, pause_before=self.pause_before,
-            live_processes=self.live_processes, wait_for_ids=self.wait_for_ids,
+            live_processes=self.live_processes, joins=lambda: self.joins,
+            wait_for_ids=self.wait_for_ids,
             names=self.names, note=self.note, warn=self.warn, warnings=self._warnings,
             host_addresses=self.host_addresses, barrier_timeout=self.barrier_timeout,
             fingerprint=lambda procs, directory: verify.after_write(self, procs, directory))

@@ -171,29 +171,45 @@ def checkpoint_fields(manifest, path, phases=None, kill=False):
     process reported: write, flush and stopped times, bytes) and the
     coordinator's own phase times, {phase: seconds}."""
     procs = manifest["processes"]
-    hosts = {}
+    # [processes, bytes, longest write, longest stop, longest flush or None]
+    # per host, in ns, rounded once per host: this runs at every checkpoint,
+    # once per process of the job
+    totals = {}
+    slowest, slowest_ns = procs[0], -1
     for proc in procs:
-        host = hosts.setdefault(proc["host"], {"processes": 0, "bytes": 0, "write_s": 0.0,
-                                               "stopped_s": 0.0})
-        host["processes"] += 1
-        host["bytes"] += int(proc.get("size", 0))
-        host["write_s"] = max(host["write_s"], _seconds(int(proc.get("write_ns", 0))))
-        host["stopped_s"] = max(host["stopped_s"], _seconds(int(proc.get("stopped_ns", 0))))
+        total = totals.get(proc["host"])
+        if total is None:
+            total = totals[proc["host"]] = [0, 0, 0, 0, None]
+        total[0] += 1
+        total[1] += int(proc.get("size", 0))
+        write_ns = int(proc.get("write_ns", 0))
+        stopped_ns = int(proc.get("stopped_ns", 0))
+        if write_ns > total[2]:
+            total[2] = write_ns
+        if stopped_ns > total[3]:
+            total[3] = stopped_ns
+            if stopped_ns > slowest_ns:
+                slowest, slowest_ns = proc, stopped_ns
         if "flush_ns" in proc:
-            host["flush_s"] = max(host.get("flush_s", 0.0), _seconds(int(proc["flush_ns"])))
-    slowest = max(procs, key=lambda p: int(p.get("stopped_ns", 0)))
+            total[4] = max(total[4] or 0, int(proc["flush_ns"]))
+    hosts = {}
+    for name, (count, size, write_ns, stopped_ns, flush_ns) in totals.items():
+        host = hosts[name] = {"processes": count, "bytes": size, "write_s": _seconds(write_ns),
+                              "stopped_s": _seconds(stopped_ns)}
+        if flush_ns is not None:
+            host["flush_s"] = _seconds(flush_ns)
     fields = {
         "job_id": manifest["job_id"],
         "checkpoint": manifest["checkpoint"],
         "path": str(path),
         "start": iso_time(manifest["start_ns"] / 1e9),
         "duration_s": _seconds(manifest["end_ns"] - manifest["start_ns"]),
-        "bytes": sum(int(p.get("size", 0)) for p in procs),
+        "bytes": sum(host["bytes"] for host in hosts.values()),
         "processes": len(procs),
         "incremental": manifest.get("parent") is not None,
         "kill": kill,  # the job was ended once it was taken (`ckpt checkpoint --kill`)
         "staged": manifest.get("stage_dir") is not None,
-        "stopped_max_s": _seconds(int(slowest.get("stopped_ns", 0))),
+        "stopped_max_s": _seconds(max(slowest_ns, 0)),
         "stopped_max_process": {"host": slowest["host"], "pid": slowest["pid"]},
         "phases": {phase: round(seconds, 6) for phase, seconds in (phases or {}).items()},
         "hosts": hosts,

@@ -167,7 +167,7 @@ def write_manifest(directory, manifest):
     # one encoding of the whole list (a call per process costs half as much
     # again), then a line per process: `{"` never occurs inside a JSON
     # string, so this only ever changes white space outside them
-    procs = json.dumps(list(manifest.get("processes", ())))[1:-1]
+    procs = json.dumps(list(manifest.get("processes", ())), check_circular=False)[1:-1]
     procs = procs.replace('}, {"pid": ', '},\n  {"pid": ')
     with open(path, "w") as out:
         out.write("{\n" + "\n".join(lines) + f'\n "processes": [\n  {procs}\n ]\n}}\n')

@@ -7,8 +7,10 @@ import heapq
 import itertools
 
 # name-service keys that live for one checkpoint: open files and sockets,
-# shared memory, System V and message queue claims, thawed stopped processes
-SPENT_BY_NEXT_CHECKPOINT = ("file:", "sock:", "shm:", "sysv:", "mq:", "stopped:", "backlog:")
+# shared memory, System V and message queue claims, thawed stopped
+# processes, ptys' claims (a job checkpointed 1,000 times keeps none of them)
+SPENT_BY_NEXT_CHECKPOINT = ("file:", "sock:", "shm:", "sysv:", "mq:", "stopped:", "backlog:",
+                            "pty:")
 
 
 class NameService:

@@ -8,6 +8,8 @@ import asyncio
 import os
 import subprocess
 import sys
+from itertools import groupby
+from operator import attrgetter
 
 from ckpt.barrier import PhaseError
 
@@ -150,9 +152,11 @@ def _stopped_here(procs):
 
 def _by_agent(procs):
     by_agent = {}
-    for proc in procs:
-        if proc.agent is not None:
-            by_agent.setdefault(proc.agent, []).append(proc)
+    # a host's processes come one after another (they joined so): a run
+    # at a time, as the barriers group them
+    for agent, run in groupby(procs, key=attrgetter("agent")):
+        if agent is not None:
+            by_agent.setdefault(agent, []).extend(run)
     return by_agent
 
 

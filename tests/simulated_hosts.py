@@ -39,9 +39,14 @@ def _barrier_answer(host, pids, rest):
         directory = unescape(arg[0].split(" ")[0])
         for tag in tags.split(","):
             image = f"{host}-{pids[tag]}.img"
+            path = os.path.join(directory, image)
             # one system call: these hosts share the machine with the coordinator
-            os.close(os.open(os.path.join(directory, image), os.O_CREAT | os.O_WRONLY, 0o600))
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
             done[tag] = {"file": image, "size": "0", "xxh3": "0" * 16}
+        # as ckpt/agent.py does before it answers (ckpt/image_check.py)
+        for keys in done.values():
+            if os.stat(os.path.join(directory, keys["file"])).st_size != int(keys["size"]):
+                return _answer(ident, {"fail": f"image {keys['file']} has another size (on {host})"})
     elif phase == "RESUME":
         done = dict.fromkeys(tags.split(","), {"stopped_ns": "1000000"})
     # as ckpt/agent.py answers: "all" when no process has anything to say

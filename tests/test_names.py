@@ -64,3 +64,24 @@ def test_a_barriers_waiters_timing_out_together_are_dropped_and_later_ones_still
         assert await asyncio.gather(*again) == ["VAL 3"] * 100
         assert ns._counts == {} and ns._dead == {}
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_checkpoints_claims_are_gone_by_the_next_so_the_store_does_not_grow():
+    """Counted by checkpoint number: the keys each checkpoint's shims claim
+    (the formats of native/shim/state/*.c and the coordinator's stopped
+    keys) are forgotten when the next one starts, so the store holds as
+    many keys at checkpoint 100 as at checkpoint 1 (a restart epoch's keys,
+    such as the ib plugin's, stay)."""
+    per_checkpoint = ("file:{n}:h1:42", "sock:{n}:h1:7", "sock:ready:h1:{n}", "shm:{n}:h1",
+                      "sysv:{n}:h1", "mq:{n}:h1:9", "stopped:{n}:h1:100", "backlog:{n}:h1:5",
+                      "pty:{n}:h1:3")
+    names = NameService()
+    names.put("ib:1:lid:5", "17")
+    sizes = {}
+    for n in range(1, 101):
+        names.forget_spent()                     # as each checkpoint starts
+        for key in per_checkpoint:
+            names.put(key.format(n=n), "1")
+        sizes[n] = len(names.values)
+    assert sizes[1] == sizes[10] == sizes[100] == len(per_checkpoint) + 1
+    assert names.values["ib:1:lid:5"] == "17"
