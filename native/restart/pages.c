@@ -448,9 +448,9 @@ static void make_units(void)
 
 /* The file bytes a unit reads: the disk is asked for them (readahead)
  * while earlier units are read, so that it has many requests at once. */
-static void advise_unit(const struct unit *unit)
+void reader_advise(const struct piece *pieces, const struct unit *unit)
 {
-	const struct piece *p = &plan.pieces[unit->first];
+	const struct piece *p = &pieces[unit->first];
 	const struct piece *last = p + unit->count - 1;
 	uint64_t lo = p->block_sum ? p->block_lo : p->off;
 	uint64_t hi = p->block_sum ? p->block_hi : last->off + (last->stored ? last->stored : last->len);
@@ -470,7 +470,7 @@ static void read_ahead(unsigned i)
 			return;
 		if (__atomic_compare_exchange_n(&plan.ahead, &a, a + 1, 0, __ATOMIC_RELAXED,
 						__ATOMIC_RELAXED))
-			advise_unit(&plan.units[a]);
+			reader_advise(plan.pieces, &plan.units[a]);
 	}
 }
 
