@@ -953,6 +953,7 @@ static void poll_once(void)
 int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_send, int sfd)
 {
 	pthread_t thread;
+	sigset_t term;
 	int err;
 
 	images = imgs;
@@ -974,7 +975,13 @@ int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_se
 	prctl(PR_SET_NAME, "ckpt-pageserver");
 	signal(SIGPIPE, SIG_IGN);	/* a status fd nobody reads */
 	signal(SIGTERM, on_term);
-	if ((err = pthread_create(&thread, NULL, stream, NULL)))
+	/* SIGTERM for the main thread alone: it wakes its poll() */
+	sigemptyset(&term);
+	sigaddset(&term, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &term, NULL);
+	err = pthread_create(&thread, NULL, stream, NULL);
+	pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+	if (err)
 		die("page server: cannot start its streamer: %s", strerror(err));
 	for (;;) {
 		if (job_over)
