@@ -819,20 +819,36 @@ static void plan_client(struct client *c)
 	left += bytes;
 }
 
-/* First what each thread touches first: its stack top and its TLS. */
+/* The units of the pages in [lo, hi), now. */
+static void serve_range(struct client *c, uint64_t lo, uint64_t hi)
+{
+	for (uint64_t at = lo & ~(CKPT_PAGE_SIZE - 1); at < hi && !c->dead; at += CKPT_PAGE_SIZE) {
+		long u = unit_at(c, at);
+
+		if (u >= 0)
+			serve_unit(c, u);
+	}
+}
+
+/*
+ * First what each thread touches first: its stack top and its TLS; and
+ * the process's arguments and environment, which /proc/PID/cmdline and
+ * environ read from its memory without waiting for a missing page (the
+ * kernel's remote access gives up on a userfaultfd page at once): ps and
+ * the like see the process while its pages arrive.
+ */
 static void working_set(struct client *c)
 {
+	const struct ckpt_process *p = c->img->proc;
+
 	for (unsigned t = 0; t < c->img->nthreads && !c->dead; t++) {
 		const struct ckpt_thread *th = &c->img->threads[t];
-		uint64_t at[] = { th->regs.rsp, th->fs_base };
 
-		for (unsigned i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
-			long u = unit_at(c, at[i] & ~(CKPT_PAGE_SIZE - 1));
-
-			if (u >= 0)
-				serve_unit(c, u);
-		}
+		serve_range(c, th->regs.rsp, th->regs.rsp + 1);
+		serve_range(c, th->fs_base, th->fs_base + 1);
 	}
+	serve_range(c, p->arg_start, p->arg_end);
+	serve_range(c, p->env_start, p->env_end);
 }
 
 static int receive_fd(int sock, int32_t *index)
