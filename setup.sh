@@ -10,7 +10,7 @@ python3 python3-pip python3-click python3-yaml python3-psutil python3-cffi
 python3-xxhash python3-pytest python3-pytest-xdist python3-rich python3-jsonschema python3-plotly python3-selenium python3-hypothesis chromium chromium-driver libibverbs-dev ibverbs-utils rdma-core ibverbs-providers
 libucx0 ucx-utils perftest
 mpich libmpich-dev openmpi-bin libopenmpi-dev libpmix-dev pkg-config python3-mpi4py python3-dev iproute2
-openssh-client openssh-server slurm-wlm slurm-client munge"
+openssh-client openssh-server slurm-wlm slurm-client munge fio"
 
 missing=""
 for pkg in $DEBS; do

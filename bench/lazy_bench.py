@@ -11,10 +11,17 @@ process jumps back into its code; the last page in: the page server's
 own time added to when it started); ratios to the plain restore of the
 same round.
 With --cold, each restart also runs after `echo 3 > /proc/sys/vm/drop_caches`
-(root), next to fio's sequential read of the image's bytes, cache dropped
-too (fio where installed).
+(root).  Baselines of the same rounds, in a second table: cold, fio's
+sequential read of the image file, cache dropped, at the engine, block
+size and queue depth (a grid tried once first) that read it fastest on
+this disk; warm, one memcpy of the image's bytes into fresh memory (its
+page faults included, as a restore has them) and into touched memory.
+The restore's time there is ckpt-restart's own, from its start to the
+last page in, with two of its phases: the images checked and loaded, the
+memory mapped and read.
 
-    python3 bench/lazy_bench.py [--mib 256,2048] [--reps 3] [--dir DIR] [--cold] [--smoke]
+    python3 bench/lazy_bench.py [--mib 256,2048] [--reps 3] [--dir DIR] [--cold] [--plain-only]
+                                [--smoke]
 
 --smoke: 32 MiB, once: that the benchmark still runs.
 """
@@ -84,20 +91,64 @@ def lazy_duration(job_dir, count):
     return done[count - 1]["duration_s"]
 
 
-def fio_read(path):
-    """Seconds fio takes to read the file sequentially (1 MiB blocks,
-    direct=0, cache dropped before), or None without fio."""
-    if not shutil.which("fio"):
-        return None
+FIO_GRID = [("psync", "128k", 1, 0), ("psync", "1M", 1, 0), ("psync", "4M", 1, 0),
+            ("libaio", "1M", 8, 1), ("libaio", "1M", 32, 1), ("libaio", "4M", 8, 1),
+            ("libaio", "4M", 32, 1)]
+
+
+def fio_label(cfg):
+    engine, bs, depth, direct = cfg
+    return f"{engine} bs={bs} qd={depth}{' direct' if direct else ''}"
+
+
+def fio_read(path, cfg):
+    """Seconds fio's sequential read of the file takes (its own figure:
+    bytes over bandwidth), page cache dropped before."""
+    engine, bs, depth, direct = cfg
     drop_caches()
-    t = time.monotonic()
-    subprocess.run(["fio", "--name=seq", f"--filename={path}", "--rw=read", "--bs=1M",
-                    "--iodepth=16", "--ioengine=libaio", "--direct=0", "--readonly"],
-                   check=True, capture_output=True)
-    return time.monotonic() - t
+    out = subprocess.run(["fio", "--name=seq", f"--filename={path}", "--rw=read", f"--bs={bs}",
+                          f"--iodepth={depth}", f"--ioengine={engine}", f"--direct={direct}",
+                          "--readonly", "--output-format=json"],
+                         check=True, capture_output=True, text=True).stdout
+    read = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    return read["io_bytes"] / read["bw_bytes"]
 
 
-def bench_size(env, work, mib, reps, cold):
+def fio_best(path):
+    """The block size, queue depth and engine at which fio reads the file
+    fastest on this disk, cold: (config, seconds), or (None, None) without fio."""
+    if not shutil.which("fio"):
+        return None, None
+    got = {cfg: fio_read(path, cfg) for cfg in FIO_GRID}
+    for cfg, sec in got.items():
+        print(f"  fio {fio_label(cfg)}: {sec:.3f} s")
+    best = min(got, key=got.get)
+    return best, got[best]
+
+
+def memcpy_times(path):
+    """(into fresh memory, into touched memory): seconds one memcpy of the
+    file's bytes takes (bench/apps/io_baseline copy)."""
+    out = subprocess.run([BIN / "io_baseline", "copy", path], check=True, capture_output=True,
+                         text=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def restart_round(env, image, out, job, job_dir, mode, lazies):
+    """One restart: (app running, last page in, inside ckpt-restart:
+    resumed, last page, images loaded, memory read), seconds."""
+    resume, start, rproc = one_restart(env, image, out, mode == "lazy")
+    last = lazy_done_after(job_dir, start, lazies) if mode == "lazy" else resume
+    ckpt(env, "kill", job)
+    m = marks(rproc.communicate()[1])
+    loaded = m["images checked and loaded"]
+    inner_resume = m["memory restored"]
+    inner_last = loaded + lazy_duration(job_dir, lazies) if mode == "lazy" else inner_resume
+    return (resume, last, inner_resume, inner_last, loaded,
+            inner_resume - m["in the new namespace"])
+
+
+def bench_size(env, work, mib, reps, cold, modes):
     job = f"lazy-{mib}"
     proc, out = launch(env, work, job, BIN / "bigproc", mib, mib, "random")
     image, _, info = checkpoint(env, job, "--kill")
@@ -105,49 +156,63 @@ def bench_size(env, work, mib, reps, cold):
     job_dir = image.parent
     image_file = next(p for p in image.iterdir() if p.suffix == ".img")
     caches = ("warm", "cold") if cold else ("warm",)
-    res = {(c, m): [] for c in caches for m in ("plain", "lazy")}
-    fio = []
+    res = {(c, m): [] for c in caches for m in modes}
+    fio_cfg, fio_grid = fio_best(image_file) if cold else (None, None)
+    fio, copies = [], []
     lazies = 0
     for round_ in range(reps):
         for cache in caches:
-            for mode in (("plain", "lazy") if round_ % 2 == 0 else ("lazy", "plain")):
+            for mode in (modes if round_ % 2 == 0 else modes[::-1]):
                 if cache == "cold":
                     drop_caches()
                 else:
                     subprocess.run(["cat", image_file], stdout=subprocess.DEVNULL, check=True)
-                resume, start, rproc = one_restart(env, image, out, mode == "lazy")
-                if mode == "lazy":
-                    lazies += 1
-                    last = lazy_done_after(job_dir, start, lazies)
-                else:
-                    last = resume
-                ckpt(env, "kill", job)
-                m = marks(rproc.communicate()[1])
-                inner_resume = m["memory restored"]
-                inner_last = (m["images checked and loaded"] + lazy_duration(job_dir, lazies)
-                              if mode == "lazy" else inner_resume)
-                res[(cache, mode)].append((resume, last, inner_resume, inner_last))
+                lazies += mode == "lazy"
+                res[(cache, mode)].append(restart_round(env, image, out, job, job_dir, mode,
+                                                        lazies))
                 time.sleep(0.5)   # the killed process's memory goes back
-        if cold:
-            fio.append(fio_read(image_file))
+        if fio_cfg:
+            fio.append(fio_read(image_file, fio_cfg))
+        copies.append(memcpy_times(image_file))
     med = statistics.median
+    size = f"{mib} MiB incompressible process, image {info['size'] / 2**20:.0f} MiB"
     rows = []
     for cache in caches:
         plain = res[(cache, "plain")]
-        for mode in ("plain", "lazy"):
+        for mode in modes:
             got = res[(cache, mode)]
             row = [cache, mode]
             for i in range(4):
                 row += [f"{med(g[i] for g in got):.3f}",
                         f"{med(g[i] / p[i] for g, p in zip(got, plain)):.2f}"]
             rows.append(row)
-        if cache == "cold" and fio and fio[0] is not None:
-            rows.append(["cold", "fio seq read", "", "", f"{med(fio):.3f}",
-                         f"{med(f / p[1] for f, p in zip(fio, plain)):.2f}", "", "", "", ""])
-    table(f"{mib} MiB incompressible process, image {info['size'] / 2**20:.0f} MiB: "
-          f"restart by mode (median of {reps}; ratios to the plain restore of the same round)",
+    table(f"{size}: restart by mode (median of {reps}; ratios to the plain restore of the "
+          "same round)",
           ["cache", "mode", "app running s", "x plain", "last page in s", "x plain",
            "ckpt-restart: resumed s", "x plain", "last page s", "x plain"], rows)
+    # the baselines: the disk's best sequential read, one memcpy of the bytes
+    base = {"warm": [("memcpy into fresh memory", [c[0] for c in copies]),
+                     ("memcpy into touched memory", [c[1] for c in copies])]}
+    if fio:
+        # the disk here is shared and varies: the grid's best trial too
+        base["cold"] = [(f"fio {fio_label(fio_cfg)}", fio),
+                        ("fio, that config's trial in the grid", [fio_grid] * len(fio))]
+    rows = []
+    for cache in caches:
+        for name, times in base.get(cache, []):
+            rows.append([cache, name, f"{med(times):.3f}", "", "", "", ""])
+        for mode in modes:
+            got = res[(cache, mode)]
+            row = [cache, f"{mode}: all memory in (ckpt-restart)", f"{med(g[3] for g in got):.3f}",
+                   f"{med(g[4] for g in got):.3f}", f"{med(g[5] for g in got):.3f}"]
+            for _, times in base.get(cache, [])[:2]:
+                row.append(f"{med(g[3] / t for g, t in zip(got, times)):.2f}")
+            rows.append(row + [""] * (7 - len(row)))
+    table(f"{size}: the restore against the baselines of the same rounds (median of {reps}; "
+          "x: the restore's time over the baseline's, cold: fio in the rounds, in the grid; "
+          "warm: memcpy fresh, touched)",
+          ["cache", "what", "s", "images loaded s", "memory read s", "x base 1", "x base 2"],
+          rows)
     shutil.rmtree(job_dir, ignore_errors=True)
 
 
@@ -158,6 +223,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cold", action="store_true",
                     help="also with the page cache dropped (root), and fio's read of the image")
+    ap.add_argument("--plain-only", action="store_true",
+                    help="the plain restore alone, against the baselines")
     ap.add_argument("--smoke", action="store_true",
                     help="32 MiB, once: does it still run (seconds; make bench-smoke)")
     args = ap.parse_args()
@@ -170,7 +237,8 @@ def main():
         env = bench_env(work)
         print(f"ckpt lazy restart benchmark, work dir {work}, {os.cpu_count()} CPUs")
         for mib in (int(m) for m in args.mib.split(",")):
-            bench_size(env, work, mib, args.reps, args.cold)
+            bench_size(env, work, mib, args.reps, args.cold,
+                       ("plain",) if args.plain_only else ("plain", "lazy"))
 
 
 if __name__ == "__main__":

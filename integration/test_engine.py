@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from harness import APPS, Job, Restart, restart_and_finish
+from ckpt.headers import load_headers
 
 # program, arguments: steps of activity for a second or two (the harness
 # holds each program at its end until the test is done with it)
@@ -631,7 +632,7 @@ def test_a_restart_reads_the_image_once_and_checks_every_block(session):
     image = next(checkpoint.glob("*.img"))
     sums = Path(f"{image}.sum")
     size = image.stat().st_size
-    assert sums.stat().st_size == 8 * -(-size // (64 << 20))
+    assert sums.stat().st_size == 8 * -(-size // load_headers().const("CKPT_CHECKSUM_BLOCK"))
     with open(image, "r+b") as f:
         for offset, message in ((4096 + 64, "image checksum mismatch (corrupt or truncated image)"),
                                 (size // 2, "image checksum mismatch in its page data")):

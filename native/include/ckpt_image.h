@@ -19,8 +19,8 @@
 
 /* cffi:begin */
 #define CKPT_IMAGE_MAGIC 0x31474d4954504b43	/* "CKPTIMG1" little-endian */
-#define CKPT_IMAGE_VERSION 19
-#define CKPT_CHECKSUM_BLOCK 67108864		/* 64 MiB */
+#define CKPT_IMAGE_VERSION 20
+#define CKPT_CHECKSUM_BLOCK 4194304		/* 4 MiB: what a lazy page waits for */
 #define CKPT_ARCH_X86_64 62			/* ELF e_machine */
 #define CKPT_HEADER_SIZE 4096
 #define CKPT_PAGE_SIZE 4096

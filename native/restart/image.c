@@ -60,6 +60,23 @@ static void check_header(struct image *img)
 		die("%s: image reserves another restart range", img->file);
 }
 
+/* An intact header of another format version is said so before the
+ * checksum is checked: that version's blocks may have another size, and
+ * its checksum would not match. */
+static void refuse_other_version(struct image *img)
+{
+	struct ckpt_image_header h;
+	uint64_t want;
+
+	if (pread(img->fd, &h, sizeof(h), 0) != sizeof(h) || h.magic != CKPT_IMAGE_MAGIC)
+		return;
+	want = h.header_xxh;
+	h.header_xxh = 0;
+	if (XXH3_64bits(&h, sizeof(h)) == want && h.format_version != CKPT_IMAGE_VERSION)
+		die("%s: image format version %u, this ckpt-restart reads %u", img->file,
+		    h.format_version, CKPT_IMAGE_VERSION);
+}
+
 /* The blocks of one image, hashed by every CPU (helpers.c). */
 struct block_hashing {
 	const char *data;
@@ -95,6 +112,7 @@ static int image_checksum(int fd, uint64_t size, uint64_t *xxh3)
 
 	if (p == MAP_FAILED)
 		return errno;
+	madvise(p, size, MADV_SEQUENTIAL);	/* read ahead far, from a cold disk */
 	h.data = p;
 	h.nblocks = (size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
 	h.digests = malloc(h.nblocks * sizeof(*h.digests) + 1);
@@ -786,6 +804,7 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 		die("%s: truncated image", path);
 	img->size = st.st_size;
 	img->nblocks = (st.st_size + CKPT_CHECKSUM_BLOCK - 1) / CKPT_CHECKSUM_BLOCK;
+	refuse_other_version(img);
 	if (xxh3) {		/* damage first: it explains any odd header */
 		uint64_t want = strtoull(xxh3, NULL, 16);
 

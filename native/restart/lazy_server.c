@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -38,12 +40,40 @@
 #include "sys.h"
 
 #define LAZY_PIECE (1UL << 20)		/* a raw unit's most */
-#define BLOCK_BUF CKPT_CHECKSUM_BLOCK	/* a checked block's pieces */
+/* a checked block's pieces, or a chunk decompressed */
+#define UNIT_BUF (CKPT_CHECKSUM_BLOCK > CKPT_CHUNK_SIZE ? CKPT_CHECKSUM_BLOCK : CKPT_CHUNK_SIZE)
+#define SLOTS 4				/* units the streamer reads ahead */
+#define AHEAD_UNITS 16			/* and asks the disk for */
 #define MAX_CLIENTS 4096
 #define MAX_GONE 65536
 #define MAX_MOVES 4096
 #define MAX_FAULTS 8192			/* more than one per thread waiting */
 #define REPORT_NS 100000000L
+
+/*
+ * Two threads: the streamer reads (and checks, decompresses) units in
+ * image order into slots; the main thread hands them to the processes
+ * (UFFDIO_COPY), serves the pages they wait for, and follows their
+ * events.  A unit is taken by one of them (TAKEN); a page waited for in a
+ * unit the streamer has taken is handed out from its slot once read.
+ */
+enum unit_state { UNIT_TODO, UNIT_TAKEN, UNIT_DONE };
+
+struct slot {
+	int busy;			/* the streamer fills it */
+	int full;			/* read, to be handed out */
+	struct client *c;
+	unsigned unit;
+	long err;
+	const char *data;		/* the unit's bytes, in buf */
+	char *buf;
+};
+
+/* What a thread reads a unit with. */
+struct loader {
+	struct unpacker u;
+	char *buf;
+};
 
 struct extent {				/* a unit's pages at [start, end) */
 	uint64_t start, end;
@@ -65,8 +95,9 @@ struct client {				/* one restored process */
 	struct piece *pieces;
 	struct unit *units;
 	uint64_t *unit_bytes;
-	uint8_t *done;
-	unsigned nunits, next;
+	uint8_t *state;			/* of each unit: enum unit_state (atomic) */
+	unsigned nunits, ndone;
+	unsigned next, ahead;		/* the streamer's: to read, to ask the disk for */
 	struct extent *extents;
 	unsigned nextents;
 	struct range *gone;		/* dropped or unmapped before they came */
@@ -83,8 +114,12 @@ static void adopt_child(const struct client *parent, int uffd);
 static unsigned nclients, expected;
 static int requests, keeper, keeper_send, status_fd;
 static unsigned received;		/* processes that sent their userfaultfd */
-static struct unpacker unpacker;
-static char *buf;			/* a unit's bytes, as read */
+static struct loader own;		/* the main thread's */
+static struct loader streamer;
+static struct slot slots[SLOTS];
+static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t slot_freed = PTHREAD_COND_INITIALIZER, slot_filled = PTHREAD_COND_INITIALIZER;
+static int slot_event;			/* an eventfd: a slot is full */
 static uint64_t total, left;
 static long t_start, t_report;
 static const char *pause_path;
@@ -179,8 +214,13 @@ static void adopt_child(const struct client *parent, int uffd)
 	c = &clients[nclients];
 	*c = *parent;
 	c->uffd = uffd;
-	c->done = map(c->nunits);
-	memcpy(c->done, parent->done, c->nunits);
+	c->state = map(c->nunits);
+	c->ndone = c->next = c->ahead = 0;
+	for (unsigned u = 0; u < c->nunits; u++) {
+		c->state[u] = __atomic_load_n(&parent->state[u], __ATOMIC_ACQUIRE) == UNIT_DONE ?
+			      UNIT_DONE : UNIT_TODO;
+		c->ndone += c->state[u] == UNIT_DONE;
+	}
 	c->gone = map(MAX_GONE * sizeof(*c->gone));
 	memcpy(c->gone, parent->gone, parent->ngone * sizeof(*c->gone));
 	c->moves = map(MAX_MOVES * sizeof(*c->moves));
@@ -188,14 +228,14 @@ static void adopt_child(const struct client *parent, int uffd)
 	c->faults = map(MAX_FAULTS * sizeof(*c->faults));
 	c->nfaults = 0;
 	for (unsigned u = 0; u < c->nunits; u++)
-		if (!c->done[u]) {
+		if (c->state[u] != UNIT_DONE) {
 			total += c->unit_bytes[u];
 			left += c->unit_bytes[u];
 		}
 	/* as the processes' own: kept if the server dies (lazy.c) */
 	if ((err = send_fd(keeper_send, c->img - images, uffd)) < 0)
 		die("page server: cannot keep a forked child's userfaultfd: %s", strerror(-err));
-	nclients++;
+	__atomic_store_n(&nclients, nclients + 1, __ATOMIC_RELEASE);	/* the streamer's too */
 }
 
 /* Memory moved (mremap): its pages still to come go to the new place,
@@ -381,99 +421,109 @@ static long put(struct client *c, uint64_t addr, const char *src, uint64_t len)
 	} while (1);
 }
 
-/* A checked block: every piece read and the block hashed before any
- * page of it is handed out. */
-static long fetch_block(struct client *c, const struct piece *p, unsigned count)
+/* A checked block: every piece read into buf and the block hashed
+ * before any page of it is handed out. */
+static long load_block(const struct piece *p, unsigned count, struct loader *l)
 {
 	uint64_t at = p->block_lo, o = 0;
 	long err = 0;
 
-	XXH3_64bits_reset(&unpacker.block_hash);
+	XXH3_64bits_reset(&l->u.block_hash);
 	for (unsigned i = 0; i < count && !err; i++) {
 		const struct piece *q = &p[i];
 
-		err = hash_gap(q->fd, at, q->off, &unpacker);
+		err = hash_gap(q->fd, at, q->off, &l->u);
 		if (!err)
-			err = read_at(q->fd, (uint64_t)buf + o, q->len, q->off);
+			err = read_at(q->fd, (uint64_t)l->buf + o, q->len, q->off);
 		if (!err)
-			fast_xxh3_64_update(&unpacker.block_hash, buf + o, q->len);
+			fast_xxh3_64_update(&l->u.block_hash, l->buf + o, q->len);
 		at = q->off + q->len;
 		o += q->len;
 	}
 	if (!err)
-		err = hash_gap(p->fd, at, p->block_hi, &unpacker);
-	if (!err && XXH3_64bits_digest(&unpacker.block_hash) != *p->block_sum)
+		err = hash_gap(p->fd, at, p->block_hi, &l->u);
+	if (!err && XXH3_64bits_digest(&l->u.block_hash) != *p->block_sum)
 		err = -EILSEQ;
-	for (unsigned i = 0, o = 0; i < count && !err; o += p[i].len, i++)
-		err = put(c, p[i].addr, buf + o, p[i].len);
 	return err;
 }
 
-/* A chunk of a compressed region: decompressed, then its runs' pages. */
-static long fetch_chunk(struct client *c, const struct piece *p)
+/* A chunk of a compressed region, decompressed into buf. */
+static long load_chunk(const struct piece *p, struct loader *l)
 {
-	const struct loaded_vma *lv = p->lv;
-	const char *src = unpacker.out;
-	uint64_t len = p->len, into, r;
-	long err;
+	if (p->format == CKPT_CHUNK_RAW)
+		return read_at(p->fd, (uint64_t)l->buf, p->len, p->off);
+	if (read_at(p->fd, (uint64_t)l->u.in, p->stored, p->off))
+		return -EIO;
+	if (ZSTD_decompressDCtx(l->u.dctx, l->buf, p->len, l->u.in, p->stored) != p->len)
+		return -EBADMSG;
+	return 0;
+}
 
-	if (p->format == CKPT_CHUNK_RAW) {
-		err = read_at(p->fd, (uint64_t)unpacker.out, p->len, p->off);
-	} else {
-		err = read_at(p->fd, (uint64_t)unpacker.in, p->stored, p->off);
-		if (!err && ZSTD_decompressDCtx(unpacker.dctx, unpacker.out, p->len, unpacker.in,
-						p->stored) != p->len)
-			err = -EBADMSG;
+/* Pages of an earlier image's zstd chunk (incremental): the whole chunk. */
+static long load_ref_chunk(const struct piece *p, struct loader *l)
+{
+	const struct ckpt_page_ref *r = p->ref;
+	long err = read_at(p->fd, (uint64_t)l->u.in, r->stored, r->off);
+
+	if (!err && ZSTD_decompressDCtx(l->u.dctx, l->buf, r->chunk_len, l->u.in,
+					r->stored) != r->chunk_len)
+		err = -EBADMSG;
+	return err;
+}
+
+/* A unit's bytes, read (checked, decompressed) with l: *data, where they
+ * start in l->buf.  Either thread; touches nothing of the processes. */
+static long load_unit(const struct client *c, unsigned unit, struct loader *l,
+		      const char **data)
+{
+	const struct unit *u = &c->units[unit];
+	const struct piece *p = &c->pieces[u->first];
+
+	*data = l->buf;
+	if (p->block_sum)
+		return load_block(p, u->count, l);
+	if (p->lv)
+		return load_chunk(p, l);
+	if (p->ref) {
+		*data = l->buf + p->ref->into;
+		return load_ref_chunk(p, l);
 	}
-	for (r = run_of(lv, p->pos, &into); !err && len && r < lv->v.nruns; r++, into = 0) {
-		uint64_t n = lv->runs[r].npages * CKPT_PAGE_SIZE - into;
+	return read_at(p->fd, (uint64_t)l->buf, p->len, p->off);
+}
+
+/* A unit's bytes at data into the process (the main thread's). */
+static long put_unit(struct client *c, unsigned unit, const char *data)
+{
+	const struct unit *u = &c->units[unit];
+	const struct piece *p = &c->pieces[u->first];
+	uint64_t len = p->len, into, r;
+	long err = 0;
+
+	if (p->block_sum) {
+		for (unsigned i = 0; i < u->count && !err; data += p[i].len, i++)
+			err = put(c, p[i].addr, data, p[i].len);
+		return err;
+	}
+	if (!p->lv)
+		return put(c, p->addr, data, p->len);
+	for (r = run_of(p->lv, p->pos, &into); !err && len && r < p->lv->v.nruns; r++, into = 0) {
+		uint64_t n = p->lv->runs[r].npages * CKPT_PAGE_SIZE - into;
 
 		if (n > len)
 			n = len;
-		err = put(c, lv->v.start + lv->runs[r].offset + into, src, n);
-		src += n;
+		err = put(c, p->lv->v.start + p->lv->runs[r].offset + into, data, n);
+		data += n;
 		len -= n;
 	}
 	return err;
 }
 
-/* Pages of an earlier image's zstd chunk (incremental). */
-static long fetch_ref_chunk(struct client *c, const struct piece *p)
+/* A unit read and handed out (err: how it went): done, or the end. */
+static void unit_done(struct client *c, unsigned u, long err)
 {
-	const struct ckpt_page_ref *r = p->ref;
-	long err = read_at(p->fd, (uint64_t)unpacker.in, r->stored, r->off);
-
-	if (!err && ZSTD_decompressDCtx(unpacker.dctx, unpacker.out, r->chunk_len, unpacker.in,
-					r->stored) != r->chunk_len)
-		err = -EBADMSG;
-	return err ? err : put(c, p->addr, unpacker.out + r->into, p->len);
-}
-
-static long fetch_unit(struct client *c, const struct unit *u)
-{
-	const struct piece *p = &c->pieces[u->first];
-	long err;
-
-	if (p->block_sum)
-		return fetch_block(c, p, u->count);
-	if (p->lv)
-		return fetch_chunk(c, p);
-	if (p->ref)
-		return fetch_ref_chunk(c, p);
-	err = read_at(p->fd, (uint64_t)buf, p->len, p->off);
-	return err ? err : put(c, p->addr, buf, p->len);
-}
-
-static void serve_unit(struct client *c, unsigned u)
-{
-	long err;
-
-	if (c->done[u] || c->dead)
-		return;
-	err = fetch_unit(c, &c->units[u]);
 	if (err == -ESRCH) {	/* the process exited: nothing more to fill */
 		c->dead = 1;
-		return;
+		err = 0;
 	}
 	if (err == -EBADMSG)
 		die("--lazy: pid %d: a compressed chunk of page data in %s is corrupt",
@@ -484,8 +534,160 @@ static void serve_unit(struct client *c, unsigned u)
 	if (err)
 		die("--lazy: pid %d: cannot read its pages from %s (or an earlier image of it): %s",
 		    c->img->hdr.pid, c->img->file, strerror(-err));
-	c->done[u] = 1;
+	__atomic_store_n(&c->state[u], UNIT_DONE, __ATOMIC_RELEASE);
+	c->ndone++;
 	left -= c->unit_bytes[u];
+}
+
+/* A full slot's unit into its process; the slot is free again. */
+static void empty_slot(struct slot *s)
+{
+	struct client *c = s->c;
+	long err = c->dead ? 0 : s->err;
+
+	if (!err && !c->dead)
+		err = put_unit(c, s->unit, s->data);
+	unit_done(c, s->unit, err);
+	pthread_mutex_lock(&slot_lock);
+	s->full = s->busy = 0;
+	pthread_cond_signal(&slot_freed);
+	pthread_mutex_unlock(&slot_lock);
+}
+
+/* The slot the streamer fills or filled with unit u of c, once full. */
+static struct slot *slot_of(const struct client *c, unsigned u)
+{
+	pthread_mutex_lock(&slot_lock);
+	for (;;) {
+		for (unsigned i = 0; i < SLOTS; i++)
+			if (slots[i].full && slots[i].c == c && slots[i].unit == u) {
+				slots[i].full = 0;	/* ours to empty */
+				pthread_mutex_unlock(&slot_lock);
+				return &slots[i];
+			}
+		pthread_cond_wait(&slot_filled, &slot_lock);
+	}
+}
+
+/* Every unit the streamer has read, handed out. */
+static void empty_slots(void)
+{
+	uint64_t n;
+
+	if (read(slot_event, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		die("page server: reading its eventfd: %s", strerror(errno));
+	for (;;) {
+		struct slot *s = NULL;
+
+		pthread_mutex_lock(&slot_lock);
+		for (unsigned i = 0; i < SLOTS && !s; i++)
+			if (slots[i].full)
+				s = &slots[i];
+		if (s)
+			s->full = 0;
+		pthread_mutex_unlock(&slot_lock);
+		if (!s)
+			return;
+		empty_slot(s);
+	}
+}
+
+/* Unit u of c now: read here, or from the streamer's slot if it has it. */
+static void serve_unit(struct client *c, unsigned u)
+{
+	uint8_t todo = UNIT_TODO;
+	const char *data;
+	long err;
+
+	if (c->dead)
+		return;
+	if (__atomic_compare_exchange_n(&c->state[u], &todo, UNIT_TAKEN, 0, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE)) {
+		err = load_unit(c, u, &own, &data);
+		if (!err)
+			err = put_unit(c, u, data);
+		unit_done(c, u, err);
+	} else if (todo == UNIT_TAKEN) {
+		empty_slot(slot_of(c, u));
+	}
+}
+
+/* ---- the streamer ---- */
+
+static void loader_init(struct loader *l)
+{
+	unpacker_init(&l->u);
+	l->u.gap = map(1UL << 20);
+	l->buf = map(UNIT_BUF);
+}
+
+static int paused(void)
+{
+	return pause_path && access(pause_path, F_OK) == 0;
+}
+
+/* The next unit in image order of the next process that has one, taken;
+ * the disk asked for those after it. */
+static int take_next(struct client **cp, unsigned *up)
+{
+	static unsigned turn;
+	unsigned n = __atomic_load_n(&nclients, __ATOMIC_ACQUIRE);
+
+	for (unsigned k = 0; k < n; k++) {
+		struct client *c = &clients[(turn + k) % n];
+
+		for (; c->next < c->nunits && !__atomic_load_n(&c->dead, __ATOMIC_RELAXED); c->next++) {
+			uint8_t todo = UNIT_TODO;
+
+			if (!__atomic_compare_exchange_n(&c->state[c->next], &todo, UNIT_TAKEN, 0,
+							 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+				continue;
+			for (; c->ahead < c->nunits && c->ahead <= c->next + AHEAD_UNITS; c->ahead++)
+				reader_advise(c->pieces, &c->units[c->ahead]);
+			*cp = c;
+			*up = c->next++;
+			turn = (turn + k + 1) % n;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void *stream(void *unused)
+{
+	const struct timespec idle = { 0, 2000000 };
+	uint64_t one = 1;
+
+	(void)unused;
+	for (;;) {
+		struct slot *s = NULL;
+		struct client *c;
+		unsigned u;
+
+		pthread_mutex_lock(&slot_lock);
+		while (!s) {
+			for (unsigned i = 0; i < SLOTS && !s; i++)
+				if (!slots[i].busy)
+					s = &slots[i];
+			if (!s)
+				pthread_cond_wait(&slot_freed, &slot_lock);
+		}
+		s->busy = 1;
+		pthread_mutex_unlock(&slot_lock);
+		while (paused() || !take_next(&c, &u))
+			nanosleep(&idle, NULL);
+		streamer.buf = s->buf;
+		s->err = load_unit(c, u, &streamer, &s->data);
+		pthread_mutex_lock(&slot_lock);
+		s->c = c;
+		s->unit = u;
+		s->full = 1;
+		pthread_cond_broadcast(&slot_filled);
+		pthread_mutex_unlock(&slot_lock);
+		/* EAGAIN alone can fail it: the count is high, the main thread awake */
+		(void)!write(slot_event, &one, sizeof(one));
+	}
+	return NULL;
 }
 
 /* ---- where a page is ---- */
@@ -604,7 +806,7 @@ static void plan_client(struct client *c)
 		if (lazy_region(&img->vmas[i]))
 			memory_add_pages(img, &img->vmas[i]);
 	c->nunits = reader_plan_units(&bytes);
-	c->done = map(c->nunits);
+	c->state = map(c->nunits);
 	c->unit_bytes = map(c->nunits * sizeof(uint64_t));
 	for (unsigned u = 0; u < c->nunits; u++)
 		for (unsigned i = 0; i < c->units[u].count; i++)
@@ -617,20 +819,36 @@ static void plan_client(struct client *c)
 	left += bytes;
 }
 
-/* First what each thread touches first: its stack top and its TLS. */
+/* The units of the pages in [lo, hi), now. */
+static void serve_range(struct client *c, uint64_t lo, uint64_t hi)
+{
+	for (uint64_t at = lo & ~(CKPT_PAGE_SIZE - 1); at < hi && !c->dead; at += CKPT_PAGE_SIZE) {
+		long u = unit_at(c, at);
+
+		if (u >= 0)
+			serve_unit(c, u);
+	}
+}
+
+/*
+ * First what each thread touches first: its stack top and its TLS; and
+ * the process's arguments and environment, which /proc/PID/cmdline and
+ * environ read from its memory without waiting for a missing page (the
+ * kernel's remote access gives up on a userfaultfd page at once): ps and
+ * the like see the process while its pages arrive.
+ */
 static void working_set(struct client *c)
 {
+	const struct ckpt_process *p = c->img->proc;
+
 	for (unsigned t = 0; t < c->img->nthreads && !c->dead; t++) {
 		const struct ckpt_thread *th = &c->img->threads[t];
-		uint64_t at[] = { th->regs.rsp, th->fs_base };
 
-		for (unsigned i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
-			long u = unit_at(c, at[i] & ~(CKPT_PAGE_SIZE - 1));
-
-			if (u >= 0)
-				serve_unit(c, u);
-		}
+		serve_range(c, th->regs.rsp, th->regs.rsp + 1);
+		serve_range(c, th->fs_base, th->fs_base + 1);
 	}
+	serve_range(c, p->arg_start, p->arg_end);
+	serve_range(c, p->env_start, p->env_end);
 }
 
 static int receive_fd(int sock, int32_t *index)
@@ -664,43 +882,20 @@ static void receive_client(void)
 	if (index < 0 || index >= MAX_IMAGES || nclients == MAX_CLIENTS)
 		die("page server: a bad request");
 	received++;
-	c = &clients[nclients++];
+	c = &clients[nclients];
 	c->img = &images[index];
 	c->uffd = fd;
 	plan_client(c);
+	__atomic_store_n(&nclients, nclients + 1, __ATOMIC_RELEASE);	/* the streamer's too */
 	working_set(c);
 }
 
 /* Whether a process still waits for a unit. */
 static int units_left(void)
 {
-	for (unsigned k = 0; k < nclients; k++) {
-		struct client *c = &clients[k];
-
-		while (c->next < c->nunits && c->done[c->next])
-			c->next++;
-		if (!c->dead && c->next < c->nunits)
+	for (unsigned k = 0; k < nclients; k++)
+		if (!clients[k].dead && clients[k].ndone < clients[k].nunits)
 			return 1;
-	}
-	return 0;
-}
-
-/* The next unit in image order of the next process that has one. */
-static int stream_one(void)
-{
-	static unsigned turn;
-
-	for (unsigned k = 0; k < nclients; k++) {
-		struct client *c = &clients[(turn + k) % nclients];
-
-		while (c->next < c->nunits && c->done[c->next])
-			c->next++;
-		if (c->dead || c->next == c->nunits)
-			continue;
-		serve_unit(c, c->next);
-		turn = (turn + k + 1) % nclients;
-		return 1;
-	}
 	return 0;
 }
 
@@ -748,30 +943,34 @@ static void job_ended(void)
 	_exit(0);
 }
 
-static void poll_once(int busy)
+static void poll_once(void)
 {
-	static struct pollfd pfd[MAX_CLIENTS + 1];
+	static struct pollfd pfd[MAX_CLIENTS + 2];
 	unsigned n = 0;
 
+	pfd[n++] = (struct pollfd){ slot_event, POLLIN, 0 };
 	pfd[n++] = (struct pollfd){ received < expected ? requests : -1, POLLIN, 0 };
 	for (unsigned i = 0; i < nclients; i++)
 		pfd[n++] = (struct pollfd){ clients[i].dead ? -1 : clients[i].uffd, POLLIN, 0 };
-	if (poll(pfd, n, busy ? 0 : (int)(REPORT_NS / 1000000)) < 0 && errno != EINTR)
+	if (poll(pfd, n, (int)(REPORT_NS / 1000000)) < 0 && errno != EINTR)
 		die("page server: poll: %s", strerror(errno));
-	if (pfd[0].revents & POLLIN)
+	if (pfd[1].revents & POLLIN)
 		receive_client();
-	else if (pfd[0].revents & (POLLHUP | POLLERR))
+	else if (pfd[1].revents & (POLLHUP | POLLERR))
 		die("page server: the restart ended before every process was back");
-	for (unsigned i = 0; i < nclients && i + 1 < n; i++)
-		if (pfd[i + 1].revents)
+	for (unsigned i = 0; i < nclients && i + 2 < n; i++)
+		if (pfd[i + 2].revents)
 			read_events(&clients[i]);
 	for (unsigned i = 0; i < nclients; i++)
 		serve_faults(&clients[i]);
+	empty_slots();
 }
 
 int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_send, int sfd)
 {
-	int busy = 1;
+	pthread_t thread;
+	sigset_t term;
+	int err;
 
 	images = imgs;
 	expected = want;
@@ -782,21 +981,30 @@ int lazy_serve(struct image *imgs, unsigned want, int req, int keep, int keep_se
 	keeper_send = keep_send;
 	t_start = now_ns();
 	clients = map(MAX_CLIENTS * sizeof(*clients));
-	buf = map(BLOCK_BUF);
-	unpacker_init(&unpacker);
-	unpacker.gap = map(1UL << 20);
+	loader_init(&own);
+	loader_init(&streamer);
+	for (unsigned i = 0; i < SLOTS; i++)
+		slots[i].buf = map(UNIT_BUF);
+	slot_event = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (slot_event < 0)
+		die("page server: eventfd: %s", strerror(errno));
 	prctl(PR_SET_NAME, "ckpt-pageserver");
 	signal(SIGPIPE, SIG_IGN);	/* a status fd nobody reads */
 	signal(SIGTERM, on_term);
+	/* SIGTERM for the main thread alone: it wakes its poll() */
+	sigemptyset(&term);
+	sigaddset(&term, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &term, NULL);
+	err = pthread_create(&thread, NULL, stream, NULL);
+	pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+	if (err)
+		die("page server: cannot start its streamer: %s", strerror(err));
 	for (;;) {
-		int paused = pause_path && access(pause_path, F_OK) == 0;
-
 		if (job_over)
 			job_ended();
-		poll_once(busy && !paused);
-		busy = paused ? units_left() : stream_one();
+		poll_once();
 		report(0);
-		if (received == expected && !busy) {
+		if (received == expected && !units_left()) {
 			report(1);
 			finish();
 		}

@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -35,7 +36,8 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 #define PIECE (32UL << 20)		/* small enough to share out evenly */
-#define HASH_STEP (2UL << 20)		/* read, then hashed while in the cache */
+#define STEP (256UL << 10)		/* faulted in, read, hashed while in the cache */
+#define READ_AHEAD (128UL << 20)	/* asked of the disk before it is read */
 #define GAP_STEP (1UL << 20)		/* record headers between pieces, at once */
 #define PARALLEL_FROM (128UL << 20)	/* below this, helpers cost more than they save */
 
@@ -43,9 +45,11 @@ static struct {
 	struct piece *pieces;
 	unsigned npieces, max_pieces;
 	struct unit *units;
+	uint64_t *before;		/* page data before each unit, or NULL */
 	unsigned nunits;
 	uint64_t bytes;
 	unsigned next;			/* the next unit to take (atomic) */
+	unsigned ahead;			/* the next unit to read ahead (atomic) */
 	unsigned joined;		/* tasks at work, each an unpacker (atomic) */
 	uint64_t piece_max;		/* PIECE, or less for the page server */
 	long error;			/* the first failed read (atomic) */
@@ -148,6 +152,7 @@ void reader_prepare(struct image *img)
 	plan.max_pieces = max;
 	plan.pieces = arena_alloc((max + 1) * sizeof(*plan.pieces));
 	plan.units = arena_alloc((max + 1) * sizeof(*plan.units));
+	plan.before = arena_alloc((max + 1) * sizeof(*plan.before));
 	for (unsigned i = 0; compressed && i < HELPERS_MAX_TASKS; i++)
 		unpacker_init(&plan.unpackers[i]);
 	for (unsigned i = 0; img->block_sums && i < HELPERS_MAX_TASKS; i++)
@@ -160,6 +165,7 @@ void reader_plan_into(struct piece *pieces, struct unit *units, unsigned max, ui
 {
 	plan.pieces = pieces;
 	plan.units = units;
+	plan.before = NULL;
 	plan.max_pieces = max;
 	plan.npieces = 0;
 	plan.bytes = 0;
@@ -349,14 +355,35 @@ static long read_ref_chunk(const struct piece *p, struct unpacker *u)
 	return err;
 }
 
+/*
+ * A raw piece into place a step at a time: the step's pages faulted in
+ * at once (zeroed, so now in the cache), the file's bytes read over them
+ * and, for a checked block, hashed, all before the step leaves the cache:
+ * the memory is written once and read once, not three times.
+ */
+static long fill_steps(const struct piece *p, XXH3_state_t *hash)
+{
+	for (uint64_t done = 0; done < p->len; done += STEP) {
+		uint64_t n = p->len - done < STEP ? p->len - done : STEP;
+		long err;
+
+		sys3(SYS_madvise, p->addr + done, n, MADV_POPULATE_WRITE);	/* batch the faults */
+		err = read_at(p->fd, p->addr + done, n, p->off + done);
+		if (err)
+			return err;
+		if (hash)
+			fast_xxh3_64_update(hash, (const void *)(p->addr + done), n);
+	}
+	return 0;
+}
+
 static long read_piece(const struct piece *p, struct unpacker *u)
 {
 	if (p->lv)
 		return read_chunk(p, u);
 	if (p->ref)
 		return read_ref_chunk(p, u);
-	sys3(SYS_madvise, p->addr, p->len, MADV_POPULATE_WRITE);	/* batch the faults */
-	return read_at(p->fd, p->addr, p->len, p->off);
+	return fill_steps(p, NULL);
 }
 
 /* The file's bytes [from, to) of fd, hashed (record headers). */
@@ -387,14 +414,8 @@ static long read_block(const struct piece *p, unsigned count, struct unpacker *u
 	XXH3_64bits_reset(&u->block_hash);
 	for (; count-- && !err; p++) {
 		err = hash_gap(fd, at, p->off, u);
-		sys3(SYS_madvise, p->addr, p->len, MADV_POPULATE_WRITE);	/* batch the faults */
-		for (uint64_t done = 0; !err && done < p->len; done += HASH_STEP) {
-			uint64_t n = p->len - done < HASH_STEP ? p->len - done : HASH_STEP;
-
-			err = read_at(fd, p->addr + done, n, p->off + done);
-			if (!err)
-				fast_xxh3_64_update(&u->block_hash, (const void *)(p->addr + done), n);
-		}
+		if (!err)
+			err = fill_steps(p, &u->block_hash);
 		at = p->off + p->len;
 	}
 	if (!err)
@@ -407,15 +428,49 @@ static long read_block(const struct piece *p, unsigned count, struct unpacker *u
 /* A piece alone, or the consecutive pieces of one checked block. */
 static void make_units(void)
 {
+	uint64_t bytes = 0;
+
 	plan.nunits = 0;
 	for (unsigned i = 0; i < plan.npieces; i++) {
 		struct unit *last = plan.nunits ? &plan.units[plan.nunits - 1] : NULL;
 		const struct piece *p = &plan.pieces[i];
 
-		if (last && p->block_sum && plan.pieces[last->first].block_sum == p->block_sum)
+		if (last && p->block_sum && plan.pieces[last->first].block_sum == p->block_sum) {
 			last->count++;
-		else
+		} else {
+			if (plan.before)
+				plan.before[plan.nunits] = bytes;
 			plan.units[plan.nunits++] = (struct unit){ i, 1 };
+		}
+		bytes += p->len;
+	}
+}
+
+/* The file bytes a unit reads: the disk is asked for them (readahead)
+ * while earlier units are read, so that it has many requests at once. */
+void reader_advise(const struct piece *pieces, const struct unit *unit)
+{
+	const struct piece *p = &pieces[unit->first];
+	const struct piece *last = p + unit->count - 1;
+	uint64_t lo = p->block_sum ? p->block_lo : p->off;
+	uint64_t hi = p->block_sum ? p->block_hi : last->off + (last->stored ? last->stored : last->len);
+
+	sys4(SYS_fadvise64, p->fd, lo, hi - lo, POSIX_FADV_WILLNEED);
+}
+
+/* Units up to READ_AHEAD bytes past unit i asked for, each by one task. */
+static void read_ahead(unsigned i)
+{
+	uint64_t until = plan.before[i] + READ_AHEAD;
+
+	for (;;) {
+		unsigned a = __atomic_load_n(&plan.ahead, __ATOMIC_RELAXED);
+
+		if (a >= plan.nunits || plan.before[a] > until)
+			return;
+		if (__atomic_compare_exchange_n(&plan.ahead, &a, a + 1, 0, __ATOMIC_RELAXED,
+						__ATOMIC_RELAXED))
+			reader_advise(plan.pieces, &plan.units[a]);
 	}
 }
 
@@ -434,6 +489,8 @@ static int read_pieces(void *unused)
 		if (i >= plan.nunits || __atomic_load_n(&plan.error, __ATOMIC_RELAXED))
 			return 0;
 		p = &plan.pieces[unit->first];
+		if (plan.before)
+			read_ahead(i);
 		err = p->block_sum ? read_block(p, unit->count, u) : read_piece(p, u);
 		if (err) {
 			__atomic_store_n(&plan.error, err, __ATOMIC_RELAXED);

@@ -46,5 +46,6 @@ long hash_gap(int fd, uint64_t from, uint64_t to, struct unpacker *u);
 unsigned reader_room(const struct image *img, int *compressed, uint64_t piece);
 void reader_plan_into(struct piece *pieces, struct unit *units, unsigned max, uint64_t max_piece);
 unsigned reader_plan_units(uint64_t *bytes);
+void reader_advise(const struct piece *pieces, const struct unit *unit);
 
 #endif
