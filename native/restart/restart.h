@@ -175,6 +175,7 @@ void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *), int stat
 int tree_run(void);
 void tree_enter(struct image *img);
 int tree_has_process(pid_t pid);
+const struct image *tree_image(pid_t pid);
 pid_t proc_path_pid(const char *path);
 void tree_report_restored(struct image *img);
 int tree_report_fd(void);

@@ -55,6 +55,11 @@ int tree_has_process(pid_t pid)
 	return image_of(pid) != NULL;
 }
 
+const struct image *tree_image(pid_t pid)
+{
+	return image_of(pid);
+}
+
 static int outside(pid_t pid);
 
 /*
