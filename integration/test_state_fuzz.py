@@ -25,16 +25,17 @@ _SEED = os.environ.get("CKPT_STATEFUZZ_SEED", "fixed")
 
 # Op kinds left out of the suite's run, each for a finding of the fuzzer
 # that the restore does not yet pass (its minimized case is below).
-KNOWN_FINDINGS = {
-    "mmap_shared_anon": "shared anonymous memory comes back as a memfd: /proc/self/maps "
-                        "names it /memfd:ckpt-shared (deleted), not /dev/zero (deleted)",
-}
+KNOWN_FINDINGS = {}
 
 # The fuzzer's findings, each shrunk to its smallest program: the restore
 # does not pass them yet.
-FINDINGS = {
-    "shared-anonymous-map-backing": ("mmap_shared_anon 0\ngate\n",
-                                     KNOWN_FINDINGS["mmap_shared_anon"]),
+FINDINGS = {}
+
+# Findings fixed since, each its smallest program: they must pass.
+FIXED_FINDINGS = {
+    # 1: shared anonymous memory came back as a memfd (/proc/self/maps
+    # named it /memfd:ckpt-shared (deleted), not /dev/zero (deleted))
+    "shared-anonymous-map-backing": "mmap_shared_anon 0\ngate\n",
 }
 
 KINDS = (set(OPERATIONS) if os.environ.get("CKPT_STATEFUZZ_KINDS") == "all"
@@ -115,6 +116,12 @@ def test_subject_prints_the_same_in_two_uninterrupted_runs(ran):
         first = run_uninterrupted(text, Path(ran()))
         assert first == run_uninterrupted(text, Path(ran()) / "a-longer-directory-name"), text
     one()
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_FINDINGS))
+def test_fixed_finding(name, ran):
+    found = check(FIXED_FINDINGS[name], Path(ran()))
+    assert found is None, found
 
 
 @pytest.mark.parametrize("name", sorted(FINDINGS))
