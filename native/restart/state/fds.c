@@ -739,16 +739,9 @@ enum task_file {
 static enum task_file task_file_kind(const struct image *img, const struct loaded_fd *lf,
 				     long *pid_out, long *tid_out)
 {
-	char *end;
 	long pid, tid;
 
-	if (lf->f.kind != CKPT_FD_FILE || strncmp(lf->path, "/proc/", 6))
-		return NOT_DEFERRED;
-	pid = strtol(lf->path + 6, &end, 10);
-	if (pid <= 0 || strncmp(end, "/task/", 6))
-		return NOT_DEFERRED;
-	tid = strtol(end + 6, &end, 10);
-	if (tid <= 0 || (*end != '/' && *end != '\0'))
+	if (lf->f.kind != CKPT_FD_FILE || !ckpt_task_path(lf->path, &pid, &tid))
 		return NOT_DEFERRED;
 	if (pid_out)
 		*pid_out = pid;

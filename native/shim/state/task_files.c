@@ -8,26 +8,11 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "shim.h"
 
 #define MAX_LISTED 4096
-
-/* The pid and tid of a /proc/<pid>/task/<tid>/... path; 0 if not one. */
-static int task_file_of(const char *path, long *pid, long *tid)
-{
-	char *end;
-
-	if (strncmp(path, "/proc/", 6))
-		return 0;
-	*pid = strtol(path + 6, &end, 10);
-	if (*pid <= 0 || strncmp(end, "/task/", 6))
-		return 0;
-	*tid = strtol(end + 6, &end, 10);
-	return *tid > 0 && (*end == '/' || *end == '\0');
-}
 
 int task_files_unsupported(char *why, size_t why_size)
 {
@@ -43,7 +28,7 @@ int task_files_unsupported(char *why, size_t why_size)
 		if (len <= 0)
 			continue;
 		path[len] = '\0';
-		if (!task_file_of(path, &pid, &tid))
+		if (!ckpt_task_path(path, &pid, &tid))
 			continue;
 		snprintf(task, sizeof(task), "/proc/%ld/task/%ld", pid, tid);
 		if (access(task, F_OK) == 0 || errno != ENOENT)
