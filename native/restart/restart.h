@@ -200,6 +200,7 @@ void shms_create(struct image *imgs, unsigned n);
 int shared_shm_fd(uint64_t id);
 int shared_sysv_id(uint64_t id);
 char *shared_anon_at(uint64_t id);
+int shared_file_rewritten(const char *path);
 int shared_anon_waits_in(uint64_t start, uint64_t end);
 unsigned shm_fds(int *out, unsigned max);
 void shms_close(void);

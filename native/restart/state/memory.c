@@ -336,7 +336,9 @@ static void check_files(struct image *img)
 			die("mapped file %s: %s", lv->path, strerror(errno));
 		if (fstat(fd, &st))
 			die("mapped file %s: %s", lv->path, strerror(errno));
+		/* a file the restart wrote back itself (shm.c) is the checkpoint's */
 		if (lv->v.kind == CKPT_VMA_FILE && (lv->v.file_size || lv->v.file_mtime_ns) &&
+		    !shared_file_rewritten(lv->path) &&
 		    ((uint64_t)st.st_size != lv->v.file_size ||
 		     (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec !=
 			     lv->v.file_mtime_ns))

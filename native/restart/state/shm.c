@@ -327,6 +327,17 @@ int shared_shm_fd(uint64_t id)
 	return s ? s->fd : -1;
 }
 
+/* Whether the file at path is a shared memory file of the job that the
+ * restart wrote back (a /dev/shm or scratch file mapped shared): its
+ * contents are the checkpoint's, its mtime now. */
+int shared_file_rewritten(const char *path)
+{
+	for (unsigned i = 0; i < nshms; i++)
+		if (shms[i].file && !strcmp(shms[i].file->path, path))
+			return 1;
+	return 0;
+}
+
 /* Where shared anonymous memory of the job waits to be mapped, or NULL. */
 char *shared_anon_at(uint64_t id)
 {
