@@ -58,6 +58,8 @@ PROGRAMS = {
     "ctty_shared_fork": ["150", "10"],
     "pipe_orphans": ["150", "10", "."],
     "task_fds": ["150", "10"],
+    "unlinked_maps_no_fd": ["150", "10", "."],
+    "task_fds_fork": ["150", "10"],
     "file_locks": ["150", "10", "."],
     "posix_timers": ["150", "10"],
     "proc_attrs": ["150", "10"],

@@ -244,6 +244,19 @@ def test_exited_main_thread_is_refused_and_job_keeps_running(session):
     assert job.output() == reference
 
 
+def test_file_of_an_exited_thread_is_refused_and_job_keeps_running(session):
+    """An fd on /proc/self/task/<tid>/stat of a thread that has exited: no
+    restart could give it back (issue 37), so the checkpoint says so in
+    one line and the program runs on."""
+    reference = session.reference("task_fds_exited", "100", "10")
+    job = Job(session, "task-exited", "task_fds_exited", "100", "10")
+    job.wait_ready()
+    one_line(session.ckpt("checkpoint", job.id, check=False), "which has exited")
+    job.hold.unlink(missing_ok=True)
+    assert job.wait() == 0
+    assert job.output() == reference
+
+
 # Fills a TCP connection, then half closes it: one end is established,
 # the other (FIN_WAIT1, its FIN behind the bytes it holds) is not.
 HALF_CLOSED = """

@@ -99,6 +99,8 @@ EXACT = {
     "ctty_shared_fork": ["150", "10"],
     "pipe_orphans": ["150", "10", "."],
     "task_fds": ["150", "10"],
+    "unlinked_maps_no_fd": ["150", "10", "."],
+    "task_fds_fork": ["150", "10"],
     "ptys": ["150", "10"],
     "posix_timers": ["150", "10"],
     "process_limits": ["150", "10"],
@@ -109,7 +111,7 @@ EXACT = {
 SILENT = {"pipe_reopen", "socket_dead_peers", "mem_droppable", "unlinked_private_maps",
           "ctty_reopen", "proc_maps_peers", "deleted_in_removed_dir",
           "socket_dgram_dead_peers", "ctty_shared_fork", "pipe_orphans",
-          "task_fds"}
+          "task_fds", "unlinked_maps_no_fd", "task_fds_fork"}
 
 
 @pytest.mark.parametrize("app", sorted(EXACT))

@@ -167,3 +167,29 @@ int ckpt_stat_read_pid(pid_t pid, struct ckpt_proc_stat *st)
 	memcpy(path + len, "/stat", 6);
 	return ckpt_stat_read(path, st);
 }
+
+/* A decimal number of up to 9 digits at *p, moved past it; -1 if none. */
+static long read_number(const char **p)
+{
+	long n = 0;
+	int digits = 0;
+
+	for (; **p >= '0' && **p <= '9' && digits < 9; (*p)++, digits++)
+		n = n * 10 + (**p - '0');
+	return digits && (**p < '0' || **p > '9') ? n : -1;
+}
+
+int ckpt_task_path(const char *path, long *pid, long *tid)
+{
+	const char *p = path;
+
+	if (strncmp(p, "/proc/", 6))
+		return 0;
+	p += 6;
+	*pid = read_number(&p);
+	if (*pid <= 0 || strncmp(p, "/task/", 6))
+		return 0;
+	p += 6;
+	*tid = read_number(&p);
+	return *tid > 0 && (*p == '/' || *p == '\0');
+}

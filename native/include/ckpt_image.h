@@ -69,12 +69,22 @@ enum ckpt_record_type {
 					 * an incremental image's pages refer to */
 	CKPT_REC_AIO_REQUESTS = 12,	/* struct ckpt_aio_request[]: kernel AIO
 					 * requests submitted, not reaped */
-	CKPT_REC_EXE = 13		/* the executable when no name reaches it
+	CKPT_REC_EXE = 13,		/* the executable when no name reaches it
 					 * (deleted, or a memfd run by fexecve):
 					 * laid out as a CKPT_REC_FD of kind
 					 * CKPT_FD_DELETED_FILE, fd -1, its bytes */
+	CKPT_REC_FILE_PAGES = 14	/* the pages of an unlinked file (or memfd)
+					 * under a private map of it that nothing
+					 * else brings back (no fd of the process,
+					 * no shared map of that range): laid out as
+					 * a CKPT_REC_VMA of kind
+					 * CKPT_VMA_DELETED_FILE over the map's range,
+					 * whose runs are the file's pages there (not
+					 * copied on write), no guards, no refs.  The
+					 * restart makes the file from them, once
+					 * for the job, under every map of it */
 };
-#define CKPT_REC_LAST 13		/* the highest record type */
+#define CKPT_REC_LAST 14		/* the highest record type */
 
 struct ckpt_record {
 	uint32_t type;
@@ -90,7 +100,9 @@ enum ckpt_vma_kind {
 	CKPT_VMA_HEAP = 5,		/* [heap]: anonymous, saved pages */
 	CKPT_VMA_STACK = 6,		/* [stack]: anonymous, grows down */
 	CKPT_VMA_VDSO = 7,		/* [vvar] [vvar_vclock] [vdso]: moved, no data */
-	CKPT_VMA_DELETED_FILE = 8,	/* private map of an unlinked file: all pages saved */
+	CKPT_VMA_DELETED_FILE = 8,	/* private map of an unlinked file: the pages
+					 * copied on write saved; the file's with
+					 * it, or as CKPT_REC_FILE_PAGES */
 	CKPT_VMA_SHARED_MEMFILE = 9,	/* shared map of a file in memory (/dev/shm):
 					 * saved pages, the file rewritten at restart */
 	CKPT_VMA_SYSV_SHM = 10,		/* System V shared memory: saved pages, the
@@ -179,9 +191,10 @@ struct ckpt_chunk {
  * of that size, so the map keeps its length and SIGBUS past the end. */
 #define CKPT_VMA_FILE_END 2
 /* With CKPT_VMA_FILE_END: the unlinked file comes back at restart (an fd
- * of the process holds it, or a shared map of its range), so only the
- * pages the process copied on write are saved; the others are the
- * file's, and stay so.  A restart that cannot map the file fails. */
+ * of the process holds it, a shared map of its range, or the file's pages
+ * saved in CKPT_REC_FILE_PAGES records), so only the pages the process
+ * copied on write are saved; the others are the file's, and stay so.  A
+ * restart that cannot map the file fails. */
 #define CKPT_VMA_FILE_PAGES 4
 
 /* A run of saved pages; pages outside every run are zero (anonymous) or

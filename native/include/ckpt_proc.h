@@ -45,4 +45,8 @@ int ckpt_stat_read(const char *path, struct ckpt_proc_stat *st);
 /* Same, of process pid. */
 int ckpt_stat_read_pid(pid_t pid, struct ckpt_proc_stat *st);
 
+/* Whether path is a file of a thread, /proc/<pid>/task/<tid> or below it:
+ * then its pid and tid. */
+int ckpt_task_path(const char *path, long *pid, long *tid);
+
 #endif

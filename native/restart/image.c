@@ -393,14 +393,12 @@ static void check_refs(struct image *img, const struct loaded_vma *lv)
 	}
 }
 
-static void load_vma(struct image *img, uint64_t off, uint64_t size)
+/* The payload of a CKPT_REC_VMA or CKPT_REC_FILE_PAGES record into lv. */
+static void parse_vma_record(struct image *img, struct loaded_vma *lv, uint64_t off,
+			     uint64_t size)
 {
-	struct loaded_vma *lv;
 	int64_t run_bytes;
 
-	if (img->nvmas == img->max_vmas || img->nvmas == MAX_VMAS)
-		die("%s: too many memory regions", img->file);
-	lv = &img->vmas[img->nvmas++];
 	lv->record_start = off - sizeof(struct ckpt_record);
 	lv->record_end = off + size;
 	if (size < sizeof(lv->v))
@@ -410,8 +408,6 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 	if (lv->v.start < CKPT_RESERVE_END && lv->v.end > CKPT_RESERVE_START &&
 	    lv->v.kind != CKPT_VMA_VDSO)
 		die("%s: a memory region overlaps the restart range", img->file);
-	if (img->nvmas > 1 && lv->v.start < img->vmas[img->nvmas - 2].v.end)
-		die("%s: corrupt memory record (regions out of order or overlapping)", img->file);
 	lv->path = read_payload(img, lv->v.path_len, off + sizeof(lv->v));
 	lv->runs = read_payload(img, lv->v.nruns * sizeof(struct ckpt_run),
 				off + sizeof(lv->v) + lv->v.path_len);
@@ -432,9 +428,42 @@ static void load_vma(struct image *img, uint64_t off, uint64_t size)
 				off + sizeof(lv->v) + lv->v.path_len +
 				(lv->v.nruns + lv->v.nguards) * sizeof(struct ckpt_run) +
 				lv->nchunks * sizeof(struct ckpt_chunk));
+}
+
+static void load_vma(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_vma *lv;
+
+	if (img->nvmas == img->max_vmas || img->nvmas == MAX_VMAS)
+		die("%s: too many memory regions", img->file);
+	lv = &img->vmas[img->nvmas++];
+	parse_vma_record(img, lv, off, size);
+	if (img->nvmas > 1 && lv->v.start < img->vmas[img->nvmas - 2].v.end)
+		die("%s: corrupt memory record (regions out of order or overlapping)", img->file);
 	if (lv->v.nguards && !guards_supported())
 		die("%s: the process has guard pages (MADV_GUARD_INSTALL), which this kernel "
 		    "cannot install (Linux 6.13 or later can)", img->file);
+}
+
+/* An unlinked file's pages under a private map (state/shm.c fills the
+ * file with them): a memory record of a private map of an unlinked file,
+ * its file's end known, nothing but pages. */
+static void load_file_pages(struct image *img, uint64_t off, uint64_t size)
+{
+	struct loaded_vma *lv;
+
+	if (img->nfile_pages == img->max_file_pages || img->nfile_pages == MAX_VMAS)
+		die("%s: too many records of unlinked files' pages", img->file);
+	lv = &img->file_pages[img->nfile_pages++];
+	parse_vma_record(img, lv, off, size);
+	/* the file is made as long as its end (pages past it fault) */
+	if (lv->v.kind != CKPT_VMA_DELETED_FILE || !(lv->v.flags & CKPT_VMA_FILE_END) ||
+	    !lv->v.shm_id || lv->v.nguards || lv->v.nrefs || lv->v.file_size < lv->v.pgoff ||
+	    lv->v.file_size - lv->v.pgoff > lv->v.end - lv->v.start ||
+	    (lv->v.nruns && lv->runs[lv->v.nruns - 1].offset +
+				    lv->runs[lv->v.nruns - 1].npages * CKPT_PAGE_SIZE >
+			    lv->v.file_size - lv->v.pgoff))
+		die("%s: corrupt record of an unlinked file's pages", img->file);
 }
 
 /* The fixed part of an fd record: numbers and lengths used as indexes. */
@@ -718,6 +747,9 @@ static void load_records(struct image *img, uint64_t file_size)
 		case CKPT_REC_VMA:
 			load_vma(img, off, rec.size);
 			break;
+		case CKPT_REC_FILE_PAGES:
+			load_file_pages(img, off, rec.size);
+			break;
 		case CKPT_REC_FD:
 			load_fd(img, off, rec.size);
 			break;
@@ -823,6 +855,8 @@ static void load(struct image *img, const char *path, const char *xxh3, int peer
 	img->fds = arena_alloc((count[CKPT_REC_FD] + 1) * sizeof(*img->fds));
 	img->max_threads = count[CKPT_REC_THREAD];
 	img->max_vmas = count[CKPT_REC_VMA];
+	img->file_pages = arena_alloc((count[CKPT_REC_FILE_PAGES] + 1) * sizeof(*img->file_pages));
+	img->max_file_pages = count[CKPT_REC_FILE_PAGES];
 	img->max_fds = count[CKPT_REC_FD];
 	img->max_named_mqueues = count[CKPT_REC_MQUEUE];
 	img->named_mqueues = arena_alloc((img->max_named_mqueues + 1) *

@@ -70,6 +70,9 @@ struct image {
 	unsigned nthreads;
 	struct loaded_vma *vmas;
 	unsigned nvmas;
+	struct loaded_vma *file_pages;	/* CKPT_REC_FILE_PAGES: unlinked files'
+					 * pages under private maps (state/shm.c) */
+	unsigned nfile_pages;
 	struct loaded_fd *fds;
 	unsigned nfds;
 	struct loaded_fd *exe;		/* CKPT_REC_EXE: a deleted executable, or NULL */
@@ -93,7 +96,7 @@ struct image {
 	const struct ckpt_aio_request *aio_requests;	/* CKPT_REC_AIO_REQUESTS */
 	unsigned naio_requests;
 	unsigned max_threads, max_vmas, max_fds, max_named_mqueues, max_sysv,
-		 max_signal_queues;	/* room */
+		 max_signal_queues, max_file_pages;	/* room */
 };
 
 #define MAX_IMAGES 1024
@@ -172,6 +175,7 @@ void tree_init(struct image *imgs, unsigned n, int (*restorer)(void *), int stat
 int tree_run(void);
 void tree_enter(struct image *img);
 int tree_has_process(pid_t pid);
+const struct image *tree_image(pid_t pid);
 pid_t proc_path_pid(const char *path);
 void tree_report_restored(struct image *img);
 int tree_report_fd(void);
@@ -195,6 +199,9 @@ void pipes_close(void);
 void shms_create(struct image *imgs, unsigned n);
 int shared_shm_fd(uint64_t id);
 int shared_sysv_id(uint64_t id);
+char *shared_anon_at(uint64_t id);
+int shared_file_rewritten(const char *path);
+int shared_anon_waits_in(uint64_t start, uint64_t end);
 unsigned shm_fds(int *out, unsigned max);
 void shms_close(void);
 

@@ -55,6 +55,11 @@ int tree_has_process(pid_t pid)
 	return image_of(pid) != NULL;
 }
 
+const struct image *tree_image(pid_t pid)
+{
+	return image_of(pid);
+}
+
 static int outside(pid_t pid);
 
 /*
@@ -386,9 +391,11 @@ static void spawn_detached_sessions(void *stack, pid_t ppid, int is_parent)
 	}
 }
 
-/* A stand-in holds none of the job's pipes, or they would never end. */
+/* A stand-in holds none of the job's pipes, or they would never end, nor
+ * its shared memory, which would outlive the job's last map of it. */
 static void stand_in_drop_fds(void)
 {
+	shared_close_shms();
 	syscall(SYS_close_range, 3, ~0U, 0);
 }
 

@@ -102,6 +102,9 @@ SHIM_HIDDEN void stopped_children_restore(void);
 SHIM_HIDDEN void aio_note_call(long nr, const long *args, long result);
 SHIM_HIDDEN int aio_requests_unsupported(char *why, size_t why_size);
 
+/* state/task_files.c: fds on files of threads that have exited */
+SHIM_HIDDEN int task_files_unsupported(char *why, size_t why_size);
+
 /* state/rseq_areas.c: a thread's rseq area registered by the program itself */
 SHIM_HIDDEN void rseq_note_call(long nr, const long *args, long result);
 SHIM_HIDDEN int rseq_own_area(struct ckpt_thread *rec);

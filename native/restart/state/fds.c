@@ -725,57 +725,147 @@ static int keeps_file_flags(uint32_t kind)
 }
 
 /*
- * A file of one of the process's threads other than its main one
- * (/proc/<pid>/task/<tid>/...): that thread is made after the fds
- * (threads.c), so until restore_task_fds reopens it the fd holds /dev/null.
+ * Files of threads (/proc/<pid>/task/<tid>/...) wait until the threads
+ * exist: one of the process's own threads other than its main one is made
+ * after the fds (threads.c), and another process's may be made after this
+ * one's.  Until restore_task_fds reopens them the fds hold /dev/null.
  */
-static int other_thread_file(const struct image *img, const struct loaded_fd *lf)
-{
-	char prefix[40];
-	size_t len;
-	char *end;
-	long tid;
+enum task_file {
+	NOT_DEFERRED,
+	OWN_THREAD,		/* of one of the process's other threads */
+	OTHER_PROCESS,		/* of a thread of another process of the job */
+};
 
-	if (lf->f.kind != CKPT_FD_FILE)
-		return 0;
-	len = snprintf(prefix, sizeof(prefix), "/proc/%d/task/", img->hdr.pid);
-	if (strncmp(lf->path, prefix, len))
-		return 0;
-	tid = strtol(lf->path + len, &end, 10);
-	return tid > 0 && tid != img->hdr.pid && (*end == '/' || *end == '\0');
+static enum task_file task_file_kind(const struct image *img, const struct loaded_fd *lf,
+				     long *pid_out, long *tid_out)
+{
+	long pid, tid;
+
+	if (lf->f.kind != CKPT_FD_FILE || !ckpt_task_path(lf->path, &pid, &tid))
+		return NOT_DEFERRED;
+	if (pid_out)
+		*pid_out = pid;
+	if (tid_out)
+		*tid_out = tid;
+	if (pid == img->hdr.pid)
+		return tid != pid ? OWN_THREAD : NOT_DEFERRED;
+	return tree_has_process(pid) ? OTHER_PROCESS : NOT_DEFERRED;
 }
 
-/* An fd reopened by restore_task_fds: such a file, or a dup of one. */
-static int task_fd_deferred(const struct image *img, unsigned idx)
+/* How restore_task_fds reopens fd idx: as a file of a thread, or as a dup
+ * of one. */
+static enum task_file task_fd_deferred(const struct image *img, unsigned idx)
 {
 	int32_t of = img->fds[idx].f.dup_of;
 
 	if (of < 0)
-		return other_thread_file(img, &img->fds[idx]);
+		return task_file_kind(img, &img->fds[idx], NULL, NULL);
 	for (unsigned j = 0; j < idx; j++)
 		if (img->fds[j].f.fd == of)
-			return other_thread_file(img, &img->fds[j]);
-	return 0;
+			return task_file_kind(img, &img->fds[j], NULL, NULL);
+	return NOT_DEFERRED;
 }
 
-/* Once the threads exist (restore_threads), before any of them runs: the
- * files of threads, reopened in their fds (over the /dev/null they held),
- * dups after the fd they are a dup of. */
-void restore_task_fds(struct image *img)
+/* The fd of process pid that is the same open file as lf (inherited
+ * across fork: one owner, the others share_pid, share_fd), or -1. */
+static int same_open_file_in(const struct image *img, const struct loaded_fd *lf, pid_t pid)
+{
+	const struct image *other = tree_image(pid);
+	int32_t owner_pid = lf->f.share_pid ? lf->f.share_pid : img->hdr.pid;
+	int32_t owner_fd = lf->f.share_pid ? lf->f.share_fd : lf->f.fd;
+
+	for (unsigned j = 0; other && j < other->nfds; j++) {
+		const struct ckpt_fd *f = &other->fds[j].f;
+
+		if (f->dup_of < 0 && f->kind == CKPT_FD_FILE &&
+		    ((pid == owner_pid && f->fd == owner_fd) ||
+		     (f->share_pid == owner_pid && f->share_fd == owner_fd)))
+			return f->fd;
+	}
+	return -1;
+}
+
+#define TASK_WAIT_MS 60000
+
+/*
+ * The open file of another process's thread that this fd shares (forked
+ * with it): taken from that process (pidfd_getfd) once it has reopened it
+ * in its own restore_task_fds, which waits for nothing.
+ */
+static int take_from(const struct loaded_fd *lf, pid_t pid, int fd)
+{
+	struct timespec pause_1ms = { 0, 1000000 };
+	long pidfd = sys2(SYS_pidfd_open, pid, 0);
+
+	if (pidfd < 0)
+		die("fd %d (%s): no process %d to share it with: %s", lf->f.fd, lf->path, pid,
+		    strerror(-pidfd));
+	for (int ms = 0; ms < TASK_WAIT_MS; ms++) {
+		char link[64], path[CKPT_PATH_MAX];
+		long got = sys3(SYS_pidfd_getfd, pidfd, fd, 0), n;
+
+		if (got < 0 && got != -EBADF)
+			die("fd %d (%s): cannot share it with process %d: %s", lf->f.fd, lf->path,
+			    pid, strerror(-got));
+		if (got >= 0) {
+			snprintf(link, sizeof(link), "/proc/self/fd/%ld", got);
+			n = sys3(SYS_readlink, link, path, sizeof(path) - 1);
+			if (n == (long)strlen(lf->path) && !memcmp(path, lf->path, n)) {
+				sys1(SYS_close, pidfd);
+				return got;
+			}
+			sys1(SYS_close, got);	/* still its /dev/null */
+		}
+		sys2(SYS_nanosleep, &pause_1ms, NULL);
+	}
+	die("fd %d (%s): process %d did not reopen it", lf->f.fd, lf->path, pid);
+}
+
+/* A file of another process's thread: the same open file as that
+ * process's fd if it has one, else opened once the thread exists. */
+static int open_other_task_file(const struct image *img, const struct loaded_fd *lf)
+{
+	struct timespec pause_1ms = { 0, 1000000 };
+	char task[64];
+	long pid = 0, tid = 0;
+	int fd;
+
+	task_file_kind(img, lf, &pid, &tid);
+	fd = same_open_file_in(img, lf, pid);
+	if (fd >= 0)
+		return take_from(lf, pid, fd);
+	snprintf(task, sizeof(task), "/proc/%ld/task/%ld", pid, tid);
+	for (int ms = 0; ms < TASK_WAIT_MS && sys2(SYS_access, task, F_OK) < 0; ms++)
+		sys2(SYS_nanosleep, &pause_1ms, NULL);
+	return open_one(img, lf);
+}
+
+static void place_task_fds(struct image *img, enum task_file which)
 {
 	for (unsigned i = 0; i < img->nfds; i++) {
 		const struct loaded_fd *lf = &img->fds[i];
 		int cloexec = (lf->f.fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0;
 		int fd;
 
-		if (!task_fd_deferred(img, i))
+		if (task_fd_deferred(img, i) != which)
 			continue;
-		fd = lf->f.dup_of >= 0 ? lf->f.dup_of : open_one(img, lf);
+		fd = lf->f.dup_of >= 0 ? lf->f.dup_of :
+		     which == OTHER_PROCESS ? open_other_task_file(img, lf) : open_one(img, lf);
 		if (dup3(fd, lf->f.fd, cloexec) < 0)
 			die("cannot place fd %d (%s): %s", lf->f.fd, lf->path, strerror(errno));
 		if (fd != lf->f.dup_of)
 			close(fd);
 	}
+}
+
+/* Once the threads exist (restore_threads), before any of them runs: the
+ * files of threads, reopened in their fds (over the /dev/null they held),
+ * dups after the fd they are a dup of.  The process's own first: another
+ * process may be waiting to share one of them. */
+void restore_task_fds(struct image *img)
+{
+	place_task_fds(img, OWN_THREAD);
+	place_task_fds(img, OTHER_PROCESS);
 }
 
 /* Another fd on the open file of a lower fd (fds 1 and 2 of `>log 2>&1`). */
@@ -879,7 +969,7 @@ void restore_fds(struct image *img)
 	restoring = img;
 	close_others();
 	for (unsigned i = 0; i < img->nfds; i++)
-		placed[i] = move_high(task_fd_deferred(img, i) ?
+		placed[i] = move_high(task_fd_deferred(img, i) != NOT_DEFERRED ?
 				      open("/dev/null", O_RDONLY | O_CLOEXEC) :
 				      img->fds[i].f.dup_of >= 0 ? dup_placed(img, placed, i) :
 				      open_one(img, &img->fds[i]), img->fds[i].path);

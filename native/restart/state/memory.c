@@ -336,7 +336,9 @@ static void check_files(struct image *img)
 			die("mapped file %s: %s", lv->path, strerror(errno));
 		if (fstat(fd, &st))
 			die("mapped file %s: %s", lv->path, strerror(errno));
+		/* a file the restart wrote back itself (shm.c) is the checkpoint's */
 		if (lv->v.kind == CKPT_VMA_FILE && (lv->v.file_size || lv->v.file_mtime_ns) &&
+		    !shared_file_rewritten(lv->path) &&
 		    ((uint64_t)st.st_size != lv->v.file_size ||
 		     (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec !=
 			     lv->v.file_mtime_ns))
@@ -364,7 +366,7 @@ static void unmap_old(void)
 		long r;
 
 		if (in_zone(s->start, s->end) || is_vdso_name(s->name) ||
-		    !strcmp(s->name, "[vsyscall]"))
+		    !strcmp(s->name, "[vsyscall]") || shared_anon_waits_in(s->start, s->end))
 			continue;
 		r = sys2(SYS_munmap, s->start, s->end - s->start);
 		if (r < 0)
@@ -416,6 +418,25 @@ static void attach_sysv(const struct ckpt_vma *v)
 		fatal("protecting a System V segment", r);
 }
 
+/*
+ * Shared anonymous memory: its pages mapped again from where they wait
+ * (state/shm.c).  mremap of a shared map with old size 0 maps the same
+ * pages at a new place: the same object, at the region's offset, as a
+ * fork would have shared it.
+ */
+static void map_shared_anon(const struct ckpt_vma *v, char *waiting)
+{
+	uint64_t len = v->end - v->start;
+	long r = sys5(SYS_mremap, waiting + v->pgoff, 0, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+		      v->start);
+
+	if (r < 0 || (uint64_t)r != v->start)
+		fatal("mapping shared anonymous memory", r < 0 ? r : -EFAULT);
+	r = sys3(SYS_mprotect, v->start, len, v->prot);
+	if (r < 0)
+		fatal("protecting shared anonymous memory", r);
+}
+
 /* The reader's pieces of a region's page data. */
 void memory_add_pages(const struct image *img, const struct loaded_vma *lv)
 {
@@ -464,6 +485,11 @@ static void map_region(struct image *img, unsigned idx)
 		flags |= MAP_GROWSDOWN | MAP_ANONYMOUS;
 		break;
 	case CKPT_VMA_SHARED_ANON:
+		if (shared_anon_at(v->shm_id)) {
+			map_shared_anon(v, shared_anon_at(v->shm_id));
+			return;
+		}
+		/* fall through */
 	case CKPT_VMA_SHARED_MEMFILE:
 		fd = shared_shm_fd(v->shm_id);
 		if (fd >= 0) {		/* the object holds the pages already */

@@ -25,6 +25,7 @@ static const struct state_kind kinds[] = {
 	{ "seccomp", seccomp_check_threads, NULL, NULL, NULL },
 	{ "memory", NULL, memory_unsupported, NULL, NULL },
 	{ "aio", NULL, aio_requests_unsupported, NULL, NULL },
+	{ "task files", task_files_unsupported, NULL, NULL, NULL },
 	{ "stopped children", NULL, NULL, stopped_children_note, stopped_children_restore },
 	{ "inotify", NULL, inotify_take_queued, NULL, inotify_taken_restarted },
 };

@@ -3,7 +3,9 @@
  * most WINDOW_PAGES so the buffers stay small.  /proc/self/pagemap tells
  * which pages exist: anonymous pages never touched, or all zero, are not
  * written; private file pages still identical to the file (not yet copied
- * on write) are not written either, restart maps the file again.  Guard
+ * on write) are not written either, restart maps the file again; those
+ * of an unlinked file that nothing else brings back go to a record of
+ * their own (CKPT_REC_FILE_PAGES), the file's, not the map's.  Guard
  * pages (MADV_GUARD_INSTALL: any access faults) are never read: pagemap
  * marks them, and they are saved as runs of their own, to be installed
  * again at restart.
@@ -41,6 +43,14 @@ struct region {
 	const char *path;
 };
 
+/* File ranges [from, to) of an unlinked file that shared maps of the
+ * process show: the file's own pages there come back with them. */
+#define SHARED_SPANS 16
+
+struct file_span {
+	uint64_t from, to;
+};
+
 struct mem_saver {
 	struct image_writer *w;
 	const char *shared_key;
@@ -54,9 +64,14 @@ struct mem_saver {
 	struct ckpt_run *guards;	/* as many */
 	long nguards;			/* of the window find_runs looked at */
 	uint64_t copied;		/* pages copied on write over an unlinked
-					 * file, in the region being saved */
-	int file_back;			/* and that file comes back at restart:
-					 * only those pages are saved */
+					 * file, in the region being saved, that
+					 * no shared map shows the file's page of */
+	int file_back;			/* and that file comes back at restart,
+					 * whole: an fd or a shared map has it */
+	int file_pages;			/* saving the file's pages under the map
+					 * (CKPT_REC_FILE_PAGES), not the map's */
+	struct file_span spans[SHARED_SPANS];	/* of the region's file */
+	unsigned nspans;
 	struct compressor *z;		/* --compress, or NULL */
 	struct increments *inc;		/* --incremental, or NULL */
 	struct ckpt_page_ref *refs;	/* WINDOW_PAGES entries */
@@ -260,6 +275,48 @@ static int write_copied(struct image_writer *w, uint64_t addr, size_t len)
 	return err;
 }
 
+/* Whether a shared map of the process shows the file range [from, to). */
+static int spans_cover(const struct mem_saver *s, uint64_t from, uint64_t to)
+{
+	for (int moved = 1; moved && from < to;) {
+		moved = 0;
+		for (unsigned i = 0; i < s->nspans; i++)
+			if (s->spans[i].from <= from && s->spans[i].to > from) {
+				from = s->spans[i].to;
+				moved = 1;
+			}
+	}
+	return from >= to;
+}
+
+/*
+ * A page of a private map of an unlinked file is the process's own once
+ * copied on write; the others are the file's (pagemap: a file page),
+ * and stay so at restart, under the map.  Under an own page, the file's
+ * bytes are out of reach (map_files needs privileges), unless a shared
+ * map shows them: counted, for warn_lost_file_bytes.
+ */
+static int own_page(struct mem_saver *s, const struct region *r, uint64_t pm, uint64_t addr)
+{
+	uint64_t off = r->pgoff + (addr - r->start);
+
+	if (!copied_on_write(pm))
+		return 0;
+	if (!spans_cover(s, off, off + CKPT_PAGE_SIZE))
+		s->copied++;
+	return wants_page(r->kind, pm, (void *)addr, 1);
+}
+
+/* The file's page under a private map (not copied on write), to make the
+ * file again: worth saving unless zero, as a new file reads there. */
+static int file_page_wanted(uint64_t pm, uint64_t addr)
+{
+	uint64_t page[CKPT_PAGE_SIZE / 8];
+
+	return !copied_on_write(pm) && copy_self(page, addr, sizeof(page)) == sizeof(page) &&
+	       !shim_page_is_zero(page);
+}
+
 static void add_to_runs(struct ckpt_run *runs, long *n, uint64_t offset)
 {
 	if (*n && runs[*n - 1].offset + runs[*n - 1].npages * CKPT_PAGE_SIZE == offset)
@@ -284,14 +341,13 @@ static long find_runs(struct mem_saver *s, const struct region *r, uint64_t star
 	for (uint64_t i = 0; i < npages; i++) {
 		uint64_t addr = start + i * CKPT_PAGE_SIZE;
 
-		if (r->kind == CKPT_VMA_DELETED_FILE && (s->pagemap[i] & PM_PRESENT) &&
-		    !(s->pagemap[i] & PM_FILE))
-			s->copied++;
-		if (s->pagemap[i] & PM_GUARD)
-			add_to_runs(s->guards, &s->nguards, addr - start);
-		else if (s->file_back ? copied_on_write(s->pagemap[i]) :
-			 s->copy ? !shim_page_is_zero(s->copy + (addr - start)) :
-			 wants_page(r->kind, s->pagemap[i], (void *)addr, look))
+		if (s->pagemap[i] & PM_GUARD) {
+			if (!s->file_pages)
+				add_to_runs(s->guards, &s->nguards, addr - start);
+		} else if (s->file_pages ? file_page_wanted(s->pagemap[i], addr) :
+			   r->kind == CKPT_VMA_DELETED_FILE ? own_page(s, r, s->pagemap[i], addr) :
+			   s->copy ? !shim_page_is_zero(s->copy + (addr - start)) :
+			   wants_page(r->kind, s->pagemap[i], (void *)addr, look))
 			add_to_runs(s->runs, &nruns, addr - start);
 	}
 	return nruns;
@@ -518,7 +574,9 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 	file_identity(r, &v);
 	if (r->kind == CKPT_VMA_DELETED_FILE) {
 		v.file_size = deleted_file_end(r, start, end);
-		v.flags |= CKPT_VMA_FILE_END | (s->file_back ? CKPT_VMA_FILE_PAGES : 0);
+		/* the file comes back: from an fd, a shared map, or the file's
+		 * pages saved here (save_file_pages) */
+		v.flags |= CKPT_VMA_FILE_END | CKPT_VMA_FILE_PAGES;
 	}
 	if (r->kind == CKPT_VMA_SYSV_SHM) {
 		err = sysv_identify(r, &sysv);
@@ -551,7 +609,8 @@ static int save_window(struct mem_saver *s, const struct region *r, uint64_t sta
 			 CKPT_PAGE_SIZE - 1) & ~(uint64_t)(CKPT_PAGE_SIZE - 1);
 	{
 		uint64_t pad = v.data_offset - (iw_offset(s->w) + sizeof(struct ckpt_record) + payload);
-		struct ckpt_record rec = { .type = CKPT_REC_VMA, .size = payload + pad + v.stored_size };
+		struct ckpt_record rec = { .type = s->file_pages ? CKPT_REC_FILE_PAGES : CKPT_REC_VMA,
+					   .size = payload + pad + v.stored_size };
 
 		iw_append(s->w, &rec, sizeof(rec));
 		iw_append(s->w, &v, sizeof(v));
@@ -588,53 +647,50 @@ static void warn_lost_file_bytes(const struct region *r, uint64_t copied)
 }
 
 /*
- * Whether a shared map of the process covers the file range that r maps:
- * the restart makes the file again from it (restart/state/shared.c).
+ * The file ranges of r's unlinked file that shared maps of the process
+ * show: the restart makes the file again from them (restart/state/shm.c).
  */
-static int shared_map_covers(const struct region *r)
+static void find_shared_spans(struct mem_saver *s, const struct region *r)
 {
 	char *buf = scratch_map(MAPS_MAX);
-	uint64_t from = r->pgoff, to = r->pgoff + (r->end - r->start);
-	int covers = 0;
 	ssize_t n = buf ? read_maps(buf, MAPS_MAX) : -1;
 
-	for (char *line = buf, *nl; n > 0 && !covers && *line; line = nl + 1) {
+	s->nspans = 0;
+	for (char *line = buf, *nl; n > 0 && s->nspans < SHARED_SPANS && *line; line = nl + 1) {
 		struct region m;
 
 		nl = strchr(line, '\n');
 		if (!nl)
 			break;
 		*nl = '\0';
-		covers = !parse_maps_line(line, &m) && m.shared && m.dev == r->dev &&
-			 m.inode == r->inode && m.pgoff <= from &&
-			 m.pgoff + (m.end - m.start) >= to;
+		if (!parse_maps_line(line, &m) && m.shared && m.dev == r->dev && m.inode == r->inode)
+			s->spans[s->nspans++] = (struct file_span){ m.pgoff,
+								    m.pgoff + (m.end - m.start) };
 	}
 	if (buf)
 		scratch_unmap(buf, MAPS_MAX);
-	return covers;
 }
 
 /* Whether the unlinked file behind a private map comes back at restart,
- * whole (pair of deleted_file_object, restart/state/memory.c): an fd of
- * the process has it (its contents are saved with it), or a shared map
- * of the same range. */
-static int file_comes_back(const struct mem_saver *s, const struct region *r)
+ * whole where the map shows it (pair of deleted_file_object,
+ * restart/state/memory.c): an fd of the process has it (its contents are
+ * saved with it), or shared maps of its range do.  Else the file's pages
+ * under the map are saved (save_file_pages). */
+static int file_comes_back(struct mem_saver *s, const struct region *r)
 {
-	return fds_hold_deleted(s->fds, r->dev, r->inode) || shared_map_covers(r);
+	find_shared_spans(s, r);
+	return fds_hold_deleted(s->fds, r->dev, r->inode) ||
+	       spans_cover(s, r->pgoff, r->pgoff + (r->end - r->start));
 }
 
-/* Saved in windows, around the scratch buffers that may hide inside. */
-static int save_region(struct mem_saver *s, struct region *r)
+/* The windows of [r->start, r->end), around the scratch buffers that may
+ * hide inside. */
+static int save_windows(struct mem_saver *s, struct region *r)
 {
 	uint64_t step = WINDOW_PAGES * CKPT_PAGE_SIZE;
 	uint64_t a = r->start;
 	int err = 0;
 
-	r->kind = classify(r);
-	s->copied = 0;
-	s->file_back = r->kind == CKPT_VMA_DELETED_FILE && file_comes_back(s, r);
-	if (r->kind == CKPT_VMA_VDSO)
-		return save_window(s, r, r->start, r->end);
 	while (!err && a < r->end) {
 		uint64_t until, end;
 
@@ -650,6 +706,40 @@ static int save_region(struct mem_saver *s, struct region *r)
 		err = save_window(s, r, a, end);
 		a = end;
 	}
+	return err;
+}
+
+/*
+ * The pages of the unlinked file under a private map that no fd of the
+ * process holds and no shared map shows: the ones the process did not
+ * copy on write are the file's, and come back as the file's (a file made
+ * again once for the job, that every private map of it maps), so that a
+ * later write to the file (through another process's fd or shared map)
+ * shows in them, as it did.
+ */
+static int save_file_pages(struct mem_saver *s, struct region *r)
+{
+	int err;
+
+	s->file_pages = 1;
+	err = save_windows(s, r);
+	s->file_pages = 0;
+	return err;
+}
+
+static int save_region(struct mem_saver *s, struct region *r)
+{
+	int err;
+
+	r->kind = classify(r);
+	s->copied = 0;
+	s->nspans = 0;
+	s->file_back = r->kind == CKPT_VMA_DELETED_FILE && file_comes_back(s, r);
+	if (r->kind == CKPT_VMA_VDSO)
+		return save_window(s, r, r->start, r->end);
+	err = save_windows(s, r);
+	if (!err && r->kind == CKPT_VMA_DELETED_FILE && !s->file_back)
+		err = save_file_pages(s, r);
 	if (!err && s->copied && !s->file_back && !fds_hold(s->fds, r->dev, r->inode))
 		warn_lost_file_bytes(r, s->copied);
 	return err;
