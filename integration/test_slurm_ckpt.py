@@ -765,9 +765,11 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
     """Inside `salloc -N 4`, as a user would: `ckpt launch -- srun -w h1,h2
     --mpi=pmix|pmi2 ring`, `ckpt checkpoint --kill` from another node, then
     `ckpt restart --hosts h3,h4` in the same allocation: the ranks run
-    again on h3 and h4 (none left on h1, h2), their PMI answered by ckpt
-    after the restart; the allocation's job ends COMPLETED with the result
-    of an uninterrupted run."""
+    again on h3 and h4 (none left on h1, h2), their ckpt-restart started
+    by srun as a step of the allocation, not by ssh (the ranks' ancestors
+    there hold slurmstepd and no sshd), their PMI answered by ckpt after
+    the restart; the allocation's job ends COMPLETED with the result of an
+    uninterrupted run."""
     args = (600, 20)
     layout, ranks = SRUN_LAYOUTS["two-per-node" if stack == "openmpi" else "one-per-node"]
     d = slurm.cluster.shared_dir / "slurm-ckpt" / f"salloc-{stack}"
@@ -799,6 +801,10 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
         _wait_for(lambda: "LAUNCH ENDED" in text(), text)
         _wait_for(lambda: all(_ranks_on(slurm, h, program) for h in ("h3", "h4")), text)
         assert not any(_ranks_on(slurm, h, program) for h in ("h1", "h2")), text()
+        for host in ("h3", "h4"):
+            for rank in _ranks_on(slurm, host, program):
+                chain = _ancestors(slurm, host, rank)
+                assert "slurmstepd" in chain and "sshd" not in chain, (host, chain, text())
         hold.unlink()
         _wait_for(lambda: "PASS" in text(), text)
         try:
@@ -818,6 +824,30 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
     results = [line for line in text().splitlines() if line.startswith("RESULT")]
     assert results == reference(slurm, stack, args, ranks), text()
     assert "connected outside the job" not in text() and "reconnected" not in text(), text()
+
+
+# the names (comm) of a process's ancestors, its parent first, up to its
+# host's first process; run on the host (each host has its pid namespace)
+ANCESTORS = """
+import sys
+pid, names = int(sys.argv[1]), []
+try:
+    while pid > 1:
+        stat = open(f"/proc/{pid}/stat").read()
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+        names.append(open(f"/proc/{pid}/comm").read().strip())
+except OSError:
+    pass
+print(" ".join(names))
+"""
+
+
+def _ancestors(slurm, host, pid):
+    """The names of the ancestors of pid (a pid of host's namespace) on host."""
+    r = slurm.run(host, ["python3", "-c", ANCESTORS, str(pid)])
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
 
 
 def _wait_for(condition, text, timeout=180):
