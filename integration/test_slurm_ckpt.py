@@ -175,9 +175,35 @@ class BatchJob:
                                        timeout=FINALIZE_WAIT)["JobState"]
         except Exception:
             assert self.stack == "mpich", f"Open MPI job did not end: {self.text()}"
+            job = self.slurm.job(self.id) or {}
+            _where_hung(self.slurm, self.nodes(job) if job.get("NodeList") else [],
+                        self.dir / "finalize-hang.txt")
             r = self.slurm.run("h2", [CKPT, "kill", self.id], env=ckpt_env(self.slurm))
             assert r.returncode == 0, r.stderr
             return self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))["JobState"]
+
+
+# each process of the MPI test programs on a host: its threads' states and
+# system calls, and their stacks
+WHERE_HUNG = r"""
+for pid in $(pgrep -f "$1" | grep -vx $$); do
+    echo "--- $pid: $(tr '\0' ' ' < /proc/$pid/cmdline)"
+    for t in /proc/$pid/task/*; do
+        echo "  ${t##*/} $(cat $t/comm) $(cut -d' ' -f3 $t/stat) wchan=$(cat $t/wchan) syscall=$(cat $t/syscall)"
+    done
+    timeout 30 gdb -p $pid -batch -nx -ex 'thread apply all bt 12' 2>/dev/null | grep '^#\|^Thread'
+done
+"""
+
+
+def _where_hung(slurm, hosts, path):
+    """Where each process of the MPI test programs is on hosts, appended to
+    path: the record of MPICH's finalize hang (a rank waiting for its PMI
+    answer, or spinning in UCX)."""
+    with open(path, "a") as record:
+        for host in hosts:
+            r = slurm.run(host, ["sh", "-c", WHERE_HUNG, "sh", str(MPI_BIN)], timeout=300)
+            record.write(f"=== {host}\n{r.stdout}{r.stderr}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -811,6 +837,7 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
             salloc.wait(timeout=FINALIZE_WAIT)
         except subprocess.TimeoutExpired:   # MPICH's finalize over UCX: see SRUN_LAYOUTS
             assert stack == "mpich", f"Open MPI job did not end: {text()}"
+            _where_hung(slurm, ["h3", "h4"], d / "finalize-hang.txt")
             killed = slurm.run("h3", [CKPT, "kill", job_id], env=ckpt_env(slurm))
             assert killed.returncode == 0, killed.stderr
             salloc.wait(timeout=60)
