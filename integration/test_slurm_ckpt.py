@@ -180,7 +180,9 @@ class BatchJob:
                         self.dir / "finalize-hang.txt")
             r = self.slurm.run("h2", [CKPT, "kill", self.id], env=ckpt_env(self.slurm))
             assert r.returncode == 0, r.stderr
-            return self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))["JobState"]
+            state = self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))
+            print(f"job {self.id} ended by ckpt kill: {state['JobState']}")
+            return state["JobState"]
 
 
 # each process of the MPI test programs on a host: its threads' states and
@@ -204,6 +206,7 @@ def _where_hung(slurm, hosts, path):
         for host in hosts:
             r = slurm.run(host, ["sh", "-c", WHERE_HUNG, "sh", str(MPI_BIN)], timeout=300)
             record.write(f"=== {host}\n{r.stdout}{r.stderr}")
+    print(f"hung after PASS (MPICH over UCX, see SRUN_LAYOUTS):\n{path.read_text()}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -578,6 +581,9 @@ def _srun_mpich_restarts(slurm, jobs, layout, program, args, moves):
         assert lines.count(" <<local cmd=finalize_ack") == ranks, lines
     else:
         assert lines.count(" app>> cmd=barrier_in") >= 1, lines
+        # the record: which ranks reached their finalize barrier (time, rank)
+        ends = [line for line in lines.splitlines() if "barrier" in line or "finalize" in line]
+        print("the last PMI barriers and finalizes:\n" + "\n".join(ends[-4 * ranks:]))
     return state, text, lines
 
 
