@@ -10,7 +10,7 @@ import click
 
 from ckpt import __version__
 from ckpt import client, completion, job_status, progress
-from ckpt.config import DEFAULTS, load_config
+from ckpt.config import DEFAULTS, LAUNCHER_SETTINGS, load_config
 from ckpt.errors import CkptError
 from ckpt.image import memory_bytes, verify_checkpoint
 from ckpt.jobs import find_job, list_jobs
@@ -163,15 +163,19 @@ def kill(job_id):
 @click.option("--lazy/--no-lazy", default=None,
               help="Resume the processes before their private memory is back: its pages "
                    "come on demand and in the background (needs userfaultfd; default: no).")
+@click.option("--launcher", type=click.Choice(LAUNCHER_SETTINGS), default=None,
+              help="How other hosts' ckpt-restart start: through srun inside a Slurm "
+                   "allocation and ssh outside one (auto, the default), or always ssh, or "
+                   "srun (on the allocation's nodes only).")
 def restart(image_dir, interval, hosts, hostfile, incremental, full_every, stage_dir, verify,
-            lazy):
+            lazy, launcher):
     """Restart a job from a checkpoint (or a job directory's latest)."""
     from ckpt.restart import host_spec, restart as run_restart
 
     def config_for(ckpt_dir):
         return load_config(ckpt_dir=str(ckpt_dir), interval=interval, incremental=incremental,
                            full_every=full_every, stage_dir=stage_dir, verify=verify,
-                           lazy=lazy)
+                           lazy=lazy, launcher=launcher)
     if hosts and hostfile:
         raise CkptError("give --hosts or --hostfile, not both", exit_code=2)
     if hosts:

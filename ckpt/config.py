@@ -23,9 +23,11 @@ ENV_NAMES = {
     "stage_dir": "CKPT_STAGE_DIR",
     "verify": "CKPT_VERIFY",
     "lazy": "CKPT_LAZY",
+    "launcher": "CKPT_LAUNCHER",
 }
 FULL_EVERY_MAX = 64  # an image refers to at most this many earlier ones
 VERIFY_MODES = ("on", "warn", "off")  # ckpt/verify.py
+LAUNCHER_SETTINGS = ("auto", "ssh", "srun")  # ckpt/remote_start.py
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class Config:
     # a restart resumes the processes before their private memory is back:
     # pages come on demand (userfaultfd) and in the background (docs/LAZY.md)
     lazy: bool = False
+    # how a restart starts other hosts' ckpt-restart: srun inside a Slurm
+    # allocation (sites often forbid ssh between compute nodes), else ssh
+    # (auto); or always ssh, or always srun (ckpt/remote_start.py)
+    launcher: str = "auto"
 
     def write_mode(self):
         """How the job's checkpoints are written, as these settings say."""
@@ -130,6 +136,13 @@ def _verify(value, source):
     return text
 
 
+def _launcher(value, source):
+    text = str(value).strip().lower()
+    if text not in LAUNCHER_SETTINGS:
+        raise CkptError(f"{source}: launcher must be auto, ssh or srun, not {value!r}")
+    return text
+
+
 def _full_every(value, source):
     try:
         number = int(value)
@@ -162,6 +175,8 @@ def _convert(key, value, source):
         return _compress(value, source)
     if key == "verify":
         return _verify(value, source)
+    if key == "launcher":
+        return _launcher(value, source)
     raise CkptError(f"{source}: unknown setting {key!r}")
 
 

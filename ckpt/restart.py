@@ -3,12 +3,11 @@
 Each of the checkpoint's hosts (in the manifest's order) is restored on one
 new host (in the order given, else the same hosts): by a ckpt-restart of
 its own, started here for this host and, under the job's agent, through
-ssh (or srun, inside a Slurm allocation) on any other."""
+ssh or srun (ckpt/remote_start.py) on any other."""
 
 import asyncio
 import dataclasses
 import os
-import shlex
 import socket
 import sys
 import time
@@ -20,7 +19,8 @@ from ckpt.image import verify_checkpoint
 from ckpt.jobs import this_host
 from ckpt.job_status import human_size
 from ckpt.manifest import host_list, resolve_checkpoint
-from ckpt.native import cli_path, restart_binary
+from ckpt.native import restart_binary
+from ckpt.remote_start import over_ssh, remote_starter
 from ckpt.session import JobSession, announce
 
 RESTART_REFUSED = 2  # ckpt-restart's exit status before its point of no return
@@ -117,39 +117,6 @@ def address_map(manifest, mapping):
     return moved
 
 
-JOB_VARIABLES = ("CKPT_COORD", "CKPT_JOB_ID", "CKPT_COORD_TCP", "CKPT_SECRET_FILE", "CKPT_AGENT")
-
-
-def over_ssh(host, argv, env):
-    """(argv, env) that run argv on host under the job's agent, through
-    ssh: the job's variables go on the command line.  The shell starts
-    argv (ckpt-restart, which checks its images meanwhile) and then becomes
-    the agent (`ckpt agent --adopt`), whose start-up then costs nothing."""
-    job_vars = ["env", *(f"{k}={v}" for k, v in sorted(env.items()) if k in JOB_VARIABLES)]
-    agent = ["exec", *job_vars, str(cli_path()), "agent", "--adopt"]
-    script = f"{_words(job_vars + list(argv))} </dev/null & {_words(agent)} $!"
-    # curve25519 first: OpenSSH 9's default key exchange (sntrup761 hybrid)
-    # costs 70 ms more per connection, on the restart's critical path; the
-    # other algorithms stay for servers without it
-    return ["ssh", "-T", "-o", "KexAlgorithms=^curve25519-sha256", host,
-            _words(["exec", "/bin/sh", "-c", script])], dict(os.environ)
-
-
-def _words(argv):
-    return " ".join(shlex.quote(str(word)) for word in argv)
-
-
-def over_srun(host, argv, env):
-    """The same through srun, as a step of one task on host in the current
-    allocation (srun hands the job's variables on in the environment);
-    --overlap: the job's own steps may hold every CPU there."""
-    return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-            "--input=none", str(cli_path()), "agent", "--run", "--", *argv], env
-
-
-LAUNCHERS = {"ssh": over_ssh, "srun": over_srun}
-
-
 def images_by_host(checkpoint_dir, processes):
     hosts = {}
     for proc in processes:
@@ -157,14 +124,15 @@ def images_by_host(checkpoint_dir, processes):
     return hosts
 
 
-def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
+def restart(image_dir, config_for, new_hosts=None, slots=None, launcher=None,
             on_session=None, incremental=None):
     """Restore the checkpoint at image_dir; returns the job's exit status.
 
     config_for(ckpt_dir) gives the settings; the job keeps its directory.
     new_hosts: where the checkpoint's hosts go, in its order; slots:
     {new host: how many processes it takes} where the user said; launcher:
-    how other hosts' ckpt-restart start ("ssh" or "srun").  on_session(job):
+    how other hosts' ckpt-restart start ("auto", "ssh" or "srun"; None: as
+    the settings say).  on_session(job):
     called once the job's session runs.  incremental: the restarted job's
     checkpoints are (True) or are not (False) incremental; None: as the
     checkpoint's job took them."""
@@ -186,7 +154,8 @@ def restart(image_dir, config_for, new_hosts=None, slots=None, launcher="ssh",
         check_lazy(mapping)
     check_slots(manifest, mapping, slots or {})
     addr_map = address_map(manifest, mapping)
-    hosts = HostPlan(mapping, addr_map, LAUNCHERS[launcher])
+    remote = [host for host in mapping.values() if host != this_host()]
+    hosts = HostPlan(mapping, addr_map, remote_starter(launcher or config.launcher, remote))
     return asyncio.run(_run(checkpoint_dir, manifest, job_dir, config, binary, hosts, on_session,
                             start))
 

@@ -45,25 +45,38 @@ def restart_count(environ=None):
         return 0
 
 
+def nodelist_of(environ):
+    """The allocation's nodes as Slurm writes them (`h[1-4]`)."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise CkptError("SLURM_JOB_NODELIST is not set: not the environment of a Slurm "
+                        "allocation", exit_code=2)
+    return nodelist
+
+
+def allocation_nodes(environ=None):
+    """The allocation's node names, one by one."""
+    environ = os.environ if environ is None else environ
+    return _scontrol("show", "hostnames", nodelist_of(environ), env=environ).split()
+
+
 def allocation_hosts(environ=None):
     """The allocation's nodes, this one first (the checkpoint's first host,
     the coordinator's, is restored where the batch script runs)."""
-    environ = os.environ if environ is None else environ
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not nodelist:
-        raise CkptError("ckpt slurm run: SLURM_JOB_NODELIST is not set", exit_code=2)
-    hosts = _scontrol("show", "hostnames", nodelist).split()
+    hosts = allocation_nodes(environ)
     here = this_host()
     return [here] + [h for h in hosts if h != here] if here in hosts else hosts
 
 
-def _scontrol(*args, killed_ok=False):
+def _scontrol(*args, killed_ok=False, env=None):
     """scontrol's output.  killed_ok: its end by SIGTERM is success (the
-    requeue of our own job ends the batch step, scontrol with it)."""
+    requeue of our own job ends the batch step, scontrol with it).  env:
+    its environment (default: ours)."""
     try:
-        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60,
+                              env=env)
     except FileNotFoundError:
-        raise CkptError("scontrol not found: ckpt slurm run needs Slurm's commands on PATH")
+        raise CkptError("scontrol not found: ckpt needs Slurm's commands on PATH under Slurm")
     except subprocess.TimeoutExpired:
         raise CkptError(f"scontrol {' '.join(args)}: no answer in 60 s")
     if done.returncode and not (killed_ok and done.returncode == -signal.SIGTERM):
@@ -203,8 +216,10 @@ def run(command, config):
                             f"({' '.join(taken_of)}); not restarting it as this job",
                             exit_code=2)
         _say(f"job {job_id}: requeued run {restarts}: restarting from {latest}")
+        # other nodes' ckpt-restart start as config.launcher says: srun,
+        # inside the allocation, unless the user chose ssh
         status = restart(latest, lambda _ckpt_dir: config, allocation_hosts(),
-                         launcher="srun", on_session=signals.attach)
+                         on_session=signals.attach)
     else:
         status = launch(command, config, job_id, on_session=signals.attach)
     if signals.requeued:

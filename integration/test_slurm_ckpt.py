@@ -175,9 +175,38 @@ class BatchJob:
                                        timeout=FINALIZE_WAIT)["JobState"]
         except Exception:
             assert self.stack == "mpich", f"Open MPI job did not end: {self.text()}"
+            job = self.slurm.job(self.id) or {}
+            _where_hung(self.slurm, self.nodes(job) if job.get("NodeList") else [],
+                        self.dir / "finalize-hang.txt")
             r = self.slurm.run("h2", [CKPT, "kill", self.id], env=ckpt_env(self.slurm))
             assert r.returncode == 0, r.stderr
-            return self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))["JobState"]
+            state = self.slurm.wait_job(self.id, ("FAILED", "COMPLETED", "CANCELLED"))
+            print(f"job {self.id} ended by ckpt kill: {state['JobState']}")
+            return state["JobState"]
+
+
+# each process of the MPI test programs on a host: its threads' states and
+# system calls, and their stacks
+WHERE_HUNG = r"""
+for pid in $(pgrep -f "$1" | grep -vx $$); do
+    echo "--- $pid: $(tr '\0' ' ' < /proc/$pid/cmdline)"
+    for t in /proc/$pid/task/*; do
+        echo "  ${t##*/} $(cat $t/comm) $(cut -d' ' -f3 $t/stat) wchan=$(cat $t/wchan) syscall=$(cat $t/syscall)"
+    done
+    timeout 30 gdb -p $pid -batch -nx -ex 'thread apply all bt 12' 2>/dev/null | grep '^#\|^Thread'
+done
+"""
+
+
+def _where_hung(slurm, hosts, path):
+    """Where each process of the MPI test programs is on hosts, appended to
+    path: the record of MPICH's finalize hang (a rank waiting for its PMI
+    answer, or spinning in UCX)."""
+    with open(path, "a") as record:
+        for host in hosts:
+            r = slurm.run(host, ["sh", "-c", WHERE_HUNG, "sh", str(MPI_BIN)], timeout=300)
+            record.write(f"=== {host}\n{r.stdout}{r.stderr}")
+    print(f"hung after PASS (MPICH over UCX, see SRUN_LAYOUTS):\n{path.read_text()}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -552,6 +581,9 @@ def _srun_mpich_restarts(slurm, jobs, layout, program, args, moves):
         assert lines.count(" <<local cmd=finalize_ack") == ranks, lines
     else:
         assert lines.count(" app>> cmd=barrier_in") >= 1, lines
+        # the record: which ranks reached their finalize barrier (time, rank)
+        ends = [line for line in lines.splitlines() if "barrier" in line or "finalize" in line]
+        print("the last PMI barriers and finalizes:\n" + "\n".join(ends[-4 * ranks:]))
     return state, text, lines
 
 
@@ -765,9 +797,11 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
     """Inside `salloc -N 4`, as a user would: `ckpt launch -- srun -w h1,h2
     --mpi=pmix|pmi2 ring`, `ckpt checkpoint --kill` from another node, then
     `ckpt restart --hosts h3,h4` in the same allocation: the ranks run
-    again on h3 and h4 (none left on h1, h2), their PMI answered by ckpt
-    after the restart; the allocation's job ends COMPLETED with the result
-    of an uninterrupted run."""
+    again on h3 and h4 (none left on h1, h2), their ckpt-restart started
+    by srun as a step of the allocation, not by ssh (the ranks' ancestors
+    there hold slurmstepd and no sshd), their PMI answered by ckpt after
+    the restart; the allocation's job ends COMPLETED with the result of an
+    uninterrupted run."""
     args = (600, 20)
     layout, ranks = SRUN_LAYOUTS["two-per-node" if stack == "openmpi" else "one-per-node"]
     d = slurm.cluster.shared_dir / "slurm-ckpt" / f"salloc-{stack}"
@@ -799,12 +833,17 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
         _wait_for(lambda: "LAUNCH ENDED" in text(), text)
         _wait_for(lambda: all(_ranks_on(slurm, h, program) for h in ("h3", "h4")), text)
         assert not any(_ranks_on(slurm, h, program) for h in ("h1", "h2")), text()
+        for host in ("h3", "h4"):
+            for rank in _ranks_on(slurm, host, program):
+                chain = _ancestors(slurm, host, rank)
+                assert "slurmstepd" in chain and "sshd" not in chain, (host, chain, text())
         hold.unlink()
         _wait_for(lambda: "PASS" in text(), text)
         try:
             salloc.wait(timeout=FINALIZE_WAIT)
         except subprocess.TimeoutExpired:   # MPICH's finalize over UCX: see SRUN_LAYOUTS
             assert stack == "mpich", f"Open MPI job did not end: {text()}"
+            _where_hung(slurm, ["h3", "h4"], d / "finalize-hang.txt")
             killed = slurm.run("h3", [CKPT, "kill", job_id], env=ckpt_env(slurm))
             assert killed.returncode == 0, killed.stderr
             salloc.wait(timeout=60)
@@ -818,6 +857,30 @@ def test_salloc_srun_job_restarts_with_hosts_on_other_nodes_of_the_allocation(
     results = [line for line in text().splitlines() if line.startswith("RESULT")]
     assert results == reference(slurm, stack, args, ranks), text()
     assert "connected outside the job" not in text() and "reconnected" not in text(), text()
+
+
+# the names (comm) of a process's ancestors, its parent first, up to its
+# host's first process; run on the host (each host has its pid namespace)
+ANCESTORS = """
+import sys
+pid, names = int(sys.argv[1]), []
+try:
+    while pid > 1:
+        stat = open(f"/proc/{pid}/stat").read()
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+        names.append(open(f"/proc/{pid}/comm").read().strip())
+except OSError:
+    pass
+print(" ".join(names))
+"""
+
+
+def _ancestors(slurm, host, pid):
+    """The names of the ancestors of pid (a pid of host's namespace) on host."""
+    r = slurm.run(host, ["python3", "-c", ANCESTORS, str(pid)])
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
 
 
 def _wait_for(condition, text, timeout=180):

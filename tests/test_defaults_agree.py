@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 SETTING_OF = {"ckpt_dir": "ckpt_dir", "interval": "interval", "keep": "keep",
               "forked": "forked_write", "compress": "compress", "incremental": "incremental",
               "full_every": "full_every", "stage_dir": "stage_dir", "verify": "verify",
-              "lazy": "lazy"}
+              "lazy": "lazy", "launcher": "launcher"}
 # how help texts and the README word a default value
 WORDS = {"forked": True, "yes": True, "in place": False, "no": False, "on": True,
          "off": False, "all": 0, "none": None}
@@ -26,7 +26,7 @@ def value(setting, text):
     text = text.strip().strip("`").strip()
     if setting == "ckpt_dir":
         return Path(text).name
-    if setting in ("compress", "verify"):
+    if setting in ("compress", "verify", "launcher"):
         return text
     if text in WORDS:
         word = WORDS[text]
@@ -91,7 +91,8 @@ def test_help_texts_state_the_configured_defaults():
     assert {(name, flag) for name, flag, _, _ in stated} >= {
         ("launch", "--keep"), ("launch", "--forked"), ("launch", "--compress"),
         ("launch", "--incremental"), ("launch", "--full-every"), ("restart", "--verify"),
-        ("restart", "--full-every"), ("slurm run", "--compress")}
+        ("restart", "--full-every"), ("restart", "--launcher"),
+        ("slurm run", "--compress")}
     for name, flag, setting, word in stated:
         assert value(setting, word) == configured(setting), \
             f"ckpt {name} --help says {flag} defaults to {word}; config.py: {configured(setting)!r}"
