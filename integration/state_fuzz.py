@@ -100,7 +100,7 @@ OPERATIONS.update({
     "seal": st.tuples(SLOT, st.integers(0, 4)),
     "fchmod": st.tuples(SLOT, st.integers(0, 3)),
     # ptys: a pair in one of four settings, termios changes, window sizes
-    "openpty": st.tuples(st.integers(0, 3)),
+    "openpty": st.tuples(st.integers(0, 7)),       # 4-7: the slave by open(ptsname)
     "termios": st.tuples(SLOT, st.integers(0, 5)),
     "winsize": st.tuples(SLOT, st.integers(0, 3)),
     # epoll: sets, ADD/MOD/DEL of six kinds of events (c: kind * 3 + op),

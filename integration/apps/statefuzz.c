@@ -403,13 +403,26 @@ static void termios_variant(struct termios *t, long v)
 	}
 }
 
+/* a pty pair: by glibc's openpty (the slave from TIOCGPTPEER), or with
+ * a % 8 >= 4 by posix_openpt and an open of the slave's path */
+static int open_pty_pair(long a, int *m, int *s, struct winsize *ws)
+{
+	if (a % 8 < 4)
+		return openpty(m, s, NULL, NULL, ws);
+	*m = posix_openpt(O_RDWR | O_NOCTTY);
+	if (*m < 0 || grantpt(*m) || unlockpt(*m) ||
+	    (*s = open(ptsname(*m), O_RDWR | O_NOCTTY)) < 0)
+		return -1;
+	return ioctl(*s, TIOCSWINSZ, ws);
+}
+
 static void op_openpty(long a)
 {
 	struct termios t;
 	struct winsize ws = { .ws_row = 24 + a % 4, .ws_col = 80 };
 	int m, s, r;
 
-	r = openpty(&m, &s, NULL, NULL, &ws);
+	r = open_pty_pair(a, &m, &s, &ws);
 	if (!r && a % 4) {
 		tcgetattr(s, &t);
 		termios_variant(&t, a % 4 - 1);
