@@ -71,6 +71,10 @@ KNOWN_VARIANTS = {
         "a pipe's read end opened again through /proc/self/fd/N of its write end after its "
         "first read end was closed has fdinfo flags 0, not 0100000 (open() forces "
         "O_LARGEFILE): the restart does not open it as the program did"),
+    "pty-master-reopened": (
+        lambda ops: _holds(ops, "openpty", "reopen"),
+        "a pty master opened again through /proc/self/fd/N (a new pty, its slave never "
+        "opened) comes back as a pipe's write end: another kind of fd"),
     "tcp-shutdown": (
         lambda ops: _holds(ops, "tcp", "shutdown"),
         "a TCP listener that was shut down (SHUT_RD or SHUT_RDWR) fails the checkpoint: "
@@ -114,6 +118,7 @@ FINDINGS = {
                                    KNOWN_VARIANTS["pty-master-closed"][1]),
     "pipe-reopened-after-reader-closed": ("pipe 0\nclose 0\nreopen 0 0\ngate\n",
                                           KNOWN_VARIANTS["pipe-reopen-closed"][1]),
+    "pty-master-reopened": ("openpty 4\nreopen 0 0\ngate\n", KNOWN_VARIANTS["pty-master-reopened"][1]),
     "tcp-listener-shut-down": ("tcp 2\nshutdown 0 2\ngate\n", KNOWN_VARIANTS["tcp-shutdown"][1]),
 }
 
@@ -208,6 +213,8 @@ def test_subject_prints_the_same_in_two_uninterrupted_runs(ran):
 REGRESSIONS = {
     # a memfd's mode (fchmod) came back as memfd_create's 0777
     "memfd-mode": "memfd 0 0\nfchmod 0 0\ngate\n",
+    # the same, of a memfd that is also mapped (restored from its map's memfd)
+    "mapped-memfd-mode": "memfd 0 0\nmmap_fd_shared 0\nfchmod 0 0\ngate\n",
 }
 
 
