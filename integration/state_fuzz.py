@@ -82,6 +82,45 @@ OPERATIONS = {
 # the others find something to work on)
 MAKERS = ["open", "pipe", "socketpair", "mmap", "mmap_shared_anon"]
 
+# More kinds of state that real programs hold (issue 37's shapes)
+OPERATIONS.update({
+    # threads: one with its own signal mask (a: the 4 signals' bits), TLS
+    # value and name, blocked in a read; commands to it (block, unblock a
+    # signal, rename, a new TLS value), each answered with what it sees;
+    # a signal to one thread; the main thread's name
+    "thread": st.tuples(st.integers(0, 15)),
+    "tcmd": st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 7)),
+    "tkill": st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    "pname": st.tuples(st.integers(0, 3)),
+    # memfds (sealable, 1-4 pages), maps of a slot's file or memfd,
+    # shared or private, seals, modes
+    "memfd": st.tuples(st.integers(0, 2), st.integers(0, 7)),
+    "mmap_fd_shared": st.tuples(SLOT),
+    "mmap_fd_private": st.tuples(SLOT),
+    "seal": st.tuples(SLOT, st.integers(0, 4)),
+    "fchmod": st.tuples(SLOT, st.integers(0, 3)),
+    # ptys: a pair in one of four settings, termios changes, window sizes
+    "openpty": st.tuples(st.integers(0, 7)),       # 4-7: the slave by open(ptsname)
+    "termios": st.tuples(SLOT, st.integers(0, 5)),
+    "winsize": st.tuples(SLOT, st.integers(0, 3)),
+    # epoll: sets, ADD/MOD/DEL of six kinds of events (c: kind * 3 + op),
+    # waits that never block
+    "epoll": st.tuples(st.integers(0, 1)),
+    "epoll_ctl": st.tuples(SLOT, SLOT, st.integers(0, 17)),
+    "epoll_wait": st.tuples(SLOT, st.integers(0, 3)),
+    # eventfd (initial count, EFD_SEMAPHORE, EFD_NONBLOCK), timerfd
+    # (clock; disarmed, expired, armed for an hour, periodic), signalfd
+    "eventfd": st.tuples(st.integers(0, 2), st.integers(0, 3)),
+    "evwrite": st.tuples(SLOT, st.integers(0, 2)),
+    "timerfd": st.tuples(st.integers(0, 2), st.integers(0, 3)),
+    "signalfd": st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    # TCP on loopback: a connected pair, a listener with a connection not
+    # accepted, a listener alone; accept
+    "tcp": st.tuples(st.integers(0, 2)),
+    "accept": st.tuples(SLOT),
+})
+MAKERS += ["thread", "memfd", "openpty", "epoll", "eventfd", "timerfd", "signalfd", "tcp"]
+
 
 def operation(kinds):
     return st.one_of(*[st.tuples(st.just(k), OPERATIONS[k]) for k in sorted(kinds)])

@@ -27,20 +27,29 @@
 #include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <pty.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <linux/sockios.h>
+#include <termios.h>
 #include "zdtm.h"
 
 #define MAX_SLOTS 64
@@ -168,6 +177,779 @@ static void child_loop(void)
 		pause();
 }
 
+/* ---- more kinds of state: threads, memfds, ptys, epoll, eventfd,
+ * timerfd, signalfd, TCP ---- */
+
+/* A thread that holds state of its own: a signal mask, a TLS value, a
+ * name, and a read blocked on its command pipe.  Each command it reads
+ * is answered with a report of that state, seen from inside the thread
+ * (its TLS through its own fs base, its mask through pthread_sigmask). */
+#define MAX_THREADS 4
+struct thread_cmd { long op, arg; };
+struct thread_report { long tls; int mask, eintr; char name[16]; };
+static struct sfthread {
+	pthread_t t;
+	pid_t tid;
+	int cmd[2], reply[2];
+	long *tls;
+	int mask;		/* the 4 signals' bits, as the thread set them */
+} threads[MAX_THREADS];
+static int nthreads;
+static __thread long tls_value;
+
+static int mask_bits(const sigset_t *set)
+{
+	int bits = 0;
+
+	for (int i = 0; i < NSIGS; i++)
+		if (sigismember(set, sig_at(i)))
+			bits |= 1 << i;
+	return bits;
+}
+
+static void mask_of_bits(int bits, sigset_t *set)
+{
+	sigemptyset(set);
+	for (int i = 0; i < NSIGS; i++)
+		if (bits & (1 << i))
+			sigaddset(set, sig_at(i));
+}
+
+static void *thread_main(void *arg)
+{
+	struct sfthread *me = arg;
+	struct thread_cmd c;
+	struct thread_report rep = { 0 };
+	sigset_t set;
+	int eintr = 0;
+
+	me->tid = gettid();
+	me->tls = &tls_value;
+	tls_value = 1000 + (me - threads);
+	snprintf(rep.name, sizeof(rep.name), "sf-thread%d", (int)(me - threads));
+	prctl(PR_SET_NAME, rep.name);
+	mask_of_bits(me->mask, &set);
+	pthread_sigmask(SIG_SETMASK, &set, NULL);
+	for (;;) {
+		ssize_t n = read(me->cmd[0], &c, sizeof(c));
+
+		if (n < 0 && errno == EINTR) {
+			eintr++;
+			continue;
+		}
+		if (n != sizeof(c))
+			return NULL;
+		if (c.op == 0 || c.op == 1) {		/* block, unblock a signal */
+			sigemptyset(&set);
+			sigaddset(&set, sig_at(c.arg));
+			pthread_sigmask(c.op ? SIG_UNBLOCK : SIG_BLOCK, &set, NULL);
+		} else if (c.op == 2) {			/* a new name */
+			snprintf(rep.name, sizeof(rep.name), "sf-t%d-%ld", (int)(me - threads), c.arg % 8);
+			prctl(PR_SET_NAME, rep.name);
+		} else if (c.op == 3) {			/* a new TLS value */
+			tls_value = 2000 + c.arg;
+		}
+		pthread_sigmask(SIG_BLOCK, NULL, &set);
+		rep.tls = tls_value;
+		rep.mask = mask_bits(&set);
+		rep.eintr = eintr;
+		prctl(PR_GET_NAME, rep.name);
+		if (write(me->reply[1], &rep, sizeof(rep)) != sizeof(rep))
+			return NULL;
+	}
+}
+
+/* a command to a thread and its report (op 4: a ping, nothing changes) */
+static int thread_call(struct sfthread *t, long op, long arg, struct thread_report *rep)
+{
+	struct thread_cmd c = { op, arg };
+	ssize_t n;
+
+	if (write(t->cmd[1], &c, sizeof(c)) != sizeof(c))
+		return -1;
+	while ((n = read(t->reply[0], rep, sizeof(*rep))) < 0 && errno == EINTR)
+		;
+	if (n != sizeof(*rep))
+		return -1;
+	t->mask = rep->mask;
+	return 0;
+}
+
+static void op_thread(long a)
+{
+	struct sfthread *t = &threads[nthreads];
+	struct thread_report rep;
+
+	if (nthreads == MAX_THREADS) {
+		logr("thread", 0);
+		return;
+	}
+	if (pipe2(t->cmd, O_CLOEXEC) || pipe2(t->reply, O_CLOEXEC))
+		zdtm_fail("thread pipes: %m");
+	t->mask = a % 16;
+	if (pthread_create(&t->t, NULL, thread_main, t))
+		zdtm_fail("pthread_create");
+	nthreads++;
+	logr("thread", thread_call(t, 4, 0, &rep));
+}
+
+static void op_tcmd(long a, long b, long c)
+{
+	struct thread_report rep;
+
+	if (!nthreads) {
+		logr("tcmd", 0);
+		return;
+	}
+	logr("tcmd", thread_call(&threads[a % nthreads], b % 4, c, &rep));
+	printf("  thread tls %ld mask %x eintr %d name %s\n", rep.tls, rep.mask, rep.eintr, rep.name);
+}
+
+/* a signal to one thread: only one it blocks or one with a handler */
+static void op_tkill(long a, long b)
+{
+	struct sigaction sa;
+	struct sfthread *t;
+	int sig = sig_at(b);
+
+	if (!nthreads) {
+		logr("tkill", 0);
+		return;
+	}
+	t = &threads[a % nthreads];
+	sigaction(sig, NULL, &sa);
+	if (!(t->mask & (1 << (b % NSIGS))) && sa.sa_handler == SIG_DFL && sig != SIGWINCH)
+		logr("tkill", 0);
+	else
+		logr("tkill", syscall(SYS_tgkill, getpid(), t->tid, sig));
+}
+
+static void op_pname(long a)
+{
+	char name[16];
+
+	snprintf(name, sizeof(name), "sf-main%ld", a % 4);
+	logr("pname", prctl(PR_SET_NAME, name));
+}
+
+/* memfds: a named memfd of 1 to 4 pages that allows seals, its first
+ * bytes written */
+static void op_memfd(long a, long b)
+{
+	char name[16];
+	int fd;
+
+	snprintf(name, sizeof(name), "sf-mem%ld", a % 3);
+	fd = memfd_create(name, MFD_ALLOW_SEALING | (b & 4 ? MFD_CLOEXEC : 0));
+	if (fd >= 0 && (ftruncate(fd, (1 + b % 4) * PAGE) || pwrite(fd, pattern(100), 100, 0) != 100))
+		zdtm_fail("memfd: %m");
+	logr("memfd", fd < 0 ? -1 : 0);
+	add_slot(fd);
+}
+
+/* a map of a slot's file (a memfd or a file): shared (kind 4) or private
+ * (kind 5), of as many pages as the file has, at most 4 */
+static void op_mmap_fd(const char *name, long a, int shared)
+{
+	struct stat st;
+	size_t len;
+	char *p;
+	int fd = slot_fd(a);
+
+	if (nmaps == MAX_MAPS) {
+		logr(name, 0);
+		return;
+	}
+	if (fstat(fd, &st) < 0) {
+		logr(name, -1);
+		return;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+		logr(name, 1);
+		return;
+	}
+	len = (st.st_size + PAGE - 1) / PAGE * PAGE;
+	if (len > 4 * PAGE)
+		len = 4 * PAGE;
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : MAP_PRIVATE, fd, 0);
+	logr(name, p == MAP_FAILED ? -1 : 0);
+	if (p != MAP_FAILED)
+		maps[nmaps++] = (struct map){ p, len, shared ? 4 : 5 };
+}
+
+static void op_seal(long a, long b)
+{
+	static const int SEALS[] = { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_WRITE, F_SEAL_FUTURE_WRITE,
+				     F_SEAL_SEAL };
+
+	logr("seal", fcntl(slot_fd(a), F_ADD_SEALS, SEALS[b % 5]));
+}
+
+static void op_fchmod(long a, long b)
+{
+	logr("fchmod", fchmod(slot_fd(a), (mode_t[]){ 0600, 0640, 0755, 0444 }[b % 4]));
+}
+
+/* ptys: a pair of master and slave, in one of four terminal settings */
+static void termios_variant(struct termios *t, long v)
+{
+	switch (v % 6) {
+	case 0: t->c_lflag ^= ECHO; break;
+	case 1: t->c_lflag ^= ICANON; break;
+	case 2: cfmakeraw(t); break;
+	case 3: cfsetspeed(t, t->c_cflag & B9600 ? B115200 : B9600); break;
+	case 4: t->c_cc[VMIN] = 1 + t->c_cc[VMIN] % 4; t->c_cc[VTIME] = v % 3; break;
+	case 5: t->c_oflag ^= OPOST; t->c_iflag ^= ICRNL; break;
+	}
+}
+
+/* a pty pair: by glibc's openpty (the slave from TIOCGPTPEER), or with
+ * a % 8 >= 4 by posix_openpt and an open of the slave's path */
+static int open_pty_pair(long a, int *m, int *s, struct winsize *ws)
+{
+	if (a % 8 < 4)
+		return openpty(m, s, NULL, NULL, ws);
+	*m = posix_openpt(O_RDWR | O_NOCTTY);
+	if (*m < 0 || grantpt(*m) || unlockpt(*m) ||
+	    (*s = open(ptsname(*m), O_RDWR | O_NOCTTY)) < 0)
+		return -1;
+	return ioctl(*s, TIOCSWINSZ, ws);
+}
+
+static void op_openpty(long a)
+{
+	struct termios t;
+	struct winsize ws = { .ws_row = 24 + a % 4, .ws_col = 80 };
+	int m, s, r;
+
+	r = open_pty_pair(a, &m, &s, &ws);
+	if (!r && a % 4) {
+		tcgetattr(s, &t);
+		termios_variant(&t, a % 4 - 1);
+		tcsetattr(s, TCSANOW, &t);
+	}
+	logr("openpty", r);
+	if (!r) {
+		add_slot(m);
+		add_slot(s);
+	}
+}
+
+static void op_termios(long a, long b)
+{
+	struct termios t;
+	int fd = slot_fd(a);
+
+	if (tcgetattr(fd, &t) < 0) {
+		logr("termios", -1);
+		return;
+	}
+	termios_variant(&t, b);
+	logr("termios", tcsetattr(fd, TCSANOW, &t));
+}
+
+static void op_winsize(long a, long b)
+{
+	struct winsize ws = { .ws_row = 30 + b % 4, .ws_col = 100 + b % 4 };
+
+	logr("winsize", ioctl(slot_fd(a), TIOCSWINSZ, &ws));
+}
+
+/* epoll: a set, fds added, modified and removed with six kinds of
+ * events, and waits that never block (their events logged) */
+static const unsigned EPOLL_EVENTS[] = {
+	EPOLLIN, EPOLLOUT, EPOLLIN | EPOLLOUT, EPOLLIN | EPOLLET, EPOLLIN | EPOLLONESHOT,
+	EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
+};
+
+static void op_epoll_ctl(long a, long b, long c)
+{
+	struct epoll_event ev = { .events = EPOLL_EVENTS[(c / 3) % 6], .data.u64 = 1000 + opno };
+
+	logr("epoll_ctl", epoll_ctl(slot_fd(a), (int[]){ EPOLL_CTL_ADD, EPOLL_CTL_MOD, EPOLL_CTL_DEL }[c % 3],
+				    slot_fd(b), &ev));
+}
+
+static void op_epoll_wait(long a, long b)
+{
+	struct epoll_event evs[4];
+	int n = epoll_wait(slot_fd(a), evs, 1 + b % 4, 0);
+
+	logr("epoll_wait", n);
+	for (int i = 0; i < n; i++)
+		printf("  event %llu %x\n", (unsigned long long)evs[i].data.u64, evs[i].events);
+}
+
+/* timerfd: disarmed, expired once, armed for an hour, or an hour with an
+ * hour's interval: nothing that ticks while the program runs */
+static void op_timerfd(long a, long b)
+{
+	struct itimerspec its = { 0 };
+	int fd = timerfd_create((int[]){ CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME }[a % 3], 0);
+
+	if (fd >= 0) {
+		if (b % 4 == 1)
+			its.it_value.tv_nsec = 1;
+		else if (b % 4 >= 2)
+			its.it_value.tv_sec = 3600;
+		if (b % 4 == 3)
+			its.it_interval.tv_sec = 3600;
+		if (timerfd_settime(fd, 0, &its, NULL))
+			zdtm_fail("timerfd_settime: %m");
+		if (b % 4 == 1)		/* expired: its tick is there */
+			poll(&(struct pollfd){ fd, POLLIN, 0 }, 1, -1);
+	}
+	logr("timerfd", fd < 0 ? -1 : 0);
+	add_slot(fd);
+}
+
+static void op_signalfd(long a, long b)
+{
+	sigset_t set;
+	int fd;
+
+	sigemptyset(&set);
+	sigaddset(&set, sig_at(a));
+	if (b & 1)
+		sigaddset(&set, sig_at(a + 1));
+	fd = signalfd(-1, &set, b & 2 ? SFD_CLOEXEC : 0);
+	logr("signalfd", fd < 0 ? -1 : 0);
+	add_slot(fd);
+}
+
+/* a read of a signalfd: the signals, not the bytes (they hold pids) */
+static int print_signalfd_read(int fd, const char *buf, ssize_t n)
+{
+	char path[64], t[64];
+	ssize_t len;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	len = readlink(path, t, sizeof(t) - 1);
+	if (len < 0 || (t[len] = 0, strcmp(t, "anon_inode:[signalfd]")))
+		return 0;
+	for (ssize_t off = 0; off + (ssize_t)sizeof(struct signalfd_siginfo) <= n;
+	     off += sizeof(struct signalfd_siginfo)) {
+		const struct signalfd_siginfo *si = (const void *)(buf + off);
+
+		printf("  siginfo %d code %d\n", sig_index(si->ssi_signo), si->ssi_code);
+	}
+	return 1;
+}
+
+/* TCP on loopback: a connected pair (kind 0), a listener with a
+ * connection it has not accepted (kind 1), a listener alone (kind 2) */
+static int tcp_listener(struct sockaddr_in *addr)
+{
+	socklen_t l = sizeof(*addr);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	*addr = (struct sockaddr_in){ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	if (fd < 0 || bind(fd, (void *)addr, sizeof(*addr)) || listen(fd, 4) ||
+	    getsockname(fd, (void *)addr, &l))
+		zdtm_fail("tcp listener: %m");
+	return fd;
+}
+
+static void op_tcp(long a)
+{
+	struct sockaddr_in addr;
+	int lfd = tcp_listener(&addr), cfd = -1, afd;
+
+	if (a % 3 != 2) {
+		cfd = socket(AF_INET, SOCK_STREAM, 0);
+		if (cfd < 0 || connect(cfd, (void *)&addr, sizeof(addr)))
+			zdtm_fail("tcp connect: %m");
+	}
+	logr("tcp", 0);
+	if (a % 3 == 0) {
+		afd = accept(lfd, NULL, NULL);
+		close(lfd);
+		add_slot(cfd);
+		add_slot(afd);
+	} else {
+		add_slot(lfd);
+		add_slot(cfd);
+	}
+}
+
+static void op_accept(long a)
+{
+	int fd = slot_fd(a), fl = nonblock_begin(fd);
+	int got = accept(fd, NULL, NULL);
+
+	logr("accept", got < 0 ? -1 : 0);
+	nonblock_end(fd, fl);
+	add_slot(got);
+}
+
+/* A tty's input is moved by a kernel worker after a write returned, and
+ * how much a write takes depends on how far it got.  So the bytes that a
+ * write to a tty takes are kept well below what the tty buffers (4 KiB a
+ * line discipline, 64 KiB a pty's flip buffer): at most TTY_WRITE an
+ * operation, so that no write is ever short; and the worker is waited for
+ * (poll runs its pending work when no input is there yet; then until the
+ * queues stay the same for a few ms: for echoes, and input that was there). */
+#define TTY_WRITE 300
+
+static void tty_settle(void)
+{
+	uint64_t last = 1;
+
+	for (int same = 0, tries = 0; same < 3 && tries < 1000; tries++) {
+		uint64_t h = 0;
+		int any = 0;
+
+		for (int i = 0; i < nslots; i++) {
+			int in = -1, out = -1;
+
+			if (!isatty(slots[i]))
+				continue;
+			any = 1;
+			poll(&(struct pollfd){ slots[i], POLLIN, 0 }, 1, 0);
+			ioctl(slots[i], FIONREAD, &in);
+			ioctl(slots[i], TIOCOUTQ, &out);
+			h = zdtm_mix(zdtm_mix(h, in), out);
+		}
+		if (!any)
+			return;
+		same = h == last ? same + 1 : 0;
+		last = h;
+		zdtm_pace(1);
+	}
+}
+
+static ssize_t sf_write(int fd, const char *buf, size_t n)
+{
+	ssize_t r;
+
+	if (!isatty(fd))
+		return write(fd, buf, n);
+	r = write(fd, buf, n < TTY_WRITE ? n : TTY_WRITE);
+	tty_settle();
+	return r;
+}
+
+/* the operations of these kinds; 0 if name is none of them */
+static int op_more(const char *name, long a, long b, long c)
+{
+	if (!strcmp(name, "thread"))
+		op_thread(a);
+	else if (!strcmp(name, "tcmd"))
+		op_tcmd(a, b, c);
+	else if (!strcmp(name, "tkill"))
+		op_tkill(a, b);
+	else if (!strcmp(name, "pname"))
+		op_pname(a);
+	else if (!strcmp(name, "memfd"))
+		op_memfd(a, b);
+	else if (!strcmp(name, "mmap_fd_shared") || !strcmp(name, "mmap_fd_private"))
+		op_mmap_fd(name, a, name[8] == 's');
+	else if (!strcmp(name, "seal"))
+		op_seal(a, b);
+	else if (!strcmp(name, "fchmod"))
+		op_fchmod(a, b);
+	else if (!strcmp(name, "openpty"))
+		op_openpty(a);
+	else if (!strcmp(name, "termios"))
+		op_termios(a, b);
+	else if (!strcmp(name, "winsize"))
+		op_winsize(a, b);
+	else if (!strcmp(name, "epoll")) {
+		int fd = epoll_create1(a % 2 ? EPOLL_CLOEXEC : 0);
+
+		logr(name, fd < 0 ? -1 : 0);
+		add_slot(fd);
+	} else if (!strcmp(name, "epoll_ctl"))
+		op_epoll_ctl(a, b, c);
+	else if (!strcmp(name, "epoll_wait"))
+		op_epoll_wait(a, b);
+	else if (!strcmp(name, "eventfd")) {
+		int fd = eventfd(5 * (a % 3), (b & 1 ? EFD_SEMAPHORE : 0) | (b & 2 ? EFD_NONBLOCK : 0));
+
+		logr(name, fd < 0 ? -1 : 0);
+		add_slot(fd);
+	} else if (!strcmp(name, "evwrite")) {
+		uint64_t v = (uint64_t[]){ 1, 2, 7 }[b % 3];
+		int fd = slot_fd(a), fl = nonblock_begin(fd);
+
+		logr(name, write(fd, &v, sizeof(v)));
+		nonblock_end(fd, fl);
+	} else if (!strcmp(name, "timerfd"))
+		op_timerfd(a, b);
+	else if (!strcmp(name, "signalfd"))
+		op_signalfd(a, b);
+	else if (!strcmp(name, "tcp"))
+		op_tcp(a);
+	else if (!strcmp(name, "accept"))
+		op_accept(a);
+	else
+		return 0;
+	return 1;
+}
+
+/* Wait for what the kernel finishes after a call returned, so that an
+ * observation sees the same in every run: a tty's input (poll runs its
+ * pending work; twice around, for echoes), a thread's signals (handled
+ * when it answers a ping), TCP segments on loopback (every byte sent
+ * acknowledged, no state changing). */
+static int tcp_sample(int fd, uint64_t *h)
+{
+	struct tcp_info ti;
+	socklen_t l = sizeof(ti);
+	int proto = 0, outq = 0, nsd = 0;
+	socklen_t pl = sizeof(proto);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) || proto != IPPROTO_TCP ||
+	    getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &l))
+		return 0;
+	ioctl(fd, SIOCOUTQ, &outq);
+	ioctl(fd, SIOCOUTQNSD, &nsd);
+	*h = zdtm_mix(zdtm_mix(*h, ti.tcpi_state), zdtm_mix(outq, nsd));
+	return ti.tcpi_state != TCP_LISTEN && outq != nsd;	/* bytes in flight */
+}
+
+static void settle(void)
+{
+	struct thread_report rep;
+	uint64_t last = 1;
+
+	tty_settle();
+	for (int i = 0; i < nthreads; i++)
+		thread_call(&threads[i], 4, 0, &rep);
+	for (int tries = 0; tries < 2000; tries++) {
+		uint64_t h = 0;
+		int flying = 0;
+
+		for (int i = 0; i < nslots; i++)
+			flying |= tcp_sample(slots[i], &h);
+		if (!flying && h == last)
+			break;
+		last = h;
+		zdtm_pace(1);
+	}
+}
+
+/* the observation of these kinds */
+static void observe_threads(void)
+{
+	char comm[32] = "";
+	FILE *f = fopen("/proc/self/comm", "re");
+
+	if (f && fgets(comm, sizeof(comm), f))
+		comm[strcspn(comm, "\n")] = 0;
+	if (f)
+		fclose(f);
+	printf("comm %s\n", comm);
+	for (int i = 0; i < nthreads; i++) {
+		char path[64], line[256], sys[32] = "";
+		char name[32] = "?", state = '?';
+		unsigned long long pnd = 0, blk = 0;
+
+		/* back in its read after a ping or a restart */
+		snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", threads[i].tid);
+		for (int tries = 0; tries < 5000; tries++) {
+			f = fopen(path, "re");
+			if (f && !fgets(sys, sizeof(sys), f))
+				sys[0] = 0;
+			if (f)
+				fclose(f);
+			if (!strncmp(sys, "0 ", 2))
+				break;
+			zdtm_pace(1);
+		}
+		snprintf(path, sizeof(path), "/proc/self/task/%d/status", threads[i].tid);
+		f = fopen(path, "re");
+		while (f && fgets(line, sizeof(line), f)) {
+			sscanf(line, "Name: %31s", name);
+			sscanf(line, "State: %c", &state);
+			sscanf(line, "SigPnd: %llx", &pnd);
+			sscanf(line, "SigBlk: %llx", &blk);
+		}
+		if (f)
+			fclose(f);
+		sys[strcspn(sys, " \n")] = 0;
+		printf("thread %d name %s state %c syscall %s sigpnd %llx sigblk %llx tls %ld\n",
+		       i, name, state, sys, pnd, blk, *threads[i].tls);
+	}
+}
+
+static int slot_of_fd(int fd)
+{
+	for (int i = 0; i < nslots; i++)
+		if (slots[i] == fd)
+			return i;
+	return -1;
+}
+
+static int cmp_lines(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* an epoll set's entries, by slot (the kernel lists them in the order of
+ * their files' addresses: sorted here) */
+static void observe_epoll(int i)
+{
+	char path[64], line[512], *lines[64];
+	int n = 0, tfd;
+	unsigned events;
+	unsigned long long data;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", slots[i]);
+	f = fopen(path, "re");
+	while (f && fgets(line, sizeof(line), f) && n < 64)
+		if (sscanf(line, "tfd: %d events: %x data: %llx", &tfd, &events, &data) == 3 &&
+		    asprintf(&lines[n], "epoll %d slot %d events %x data %llu\n", i, slot_of_fd(tfd),
+			     events, data) > 0)
+			n++;
+	if (f)
+		fclose(f);
+	qsort(lines, n, sizeof(char *), cmp_lines);
+	for (int j = 0; j < n; j++) {
+		fputs(lines[j], stdout);
+		free(lines[j]);
+	}
+}
+
+/* the fdinfo lines of an eventfd, a timerfd or a signalfd that do not
+ * change while the program runs (a timer's time left: only whether it is
+ * armed) */
+static void observe_anon_fdinfo(int i, const char *kind)
+{
+	char path[64], line[256];
+	long long sec, nsec;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", slots[i]);
+	f = fopen(path, "re");
+	printf("%s %d", kind, i);
+	while (f && fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		if ((!strncmp(line, "eventfd-", 8) && strncmp(line, "eventfd-id:", 11)) ||
+		    !strncmp(line, "clockid:", 8) ||
+		    !strncmp(line, "ticks:", 6) || !strncmp(line, "settime flags:", 14) ||
+		    !strncmp(line, "it_interval:", 12) || !strncmp(line, "sigmask:", 8))
+			printf(" [%s]", line);
+		else if (sscanf(line, "it_value: (%lld, %lld)", &sec, &nsec) == 2)
+			printf(" [armed %d]", sec || nsec);
+	}
+	if (f)
+		fclose(f);
+	printf("\n");
+}
+
+/* a pty's number (master: TIOCGPTN; slave: its path), -1 for no pty */
+static int pty_number(int fd)
+{
+	char path[64], t[64];
+	ssize_t len;
+	int n = -1;
+
+	if (!ioctl(fd, TIOCGPTN, &n))
+		return n;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	len = readlink(path, t, sizeof(t) - 1);
+	if (len < 0 || (t[len] = 0, sscanf(t, "/dev/pts/%d", &n) != 1))
+		return -1;
+	return n;
+}
+
+/* a tty's settings and queue, and the first slot before it on the same
+ * pty (its numbers differ between runs) */
+static void observe_tty(int i)
+{
+	struct termios t;
+	struct winsize ws = { 0 };
+	int outq = -1, n = pty_number(slots[i]), pair = -1;
+
+	if (tcgetattr(slots[i], &t) < 0)
+		return;
+	ioctl(slots[i], TIOCGWINSZ, &ws);
+	ioctl(slots[i], TIOCOUTQ, &outq);
+	for (int j = 0; j < i && n >= 0 && pair < 0; j++)
+		if (pty_number(slots[j]) == n)
+			pair = j;
+	printf("tty %d pty-as #%d iflag %x oflag %x cflag %x lflag %x vmin %d vtime %d speed %d %d "
+	       "rows %d cols %d outq %d\n", i, pair, t.c_iflag, t.c_oflag, t.c_cflag, t.c_lflag,
+	       t.c_cc[VMIN], t.c_cc[VTIME], (int)cfgetispeed(&t), (int)cfgetospeed(&t), ws.ws_row,
+	       ws.ws_col, outq);
+}
+
+/* a TCP socket: state, bytes not yet acknowledged, the listener's queue
+ * of connections, and which slot its peer is (by address) */
+static void observe_tcp(int i)
+{
+	struct tcp_info ti;
+	struct sockaddr_in me, peer, other;
+	socklen_t l = sizeof(ti), ml = sizeof(me), pl = sizeof(peer);
+	int proto = 0, outq = 0, nsd = 0, inq = 0, pj = -1;
+	socklen_t protol = sizeof(proto);
+
+	if (getsockopt(slots[i], SOL_SOCKET, SO_PROTOCOL, &proto, &protol) || proto != IPPROTO_TCP ||
+	    getsockopt(slots[i], IPPROTO_TCP, TCP_INFO, &ti, &l))
+		return;
+	ioctl(slots[i], SIOCOUTQ, &outq);
+	ioctl(slots[i], SIOCOUTQNSD, &nsd);
+	if (ti.tcpi_state != TCP_LISTEN)
+		ioctl(slots[i], SIOCINQ, &inq);
+	getsockname(slots[i], (void *)&me, &ml);
+	if (!getpeername(slots[i], (void *)&peer, &pl))
+		for (int j = 0; j < nslots; j++) {
+			socklen_t ol = sizeof(other);
+
+			if (j != i && !getsockname(slots[j], (void *)&other, &ol) &&
+			    other.sin_family == AF_INET && other.sin_port == peer.sin_port) {
+				pj = j;
+				break;
+			}
+		}
+	printf("tcp %d state %d outq %d notsent %d inq %d %s %u peer-slot %d\n", i, ti.tcpi_state,
+	       outq, nsd, inq, ti.tcpi_state == TCP_LISTEN ? "backlog" : "unacked",
+	       ti.tcpi_unacked, pj);
+}
+
+/* memfds: mode, size, seals */
+static void observe_memfd(int i)
+{
+	struct stat st;
+	int seals = fcntl(slots[i], F_GET_SEALS);
+
+	if (fstat(slots[i], &st) < 0)
+		return;
+	printf("memfd %d mode %o size %lld nlink %ld seals %x\n", i, st.st_mode & 07777,
+	       (long long)st.st_size, (long)st.st_nlink, seals);
+}
+
+static void observe_more(void)
+{
+	observe_threads();
+	for (int i = 0; i < nslots; i++) {
+		char path[64], t[256];
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", slots[i]);
+		len = readlink(path, t, sizeof(t) - 1);
+		if (len < 0)
+			continue;
+		t[len] = 0;
+		if (!strcmp(t, "anon_inode:[eventpoll]"))
+			observe_epoll(i);
+		else if (!strcmp(t, "anon_inode:[eventfd]"))
+			observe_anon_fdinfo(i, "eventfd");
+		else if (!strcmp(t, "anon_inode:[timerfd]"))
+			observe_anon_fdinfo(i, "timerfd");
+		else if (!strcmp(t, "anon_inode:[signalfd]"))
+			observe_anon_fdinfo(i, "signalfd");
+		else if (!strncmp(t, "/memfd:", 7))
+			observe_memfd(i);
+		else if (!strncmp(t, "socket:", 7))
+			observe_tcp(i);
+		else
+			observe_tty(i);
+	}
+}
+
 static void op(char *line)
 {
 	char name[32];
@@ -193,7 +975,7 @@ static void op(char *line)
 	} else if (!strcmp(name, "write")) {
 		fd = slot_fd(a);
 		fl = nonblock_begin(fd);
-		r = write(fd, pattern(b), b % (1 << 17));
+		r = sf_write(fd, pattern(b), b % (1 << 17));
 		logr(name, r);
 		nonblock_end(fd, fl);
 	} else if (!strcmp(name, "read")) {
@@ -203,7 +985,7 @@ static void op(char *line)
 		fl = nonblock_begin(fd);
 		r = read(fd, buf, b < (long)sizeof(buf) ? b : (long)sizeof(buf));
 		logr(name, r);
-		if (r > 0)
+		if (r > 0 && !print_signalfd_read(fd, buf, r))
 			printf("  data %016llx\n", (unsigned long long)hash_bytes(buf, r));
 		nonblock_end(fd, fl);
 	} else if (!strcmp(name, "fill")) {
@@ -211,7 +993,7 @@ static void op(char *line)
 
 		fd = slot_fd(a);
 		fl = nonblock_begin(fd);
-		for (int i = 0; i < 64 && (r = write(fd, pattern(4096), 4096)) > 0; i++)
+		for (int i = 0; i < (isatty(fd) ? 1 : 64) && (r = sf_write(fd, pattern(4096), 4096)) > 0; i++)
 			total += r;
 		logr(name, total);
 		nonblock_end(fd, fl);
@@ -297,7 +1079,7 @@ static void op(char *line)
 		pid = fork();
 		if (pid == 0) {
 			fl = nonblock_begin(fd);
-			r = write(fd, pattern(b), b % (1 << 17));
+			r = sf_write(fd, pattern(b), b % (1 << 17));
 			nonblock_end(fd, fl);
 			_exit(r < 0 ? 100 : 0);
 		}
@@ -441,7 +1223,7 @@ static void op(char *line)
 		if (c % 2 && res != RLIMIT_NOFILE)
 			rl.rlim_max = rl.rlim_cur;
 		logr(name, setrlimit(res, &rl));
-	} else {
+	} else if (!op_more(name, a, b, c)) {
 		printf("op %ld %s -> unknown\n", opno, name);
 	}
 }
@@ -533,6 +1315,8 @@ static void target(pid_t pid, int fd, char *out, size_t n, unsigned long *ino)
 		snprintf(out, n, "pipe");
 	else if (sscanf(t, "socket:[%lu]", ino) == 1)
 		snprintf(out, n, "socket");
+	else if (!strncmp(t, "/dev/pts/", 9))	/* its number differs between runs */
+		snprintf(out, n, "/dev/pts/#");
 	else if (!strncmp(t, base, bl) && (t[bl] == '/' || !t[bl]))
 		snprintf(out, n, "@%s", t + bl);
 	else
@@ -552,6 +1336,7 @@ static void observe(const char *tag)
 	static const int RES[] = { RLIMIT_CORE, RLIMIT_NOFILE, RLIMIT_MSGQUEUE, RLIMIT_SIGPENDING };
 
 	umask(um);
+	settle();
 	printf("OBSERVE %s\n", tag);
 	printf("umask %03o\n", um);
 	if (!getcwd(cwd, sizeof(cwd)))
@@ -746,6 +1531,7 @@ static void observe(const char *tag)
 		close(fd);
 		printf("file %d size %ld %016llx\n", f, size, (unsigned long long)h);
 	}
+	observe_more();
 	printf("END %s\n", tag);
 	fflush(stdout);
 }
@@ -776,6 +1562,7 @@ int main(int argc, char **argv)
 			continue;
 		}
 		op(line);
+		settle();
 		fflush(stdout);
 	}
 	fclose(prog);

@@ -653,6 +653,12 @@ static int open_one(const struct image *img, const struct loaded_fd *lf)
 
 		if (fd < 0 || lseek(fd, lf->f.offset, SEEK_SET) < 0)
 			die("cannot restore deleted file %s: %s", lf->path, strerror(errno));
+		/* a memfd's mode (fchmod), mapped or not; after the open: 0444
+		 * would refuse O_RDWR */
+		if (!strncmp(lf->path, "/memfd:", 7) && lf->f.mode &&
+		    fchmod(fd, lf->f.mode & 07777) < 0)
+			die("cannot give memfd %s its mode %o: %s", lf->path, lf->f.mode & 07777,
+			    strerror(errno));
 		return fd;
 	}
 	case CKPT_FD_TTY:
