@@ -63,27 +63,6 @@ static void touch(const unsigned char *map, long page)
 	(void)sum;
 }
 
-/* The Anonymous: bytes smaps shows for the region at addr. */
-static long anonymous_bytes(const void *addr)
-{
-	FILE *f = fopen("/proc/self/smaps", "r");
-	char line[512];
-	unsigned long start, end, at = (unsigned long)addr;
-	long kb = -1;
-	int inside = 0;
-
-	zdtm_check(f != NULL, "/proc/self/smaps: %m");
-	while (kb < 0 && fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
-			inside = start <= at && at < end;
-		else if (inside)
-			sscanf(line, "Anonymous: %ld kB", &kb);
-	}
-	fclose(f);
-	zdtm_check(kb >= 0, "no region at %p in /proc/self/smaps", addr);
-	return kb * 1024;
-}
-
 /* Page p of a private map: the process's own bytes if own, else the
  * file's of that version. */
 static void check_page(const char *what, const unsigned char *map, int object, long p, int own,
@@ -110,9 +89,9 @@ static void check_half_shared(unsigned char *priv, unsigned char *shared)
 {
 	const char *what = "memfd mapped shared over half";
 
-	zdtm_check(anonymous_bytes(priv) == PS, "%s: %ld bytes of the private map are the "
+	zdtm_check(zdtm_anonymous_bytes(priv) == PS, "%s: %ld bytes of the private map are the "
 		   "process's own (smaps Anonymous), expected the page it wrote", what,
-		   anonymous_bytes(priv));
+		   zdtm_anonymous_bytes(priv));
 	for (long p = 0; p < PAGES; p++)
 		check_page(what, priv, 1, p, p == 1, 0);
 	new_version(shared, 1, 0);
@@ -122,7 +101,7 @@ static void check_half_shared(unsigned char *priv, unsigned char *shared)
 		check_page(what, priv, 1, p, p == 1, p == 0 || p == 2);
 	zdtm_check(madvise(priv + PS, PS, MADV_DONTNEED) == 0, "madvise: %m");
 	check_page("memfd mapped shared over half, its written page dropped", priv, 1, 1, 0, 1);
-	zdtm_check(anonymous_bytes(priv) == 0, "%s: anonymous pages left", what);
+	zdtm_check(zdtm_anonymous_bytes(priv) == 0, "%s: anonymous pages left", what);
 }
 
 /* The child keeps the unlinked file's fd; page 5 of its copy of the map
@@ -148,7 +127,7 @@ static void child(int fd, unsigned char *priv)
 				if (priv[p * PS + i] != (p == 5 ? own_byte(2, p, i) :
 							 file_byte(2, p, i, p == 0 || p == 3)))
 					answer = '0' + p;
-		if (answer == 'k' && anonymous_bytes(priv) != PS)
+		if (answer == 'k' && zdtm_anonymous_bytes(priv) != PS)
 			answer = 'a';
 		if (write(from_child[1], &answer, 1) != 1)
 			_exit(2);
@@ -163,8 +142,8 @@ static void check_child_writes(unsigned char *priv, pid_t pid)
 	unsigned char cmd = 'w', answer = 0;
 	int status;
 
-	zdtm_check(anonymous_bytes(priv) == 0, "%s: %ld bytes of the private map are the "
-		   "process's own (smaps Anonymous); it wrote none", what, anonymous_bytes(priv));
+	zdtm_check(zdtm_anonymous_bytes(priv) == 0, "%s: %ld bytes of the private map are the "
+		   "process's own (smaps Anonymous); it wrote none", what, zdtm_anonymous_bytes(priv));
 	for (long p = 0; p < PAGES; p++)
 		check_page(what, priv, 2, p, 0, 0);
 	zdtm_check(write(to_child[1], &cmd, 1) == 1 && read(from_child[0], &answer, 1) == 1,
@@ -183,9 +162,9 @@ static void check_private_only(const unsigned char *whole, const unsigned char *
 {
 	const char *what = "memfd only mapped privately";
 
-	zdtm_check(anonymous_bytes(whole) == 0 && anonymous_bytes(tail) == 0,
+	zdtm_check(zdtm_anonymous_bytes(whole) == 0 && zdtm_anonymous_bytes(tail) == 0,
 		   "%s: %ld and %ld bytes of its maps are the process's own (smaps Anonymous); "
-		   "it wrote none", what, anonymous_bytes(whole), anonymous_bytes(tail));
+		   "it wrote none", what, zdtm_anonymous_bytes(whole), zdtm_anonymous_bytes(tail));
 	for (long p = 0; p < PAGES; p++)
 		check_page(what, whole, 3, p, 0, 0);
 	for (long p = 0; p < PAGES / 2; p++)

@@ -77,27 +77,6 @@ static void map_object(struct object *o, int shared_too)
 	(void)sum;
 }
 
-/* The Anonymous: bytes smaps shows for the region at addr. */
-static long anonymous_bytes(const void *addr)
-{
-	FILE *f = fopen("/proc/self/smaps", "r");
-	char line[512];
-	unsigned long start, end, at = (unsigned long)addr;
-	long kb = -1;
-	int inside = 0;
-
-	zdtm_check(f != NULL, "/proc/self/smaps: %m");
-	while (kb < 0 && fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
-			inside = start <= at && at < end;
-		else if (inside)
-			sscanf(line, "Anonymous: %ld kB", &kb);
-	}
-	fclose(f);
-	zdtm_check(kb >= 0, "no region at %p in /proc/self/smaps", addr);
-	return kb * 1024;
-}
-
 static void check_page(const struct object *o, long p, int version, const char *when)
 {
 	for (long i = 0; i < PS; i++) {
@@ -142,7 +121,7 @@ static void write_page(const struct object *o, long p, int through_map)
 
 static uint64_t check_object(const struct object *o, uint64_t hash)
 {
-	long anon = anonymous_bytes(o->priv);
+	long anon = zdtm_anonymous_bytes(o->priv);
 
 	zdtm_check(anon == 2 * PS, "%s: %ld bytes of the private map are the process's own "
 		   "(smaps Anonymous), expected the 2 pages it wrote", o->what, anon);
@@ -156,7 +135,7 @@ static uint64_t check_object(const struct object *o, uint64_t hash)
 	for (long p = 0; p < PAGES; p++)
 		check_page(o, p, p == 0 || p == 2 || p == 1, "after the file changed");
 	check_file(o, 1 << 0 | 1 << 1 | 1 << 2);
-	zdtm_check(anonymous_bytes(o->priv) == 2 * PS, "%s: more anonymous pages", o->what);
+	zdtm_check(zdtm_anonymous_bytes(o->priv) == 2 * PS, "%s: more anonymous pages", o->what);
 	for (long p = 0; p < PAGES; p++)
 		hash = zdtm_mix(hash, o->priv[p * PS + 7]);
 	return hash;

@@ -105,4 +105,26 @@ static inline void zdtm_pass(const char *fmt, ...)
 	fflush(stdout);
 }
 
+/* The Anonymous: bytes smaps shows for the region at addr (a private
+ * file map's pages the process copied on write). */
+static inline long zdtm_anonymous_bytes(const void *addr)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[512];
+	unsigned long start, end, at = (unsigned long)addr;
+	long kb = -1;
+	int inside = 0;
+
+	zdtm_check(f != NULL, "/proc/self/smaps: %m");
+	while (kb < 0 && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
+			inside = start <= at && at < end;
+		else if (inside)
+			sscanf(line, "Anonymous: %ld kB", &kb);
+	}
+	fclose(f);
+	zdtm_check(kb >= 0, "no region at %p in /proc/self/smaps", addr);
+	return kb * 1024;
+}
+
 #endif
