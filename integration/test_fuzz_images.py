@@ -45,13 +45,17 @@ WORK = {}   # the fuzzed job's working directory: its processes' cwd
 
 
 def leftover_processes():
-    """Restored copies of the fuzzed job still running: its exe and cwd
-    (other tests' programs run elsewhere)."""
+    """Restored copies of the fuzzed job still running, by their cwd (other
+    tests' programs run elsewhere) and exe: the counter's, or ckpt-restart's
+    while a process is still being restored (it takes the counter's exe
+    late: seen only as the next mutant's leftover otherwise).  Called once
+    the restart it follows has ended."""
+    exes = (str(APPS / "counter"), str(restart_binary().resolve()))
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (os.readlink(entry / "exe") == str(APPS / "counter")
+                if (os.readlink(entry / "exe") in exes
                         and os.readlink(entry / "cwd") == WORK.get("cwd")):
                     found.append(int(entry.name))
             except OSError:
