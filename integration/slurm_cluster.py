@@ -302,15 +302,14 @@ class SlurmCluster:
         logs), after starting it again with its saved state: a controller
         lost in one test must fail that test, not every later one."""
         pid = self._controller_pid()
-        asked = self.run("h1", ["sinfo", "-h"], timeout=30)
+        for _ in range(3):      # a busy controller gets three chances, ~15 s
+            asked = self.run("h1", ["sinfo", "-h"], timeout=30)
+            if not pid or not asked.returncode:
+                break
         if pid and not asked.returncode:
             return None
         if pid:
-            try:
-                state = psutil.Process(pid).status()
-            except psutil.NoSuchProcess:
-                state = "gone meanwhile"
-            why = (f"slurmctld on h1 (pid {pid}, {state}) does not answer: "
+            why = (f"slurmctld on h1 (pid {pid}, {self._state(pid)}) does not answer: "
                    f"{asked.stderr.strip()}; stopped on h1: {self._stopped('h1')}")
             cluster_mod.kill_pids([pid])
         else:
@@ -408,13 +407,16 @@ class SlurmCluster:
         if "Unable to contact slurm controller" not in stderr:
             return ""
         pid = self._controller_pid()
-        try:
-            state = psutil.Process(pid).status() if pid else "no process"
-        except psutil.NoSuchProcess:
-            state = "gone meanwhile"
         shown = self.run("h1", ["sh", "-c", "ss -ltnp; ip -br addr"], timeout=30).stdout
-        return (f"\nslurmctld on h1: pid {pid}, {state}; stopped on h1: {self._stopped('h1')}"
-                f"\n{shown}{self.logs()}")
+        return (f"\nslurmctld on h1: pid {pid}, {self._state(pid) if pid else 'no process'}; "
+                f"stopped on h1: {self._stopped('h1')}\n{shown}{self.logs()}")
+
+    @staticmethod
+    def _state(pid):
+        try:
+            return psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            return "gone meanwhile"
 
     def sbatch(self, host, args, cwd=None):
         """Submit; the job id."""
